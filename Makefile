@@ -1,0 +1,40 @@
+# The README's two commands: `make run` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CLUSTER := $(PY) tests/cluster/localslurm.py
+
+.PHONY: run test install install-dev cluster-up cluster-down lint
+
+install:
+	scripts/bootstrap
+
+install-dev:
+	scripts/bootstrap dev
+
+# Install, then run the default experiment locally.
+run: install
+	$(VENV)/bin/stoker --help
+	$(VENV)/bin/stoker config show
+
+# Install everything, start the local SLURM cluster, run the whole suite, lint,
+# stop the cluster (also when tests fail) and keep pytest's exit status.
+test: install-dev
+	$(CLUSTER) install
+	$(CLUSTER) start
+	status=0; \
+	$(PY) -m pytest $(PYTEST_ARGS) || status=$$?; \
+	$(MAKE) --no-print-directory lint || status=$$((status ? status : 1)); \
+	$(CLUSTER) stop || true; \
+	exit $$status
+
+lint:
+	$(VENV)/bin/ruff check stoker tests benchmarks
+	$(VENV)/bin/ruff format --check stoker tests benchmarks
+	$(VENV)/bin/mypy
+
+cluster-up:
+	$(CLUSTER) install
+	$(CLUSTER) start
+
+cluster-down:
+	$(CLUSTER) stop

@@ -1,0 +1,3 @@
+from stoker.cli.main import main
+
+main()

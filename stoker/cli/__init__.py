@@ -1,0 +1,1 @@
+"""The `stoker` command line: one module per command group, heavy imports inside commands."""

@@ -1,0 +1,95 @@
+"""`stoker config show` and `stoker config schema`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(
+    help="Inspect experiment configs: resolved values and where they came from.",
+    no_args_is_help=True,
+)
+
+
+def split_experiment_args(args: list[str]) -> tuple[Path | None, list[str]]:
+    """`[EXP.yaml] [k=v ...]`: the first argument is the file unless it is an override."""
+    if args and ("=" not in args[0] or Path(args[0]).is_file()):
+        return Path(args[0]), args[1:]
+    return None, list(args)
+
+
+@app.command("show")
+def show(
+    args: list[str] = typer.Argument(
+        None, metavar="EXP.yaml KEY=VALUE",
+        help="Experiment file (default: the built-in experiment), then overrides.",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the resolved config as JSON."),
+    profile: Path = typer.Option(
+        None, "--profile", help="Site profile to use instead of $STOKER_PROFILE / the default."
+    ),
+    no_profile: bool = typer.Option(False, "--no-profile", help="Ignore the site profile."),
+) -> None:
+    """Print the resolved experiment and where each value came from.
+
+    Sources, lowest precedence first: default, profile, file, override, flag.
+
+    Example: stoker config show examples/tiny.yaml optim.lr=3e-4 train.steps=50
+    """
+    from stoker.cli.output import out, print_json
+    from stoker.config import resolve_config
+
+    experiment, overrides = split_experiment_args(args or [])
+    resolved = resolve_config(
+        experiment, overrides, profile=profile, use_profile=not no_profile
+    )
+    if as_json:
+        print_json(resolved.config.model_dump(mode="json", by_alias=True))
+        return
+
+    from stoker.config_render import yaml_scalar
+
+    console = out()
+    rows = list(resolved.rows())
+    if console.is_terminal:
+        from rich.table import Table
+
+        table = Table(show_edge=False, pad_edge=False, header_style="bold")
+        table.add_column("key", no_wrap=True)
+        table.add_column("value", overflow="fold")
+        table.add_column("source", style="cyan", overflow="fold")
+        table.add_column("description", style="dim", ratio=1)
+        for row in rows:
+            source = str(row.source)
+            style = "dim" if row.source.kind == "default" else None
+            table.add_row(row.key, yaml_scalar(row.value), source, row.description, style=style)
+        console.print(table)
+        return
+    width = max(len(r.key) for r in rows)
+    value_width = min(max(len(yaml_scalar(r.value)) for r in rows), 40)
+    for row in rows:
+        value = yaml_scalar(row.value)
+        console.print(f"{row.key:<{width}}  {value:<{value_width}}  # {row.source}", markup=False)
+
+
+@app.command("schema")
+def schema(
+    as_json: bool = typer.Option(False, "--json", help="Print the JSON Schema instead."),
+) -> None:
+    """Print every experiment key with its type, default and description (Markdown).
+
+    docs/config.md is this output.
+    """
+    import sys
+
+    from stoker.cli.output import print_json
+
+    if as_json:
+        from stoker.config import ExperimentConfig
+
+        print_json(ExperimentConfig.model_json_schema(by_alias=True))
+        return
+    from stoker.config_render import render_config_reference
+
+    sys.stdout.write(render_config_reference())

@@ -1,0 +1,58 @@
+"""The `stoker` command. Command modules import only typer at module level:
+`stoker --help` must stay fast on a login node (see tests/test_cli_imports.py)."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from stoker import __version__
+from stoker.cli import config as config_cmd
+from stoker.cli import init as init_cmd
+
+app = typer.Typer(
+    name="stoker",
+    help="Train generative video and audio models on SLURM: experiment file in, job out.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    # Plain help: typer's rich help imports rich.markdown and markdown_it (~50 ms
+    # measured here), half the start-up budget of `stoker --help`.
+    rich_markup_mode=None,
+    # StokerError is reported by main(); anything else is a bug and gets a plain
+    # traceback without importing rich.traceback at start-up.
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"stoker {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", "-V", help="Print the version and exit.", callback=_version,
+        is_eager=True,
+    ),
+) -> None:
+    """Train generative video and audio models on SLURM: experiment file in, job out."""
+
+
+app.command("init")(init_cmd.init)
+app.add_typer(config_cmd.app, name="config")
+
+
+def main() -> None:
+    """Console entry point: user errors become one message on stderr and exit code 2."""
+    from stoker.errors import StokerError
+
+    try:
+        app()
+    except StokerError as exc:
+        from stoker.cli.output import print_error
+
+        print_error(exc)
+        sys.exit(exc.exit_code)

@@ -1,0 +1,39 @@
+"""Where output goes: data on stdout, messages and errors on stderr.
+
+rich honours NO_COLOR and draws tables only on a terminal; piped output is plain."""
+
+from __future__ import annotations
+
+import json
+import sys
+from functools import cache
+from typing import Any
+
+from rich.console import Console
+
+
+@cache
+def out() -> Console:
+    """Data: tables, JSON, YAML. Safe to pipe."""
+    return Console(soft_wrap=True, highlight=False)
+
+
+@cache
+def err() -> Console:
+    """Messages: progress, notes, errors."""
+    return Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+def print_json(data: Any) -> None:
+    """JSON on stdout, one document, no colour: for scripts and `jq`."""
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def note(message: str) -> None:
+    err().print(message, markup=False)
+
+
+def print_error(exc: BaseException) -> None:
+    err().print(f"[bold red]error:[/] {exc}", highlight=False) if err().is_terminal else (
+        sys.stderr.write(f"error: {exc}\n")
+    )

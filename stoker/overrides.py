@@ -1,0 +1,41 @@
+"""`a.b=c` command-line overrides, typed as YAML reads them."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from stoker.config_keys import KeyPath
+from stoker.errors import StokerError
+from stoker.yaml_source import parse_yaml_value
+
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_][A-Za-z0-9_.-]*)*$")
+
+
+def parse_override(text: str) -> tuple[KeyPath, Any]:
+    """`train.steps=10` -> (("train", "steps"), 10).
+
+    Values are YAML: `10` an int, `3e-4` a float, `true` a bool, `null` None,
+    `[a, b]` a list; `key=` is the empty string. A value YAML cannot read stays a string.
+    """
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise StokerError(
+            f"override {text!r} is not KEY=VALUE",
+            fix="write overrides as dotted keys with a value, e.g. train.steps=10 optim.lr=3e-4",
+        )
+    if not _KEY.fullmatch(key):
+        raise StokerError(
+            f"override {text!r}: {key!r} is not a dotted key",
+            fix="use section.key, e.g. job.nodes=2 (see `stoker config show` for every key)",
+        )
+    if raw == "":
+        return tuple(key.split(".")), ""
+    try:
+        value = parse_yaml_value(raw)
+    except yaml.YAMLError:
+        value = raw
+    return tuple(key.split(".")), value
