@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+import typing
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,9 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
-_SLURM_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED)$")
+_SLURM_TIME = re.compile(
+    r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED)$"
+)
 _SLURM_MEM = re.compile(r"^\d+[KMGT]?$")
 
 
@@ -52,6 +55,8 @@ class Section(BaseModel):
         use_attribute_docstrings=True,
         populate_by_name=True,
         validate_default=True,
+        # `NCCL_IB_DISABLE: 1` in YAML is an int; environment values and names are text.
+        coerce_numbers_to_str=True,
     )
 
 
@@ -323,7 +328,8 @@ class ResolvedConfig:
             value: Any = data
             for part in path:
                 value = value[part]
-            description = field_at(ExperimentConfig, path).description or ""
+            info = field_at(ExperimentConfig, path)
+            description = (info.description if info else None) or ""
             if isinstance(value, dict) and value:
                 for sub, subvalue in value.items():
                     key = (*path, sub)
@@ -359,8 +365,12 @@ def resolve_config(
             where = doc.where((str(key),))
             if target is None:
                 problems.append(
-                    Problem(where, str(key), "is not a site profile key",
-                            suggest_keys(str(key), list(PROFILE_KEYS)))
+                    Problem(
+                        where,
+                        str(key),
+                        "is not a site profile key",
+                        suggest_keys(str(key), list(PROFILE_KEYS)),
+                    )
                 )
                 continue
             assignments += _flatten(target, value, Source("profile", where), problems, doc.where)
@@ -368,14 +378,17 @@ def resolve_config(
     if experiment is not None:
         doc = read_yaml_mapping(experiment, what="experiment file")
         for key, value in doc.data.items():
-            path = (str(key),)
+            path: KeyPath = (str(key),)
             assignments += _flatten(
                 path, value, Source("file", doc.where(path)), problems, doc.where
             )
 
     for text in overrides:
-        path, value = parse_override(text)
-        assignments += _flatten(path, value, Source("override", text), problems, None)
+        key_path, value, raw = parse_override(text)
+        # A string key takes the text as written: job.env.N=1e5 is "1e5", not 100000.0.
+        if _takes_text(key_path) and raw not in ("null", "~"):
+            value = raw
+        assignments += _flatten(key_path, value, Source("override", text), problems, None)
 
     for key, (value, flag) in (flags or {}).items():
         if value is not None:
@@ -384,7 +397,7 @@ def resolve_config(
     data: dict[str, Any] = {}
     sources: dict[KeyPath, Source] = {}
     for path, value, source in assignments:
-        node = data
+        node: dict[str, Any] = data
         for part in path[:-1]:
             node = node.setdefault(part, {})
         node[path[-1]] = value
@@ -441,11 +454,22 @@ def _flatten(
         return result
     if is_free_mapping(field) and isinstance(value, dict):
         return [
-            ((*path, str(k)), v, Source(source.kind, where_of((*path, str(k)))) if where_of
-             else source)
+            (
+                (*path, str(k)),
+                v,
+                Source(source.kind, where_of((*path, str(k)))) if where_of else source,
+            )
             for k, v in value.items()
         ] or [(path, {}, source)]
     return [(path, value, source)]
+
+
+def _takes_text(path: KeyPath) -> bool:
+    info = field_at(ExperimentConfig, path)
+    if info is None and len(path) > 1:
+        parent = field_at(ExperimentConfig, path[:-1])
+        return is_free_mapping(parent) and typing.get_args(parent.annotation)[1:] == (str,)  # type: ignore[union-attr]
+    return info is not None and info.annotation in (str, str | None)
 
 
 def _section_keys(path: KeyPath) -> Iterator[str]:
@@ -460,25 +484,27 @@ def _problems_from(exc: ValidationError, sources: Mapping[KeyPath, Source]) -> l
         loc = tuple(str(part) for part in error["loc"])
         # Errors inside a list or tuple name the element: report the field.
         field_path = loc
-        while field_path and field_at(ExperimentConfig, field_path) is None and not (
-            len(field_path) > 1
-            and is_free_mapping(field_at(ExperimentConfig, field_path[:-1]))
+        while (
+            field_path
+            and field_at(ExperimentConfig, field_path) is None
+            and not (
+                len(field_path) > 1 and is_free_mapping(field_at(ExperimentConfig, field_path[:-1]))
+            )
         ):
             field_path = field_path[:-1]
-        source = DEFAULT
-        for n in range(len(loc), 0, -1):
-            if loc[:n] in sources:
-                source = sources[loc[:n]]
-                break
+        message = str(error["msg"]).removeprefix("Value error, ")
+        source = _source_for(loc, message, sources)
         where = source.where if source.kind in ("file", "profile") else str(source)
         field = field_at(ExperimentConfig, field_path)
         if field is None and field_path:
             field = field_at(ExperimentConfig, field_path[:-1])
         expected = describe_expected(field) if field is not None else ""
-        message = str(error["msg"]).removeprefix("Value error, ")
         got = error.get("input")
-        key = dotted(loc) if len(loc) == len(field_path) or is_free_mapping(
-            field_at(ExperimentConfig, loc[:-1])) else f"{dotted(field_path)}[{loc[-1]}]"
+        key = (
+            dotted(loc)
+            if len(loc) == len(field_path) or is_free_mapping(field_at(ExperimentConfig, loc[:-1]))
+            else f"{dotted(field_path)}[{loc[-1]}]"
+        )
         if error["type"] == "value_error":
             # Our validators say what form is expected; the type is not the issue.
             text = f"got {got!r}: {message}"
@@ -488,6 +514,18 @@ def _problems_from(exc: ValidationError, sources: Mapping[KeyPath, Source]) -> l
             text = f"got {got!r}; expected {expected} ({message})"
         problems.append(Problem(where, key, text))
     return problems
+
+
+def _source_for(loc: KeyPath, message: str, sources: Mapping[KeyPath, Source]) -> Source:
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in sources:
+            return sources[loc[:n]]
+    # An error on a whole mapping (job.env): the entry the message names set it.
+    children = [(path, src) for path, src in sources.items() if path[: len(loc)] == loc]
+    for path, src in children:
+        if repr(path[-1]) in message:
+            return src
+    return children[-1][1] if children else DEFAULT
 
 
 def freeze_config(resolved: ResolvedConfig) -> str:

@@ -129,7 +129,9 @@ def describe_type(annotation: Any) -> str:
     if origin is tuple:
         return f"a list of {len(args)} values [" + ", ".join(describe_type(a) for a in args) + "]"
     if origin is dict:
-        return f"a mapping of {_plural(describe_type(args[0]))} to {_plural(describe_type(args[1]))}"
+        return (
+            f"a mapping of {_plural(describe_type(args[0]))} to {_plural(describe_type(args[1]))}"
+        )
     names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
     if annotation in names:
         return names[annotation]
@@ -141,7 +143,7 @@ def describe_type(annotation: Any) -> str:
 def _plural(text: str) -> str:
     for article in ("an ", "a "):
         if text.startswith(article):
-            return text[len(article):] + "s"
+            return text[len(article) :] + "s"
     return text
 
 

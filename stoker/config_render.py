@@ -87,8 +87,13 @@ def render_config_reference() -> str:
         "the resolved value of every key below and where it came from.",
     ]
     for section, model, description in _section_models():
-        out += ["", f"## `{section}`: {description}", "", "| key | type | default | description |",
-                "|---|---|---|---|"]
+        out += [
+            "",
+            f"## `{section}`: {description}",
+            "",
+            "| key | type | default | description |",
+            "|---|---|---|---|",
+        ]
         for path in leaf_paths(model, (section,)):
             info = field_at(ExperimentConfig, path)
             assert info is not None

@@ -14,8 +14,8 @@ from stoker.yaml_source import parse_yaml_value
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_][A-Za-z0-9_.-]*)*$")
 
 
-def parse_override(text: str) -> tuple[KeyPath, Any]:
-    """`train.steps=10` -> (("train", "steps"), 10).
+def parse_override(text: str) -> tuple[KeyPath, Any, str]:
+    """`train.steps=10` -> (("train", "steps"), 10, "10"): key, typed value, text as written.
 
     Values are YAML: `10` an int, `3e-4` a float, `true` a bool, `null` None,
     `[a, b]` a list; `key=` is the empty string. A value YAML cannot read stays a string.
@@ -33,9 +33,9 @@ def parse_override(text: str) -> tuple[KeyPath, Any]:
             fix="use section.key, e.g. job.nodes=2 (see `stoker config show` for every key)",
         )
     if raw == "":
-        return tuple(key.split(".")), ""
+        return tuple(key.split(".")), "", raw
     try:
         value = parse_yaml_value(raw)
     except yaml.YAMLError:
         value = raw
-    return tuple(key.split(".")), value
+    return tuple(key.split(".")), value, raw

@@ -44,7 +44,7 @@ for _cls in (StokerYamlLoader, StokerYamlDumper):
 
 def dump_yaml(data: Any, **kwargs: Any) -> str:
     """YAML text that StokerYamlLoader reads back to the same values."""
-    return yaml.dump(data, Dumper=StokerYamlDumper, **kwargs)
+    return str(yaml.dump(data, Dumper=StokerYamlDumper, **kwargs))
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class YamlDocument:
 
 def parse_yaml_value(text: str) -> Any:
     """One scalar or flow value as YAML reads it (`10`, `3e-4`, `true`, `null`, `[1, 2]`)."""
-    return yaml.load(text, Loader=StokerYamlLoader)  # noqa: S506 (a SafeLoader subclass)
+    return yaml.load(text, Loader=StokerYamlLoader)
 
 
 def read_yaml_mapping(path: Path, *, what: str) -> YamlDocument:
@@ -80,7 +80,7 @@ def read_yaml_mapping(path: Path, *, what: str) -> YamlDocument:
         raise StokerError(f"cannot read {what} {path}: {exc}") from None
     try:
         node = yaml.compose(text, Loader=StokerYamlLoader)
-        data = yaml.load(text, Loader=StokerYamlLoader)  # noqa: S506
+        data = yaml.load(text, Loader=StokerYamlLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -117,6 +117,7 @@ def _collect_lines(
                 fix=f"keep one `{key}:` in that mapping",
             )
         seen.add(key)
-        lines[(*prefix, key)] = line
+        key_path: KeyPath = (*prefix, key)
+        lines[key_path] = line
         if isinstance(value_node, yaml.MappingNode):
-            _collect_lines(value_node, (*prefix, key), lines, path, what)
+            _collect_lines(value_node, key_path, lines, path, what)

@@ -22,7 +22,8 @@ def split_experiment_args(args: list[str]) -> tuple[Path | None, list[str]]:
 @app.command("show")
 def show(
     args: list[str] = typer.Argument(
-        None, metavar="EXP.yaml KEY=VALUE",
+        None,
+        metavar="EXP.yaml KEY=VALUE",
         help="Experiment file (default: the built-in experiment), then overrides.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the resolved config as JSON."),
@@ -41,9 +42,7 @@ def show(
     from stoker.config import resolve_config
 
     experiment, overrides = split_experiment_args(args or [])
-    resolved = resolve_config(
-        experiment, overrides, profile=profile, use_profile=not no_profile
-    )
+    resolved = resolve_config(experiment, overrides, profile=profile, use_profile=not no_profile)
     if as_json:
         print_json(resolved.config.model_dump(mode="json", by_alias=True))
         return

@@ -12,7 +12,8 @@ def init(
         Path("experiment.yaml"), help="Experiment file to write.", show_default=True
     ),
     profile: bool = typer.Option(
-        False, "--profile",
+        False,
+        "--profile",
         help="Also write a commented site profile ($STOKER_PROFILE or "
         "~/.config/stoker/profile.yaml).",
     ),

@@ -34,7 +34,11 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(
-        False, "--version", "-V", help="Print the version and exit.", callback=_version,
+        False,
+        "--version",
+        "-V",
+        help="Print the version and exit.",
+        callback=_version,
         is_eager=True,
     ),
 ) -> None:

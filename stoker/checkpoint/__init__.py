@@ -1,0 +1,1 @@
+"""Sharded checkpoints over fsspec: save, commit, verify, load; knows nothing of SLURM."""

@@ -1,0 +1,1 @@
+"""AV shards, their writer and the fsspec streaming loader; knows nothing of SLURM."""

@@ -1,0 +1,1 @@
+"""Triton kernels, each with a pure-torch reference; knows nothing of the runtime."""

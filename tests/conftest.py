@@ -1,0 +1,23 @@
+"""Shared fixtures. Every test gets its own HOME and STOKER_HOME, so no test reads the
+developer's site profile or writes into ~/.stoker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("STOKER_HOME", str(home / ".stoker"))
+    monkeypatch.delenv("STOKER_PROFILE", raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return home

@@ -1,0 +1,76 @@
+"""Login-node speed: `stoker --help` and every command's `--help` import none of the
+heavy modules. Checked in a fresh interpreter with `-X importtime`, which lists every
+module the process imported."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import typer
+
+from stoker.cli.main import app
+
+# The issue's list, plus what would make --help slow without being needed for it.
+HEAVY = {
+    "torch",
+    "triton",
+    "mlflow",
+    "submitit",
+    "av",
+    "soundfile",
+    "numpy",
+    "pandas",
+    "pydantic",
+    "jinja2",
+    "fsspec",
+    "yaml",
+}
+
+
+def command_paths(command: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    paths = [prefix]
+    # typer vendors click: a group is whatever has sub-commands.
+    for name, sub in (getattr(command, "commands", None) or {}).items():
+        paths += command_paths(sub, (*prefix, name))
+    return paths
+
+
+ALL_COMMANDS = command_paths(typer.main.get_command(app))
+
+
+def imported_modules(*args: str) -> set[str]:
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "stoker", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    modules = set()
+    for line in result.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            modules.add(line.rsplit("|", 1)[1].strip())
+    return modules
+
+
+def test_every_command_is_checked() -> None:
+    assert ("init",) in ALL_COMMANDS and ("config", "show") in ALL_COMMANDS
+    assert len(ALL_COMMANDS) >= 5
+
+
+@pytest.mark.parametrize("path", ALL_COMMANDS, ids=lambda p: " ".join(p) or "stoker")
+def test_help_imports_no_heavy_module(path: tuple[str, ...]) -> None:
+    modules = imported_modules(*path, "--help")
+    assert "stoker.cli.main" in modules  # the parse saw the real import list
+    heavy = sorted(m for m in modules if m.split(".")[0] in HEAVY)
+    assert not heavy, f"`stoker {' '.join(path)} --help` imports {heavy[:10]}"
+
+
+def test_the_guard_catches_a_heavy_import() -> None:
+    # `config show` does import pydantic and yaml: the same parse must see them.
+    modules = imported_modules("config", "show", "--json")
+    assert {"pydantic", "yaml"} <= {m.split(".")[0] for m in modules}
