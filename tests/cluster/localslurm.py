@@ -497,6 +497,8 @@ def _slurm_conf(paths: _Paths, ports: Mapping[str, int], mem_mb: int) -> str:
         "AccountingStorageType=accounting_storage/slurmdbd",
         "AccountingStorageHost=127.0.0.1",
         f"AccountingStoragePort={ports['slurmdbd']}",
+        # The slurmdbd connection takes its munge socket from here, not AuthInfo.
+        f"AccountingStoragePass={paths.munge_socket}",
         "AccountingStorageTRES=gres/gpu",
         "JobCompType=jobcomp/none",
         "ReturnToService=2",
