@@ -9,6 +9,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# The `slurm_cluster` session fixture: a real 2-node SLURM cluster (tests/cluster/).
+pytest_plugins = ["tests.cluster.fixtures"]
+
 
 @pytest.fixture(autouse=True)
 def isolated_home(

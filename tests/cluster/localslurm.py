@@ -30,10 +30,11 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,6 +101,8 @@ class ClusterSettings:
     log_dir: str
     munge_socket: str
     env: dict[str, str]
+    # Fake GPUs are character devices, so jobs get CUDA_VISIBLE_DEVICES (see _make_fake_gpu).
+    gpus_are_devices: bool
     # True when describing a cluster this module did not start (see describe_external).
     external: bool = False
 
@@ -242,20 +245,27 @@ def _tail(path: Path, lines: int = 20) -> str:
         return f"({path} not readable)"
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return False
+    # A zombie (Z) has exited; its parent (init, for our daemons) just has not reaped it yet.
+    return fields[0] != "Z"
+
+
 def _proc_is_ours(pid: int, program: str, state_dir: Path) -> bool:
     """True if pid is alive, runs `program` and carries our state-folder tag."""
+    if not _pid_alive(pid):
+        return False
     proc = Path(f"/proc/{pid}")
     try:
-        # A zombie has exited already; its parent (often init) just has not reaped it.
-        stat = (proc / "stat").read_text()
-        if stat.rpartition(")")[2].split()[0] == "Z":
-            return False
         argv0 = (proc / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
         environ = (proc / "environ").read_bytes().split(b"\0")
     except (OSError, IndexError):
         return False
     # argv0 may be "slurmstepd: [12.batch]" (renamed by the program itself).
-    if not Path(argv0.split(":")[0]).name.startswith(program):
+    if Path(argv0.split(":")[0]).name != program:
         return False
     return f"{TAG_ENV}={state_dir}".encode() in environ
 
@@ -288,7 +298,6 @@ def _daemons(paths: _Paths, ports: Mapping[str, int]) -> list[_Daemon]:
                 f"--socket={paths.munge_socket}",
                 f"--key-file={paths.munge_key}",
                 f"--pid-file={paths.run / 'munged.daemon.pid'}",
-                f"--log-file={paths.log / 'munged.log'}",
                 f"--seed-file={paths.munge / 'munged.seed'}",
             ],
         ),
@@ -313,11 +322,10 @@ def _mariadb_args(paths: _Paths, port: int) -> list[str]:
         f"--port={port}",
         "--bind-address=127.0.0.1",
         f"--pid-file={paths.run / 'mariadb.daemon.pid'}",
-        f"--log-error={paths.log / 'mariadb.log'}",
         "--user=root",  # mariadbd refuses to run as root unless told so
         "--skip-name-resolve",
         # Values slurmdbd checks at start (it logs an error below them).
-        "--innodb-buffer-pool-size=128M",
+        "--innodb-buffer-pool-size=1G",  # allocated lazily: RSS stays ~120 MB
         "--innodb-log-file-size=64M",
         "--innodb-lock-wait-timeout=900",
         # A throw-away test database need not fsync every commit.
@@ -367,14 +375,11 @@ def _running_pid(paths: _Paths, daemon: _Daemon) -> int | None:
     return None
 
 
-def _reap(pid: int) -> None:
-    # Only succeeds for our own children (e.g. a stepd started under pytest); harmless otherwise.
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
+def _terminate(pids: Mapping[int, str], paths: _Paths, timeout: float) -> bool:
+    """SIGTERM pids ({pid: program}, each checked to be ours), SIGKILL those left after timeout.
 
-
-def _terminate(pids: Mapping[int, str], paths: _Paths, timeout: float) -> list[int]:
-    """SIGTERM the pids (each checked to run its program), SIGKILL after timeout; returns killed."""
+    Returns True if any needed SIGKILL.
+    """
     alive = {pid: prog for pid, prog in pids.items() if _proc_is_ours(pid, prog, paths.root)}
     for pid in alive:
         with contextlib.suppress(ProcessLookupError):
@@ -382,17 +387,11 @@ def _terminate(pids: Mapping[int, str], paths: _Paths, timeout: float) -> list[i
     deadline = time.monotonic() + timeout
     while alive and time.monotonic() < deadline:
         time.sleep(0.1)
-        for pid in list(alive):
-            _reap(pid)
-            if not _proc_is_ours(pid, alive[pid], paths.root):
-                del alive[pid]
-    for pid, prog in alive.items():
-        if _proc_is_ours(pid, prog, paths.root):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        alive = {pid: prog for pid, prog in alive.items() if _proc_is_ours(pid, prog, paths.root)}
     for pid in alive:
-        _reap(pid)
-    return list(alive)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return bool(alive)
 
 
 def _our_stepds(paths: _Paths) -> dict[int, str]:
@@ -402,6 +401,25 @@ def _our_stepds(paths: _Paths) -> dict[int, str]:
         if entry.name.isdigit() and _proc_is_ours(int(entry.name), "slurmstepd", paths.root):
             found[int(entry.name)] = "slurmstepd"
     return found
+
+
+def _kill_descendants(roots: Iterable[int]) -> list[int]:
+    """SIGKILL all processes below roots (a job's tasks below its slurmstepd), as slurmd would."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            ppid = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    found: list[int] = []
+    pending = list(roots)
+    while pending:
+        kids = children.get(pending.pop(), [])
+        found += kids
+        pending += kids
+    for pid in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return sorted(found)
 
 
 # -------------------------------------------------------------------------- waiting
@@ -419,15 +437,6 @@ def _wait_until(
         if time.monotonic() > deadline:
             raise ClusterError(f"{what}: not ready after {timeout:.0f} s; see {log}:\n{_tail(log)}")
         time.sleep(0.2)
-
-
-def _pid_alive(pid: int) -> bool:
-    _reap(pid)
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def _run(
@@ -513,6 +522,7 @@ def _slurm_conf(paths: _Paths, ports: Mapping[str, int], mem_mb: int) -> str:
         # Keep finished jobs visible to squeue/scontrol for 5 minutes.
         "MinJobAge=300",
         "SchedulerType=sched/backfill",
+        "MailProg=/bin/true",  # no mail here; the default path does not exist
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
     ]
@@ -566,10 +576,47 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
     path.chmod(mode)
 
 
+def _make_fake_gpu(path: Path) -> None:
+    """A character device aliasing /dev/null, or a plain file if mknod is not allowed.
+
+    Slurm accepts both as gres File=, but only for character devices does it set
+    CUDA_VISIBLE_DEVICES, SLURM_JOB_GPUS and SLURM_STEP_GPUS in jobs (with plain
+    files it logs "not a valid character or block device" and sets only
+    SLURM_GPUS_ON_NODE), so devices make jobs look like real GPU jobs.
+    """
+    if path.exists():
+        return
+    null = os.stat("/dev/null")
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, null.st_rdev)
+    except OSError:
+        path.touch()
+
+
+def _gpus_are_devices(paths: _Paths) -> bool:
+    first = paths.gpus / NODE_NAMES[0] / "nvidia0"
+    return first.exists() and stat.S_ISCHR(first.stat().st_mode)
+
+
 def _prepare(paths: _Paths, settings: ClusterSettings) -> None:
     """Create folders, keys, fake GPUs and configs (all idempotent)."""
+    # Unix socket paths are limited to 107 bytes: munged's, MariaDB's and the
+    # per-step sockets slurmd makes in its spool folder (<node>_<job>.<step>).
+    longest = max(
+        [
+            paths.munge_socket,
+            paths.db_socket,
+            paths.spool / NODE_NAMES[0] / f"{NODE_NAMES[0]}_1234567890.4294967294",
+        ],
+        key=lambda path: len(bytes(path)),
+    )
+    if len(bytes(longest)) > 107:
+        raise ClusterError(
+            f"state folder {paths.root} is too long: socket {longest} would exceed "
+            "107 bytes; use a shorter --state-dir"
+        )
     # munged insists that every folder above its socket is world-executable and
-    # that no folder above its key, log or seed is writable by others.
+    # that no folder above its key or seed file is writable by others.
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.root.chmod(0o755)
     for folder in (paths.etc, paths.log, paths.run, paths.munge, paths.db, paths.ctld_state):
@@ -580,7 +627,7 @@ def _prepare(paths: _Paths, settings: ClusterSettings) -> None:
         gpu_dir = paths.gpus / node
         gpu_dir.mkdir(parents=True, exist_ok=True)
         for index in range(GPUS_PER_NODE):
-            (gpu_dir / f"nvidia{index}").touch()
+            _make_fake_gpu(gpu_dir / f"nvidia{index}")
     if not paths.munge_key.exists():
         paths.munge_key.write_bytes(secrets.token_bytes(1024))
     paths.munge_key.chmod(0o400)
@@ -623,6 +670,7 @@ def _new_settings(paths: _Paths, base_port: int) -> ClusterSettings:
         gpus_per_node=GPUS_PER_NODE,
         cpus_per_node=CPUS_PER_NODE,
         mem_per_node_mb=_mem_per_node_mb(),
+        gpus_are_devices=False,  # known once _prepare made them
         base_port=base_port,
         ports=ports,
         pids={},
@@ -672,7 +720,8 @@ def start(
     """Start whatever part of the cluster is not running; return its settings.
 
     Idempotent: a healthy cluster is left alone. State (accounting database,
-    job ids) survives stop/start; ``stop(purge=True)`` starts over.
+    job ids) survives stop/start; ``stop(purge=True)`` starts over. When it has
+    to (re)start slurmctld, jobs still queued from before are cancelled.
     """
     paths = _paths(state_dir)
     with _locked(paths):
@@ -682,20 +731,35 @@ def start(
             _say(verbose, f"already running ({paths.root})")
             return load_settings(paths.root)
         _prepare(paths, settings)
+        settings.gpus_are_devices = _gpus_are_devices(paths)
         client_env = _client_env(paths)
         pids: dict[str, int] = {}
-        for daemon in _daemons(paths, settings.ports):
-            pid = _running_pid(paths, daemon)
+        leftover_jobs: list[str] = []
+        daemons = _daemons(paths, settings.ports)
+        running = {d.name: _running_pid(paths, d) for d in daemons}
+        # Check every port before starting anything, so a clash leaves nothing behind.
+        for name, pid in running.items():
+            if pid is None and name in settings.ports:
+                _check_port_free(settings.ports[name], name)
+        for daemon in daemons:
+            pid = running[daemon.name]
+            spawned = pid is None
             if pid is None:
-                port = settings.ports.get(daemon.name)
-                if port is not None:
-                    _check_port_free(port, daemon.name)
                 _before_spawn(paths, daemon, verbose)
                 _say(verbose, f"starting {daemon.name}")
                 pid = _spawn(paths, daemon)
             pids[daemon.name] = pid
             _wait_ready(paths, daemon, pid, client_env, timeout, verbose)
+            if daemon.name == "slurmctld" and spawned:
+                # Jobs of a cluster that was not stopped cleanly come back from the
+                # saved state (requeued, JobRequeue=1) and would occupy the nodes.
+                # Cancel them before the nodes return, without waiting.
+                leftover_jobs = _cancel_jobs(paths, timeout=0)
+                if leftover_jobs:
+                    _say(verbose, f"cancelled jobs left from before: {' '.join(leftover_jobs)}")
         _wait_nodes_idle(paths, client_env, timeout, pids)
+        if leftover_jobs:
+            _cancel_jobs(paths, timeout)  # now that slurmd can confirm they ended
         settings.pids = pids
         paths.settings.write_text(settings.to_json())
         _say(verbose, f"cluster {CLUSTER_NAME} is up; export SLURM_CONF={paths.slurm_conf}")
@@ -747,15 +811,12 @@ def _wait_ready(
     elif daemon.name == "mariadb":
         admin = _need("mariadb-admin", "mysqladmin")
         ping = [admin, "--no-defaults", f"--socket={paths.db_socket}", "-uroot", "ping"]
-        _wait_until(
-            "mariadb", lambda: _ok(ping, client_env), timeout, paths.log / "mariadb.log", pid
-        )
+        _wait_until("mariadb", lambda: _ok(ping, client_env), timeout, out, pid)
         _create_database(paths, client_env)
     elif daemon.name == "slurmdbd":
         sacctmgr = _need("sacctmgr")
         clusters = [sacctmgr, "-n", "-P", "list", "cluster", "format=cluster"]
-        log = paths.log / "slurmdbd.log"
-        _wait_until("slurmdbd", lambda: _ok(clusters, client_env), timeout, log, pid)
+        _wait_until("slurmdbd", lambda: _ok(clusters, client_env), timeout, out, pid)
         if CLUSTER_NAME not in _run(clusters, client_env).stdout.split():
             # slurmctld only sends accounting for a cluster slurmdbd knows.
             _say(verbose, f"adding cluster {CLUSTER_NAME} to the accounting database")
@@ -764,8 +825,7 @@ def _wait_ready(
                 raise ClusterError(f"sacctmgr add cluster failed:\n{added.stdout}{added.stderr}")
     elif daemon.name == "slurmctld":
         sinfo = [_need("sinfo"), "-h", "-o", "%P"]
-        log = paths.log / "slurmctld.log"
-        _wait_until("slurmctld", lambda: _ok(sinfo, client_env), timeout, log, pid)
+        _wait_until("slurmctld", lambda: _ok(sinfo, client_env), timeout, out, pid)
     # slurmd-*: their registration is awaited for all nodes together.
 
 
@@ -823,7 +883,7 @@ def _wait_nodes_idle(
     while time.monotonic() < deadline:
         for node in NODE_NAMES:
             if not _pid_alive(pids[f"slurmd-{node}"]):
-                log = paths.log / f"slurmd-{node}.log"
+                log = paths.stdout_log(f"slurmd-{node}")
                 raise ClusterError(f"slurmd of {node} died; see {log}:\n{_tail(log)}")
         states = _node_states(env)
         if states and all(
@@ -832,10 +892,11 @@ def _wait_nodes_idle(
             return
         time.sleep(0.3)
     reasons = _run([_need("sinfo"), "-R"], env).stdout
-    logs = ", ".join(str(paths.log / f"slurmd-{n}.log") for n in NODE_NAMES)
+    logs = ", ".join(str(paths.stdout_log(f"slurmd-{n}")) for n in NODE_NAMES)
+    ctld_log = paths.stdout_log("slurmctld")
     raise ClusterError(
-        f"nodes not idle after {timeout:.0f} s: {states}\n{reasons}\n"
-        f"see {logs} and {paths.log / 'slurmctld.log'}:\n{_tail(paths.log / 'slurmctld.log')}"
+        f"nodes not usable after {timeout:.0f} s: {states}\n{reasons}\n"
+        f"see {logs} and {ctld_log}:\n{_tail(ctld_log)}"
     )
 
 
@@ -876,9 +937,12 @@ def status(state_dir: str | os.PathLike[str] | None = None) -> dict[str, list[st
         else:
             up.append(daemon.name)
     if not problems:
-        states = _node_states(_client_env(paths))
+        try:
+            states = _node_states(_client_env(paths))
+        except ClusterError as exc:  # sinfo not installed
+            return {"up": up, "problems": [str(exc)]}
         if states is None:
-            problems.append(f"sinfo does not answer (log: {paths.log / 'slurmctld.log'})")
+            problems.append(f"sinfo does not answer (log: {paths.stdout_log('slurmctld')})")
         else:
             up.append("sinfo")
             for node in NODE_NAMES:
@@ -886,7 +950,8 @@ def status(state_dir: str | os.PathLike[str] | None = None) -> dict[str, list[st
                 if state in USABLE_NODE_STATES:
                     up.append(f"node {node} {state}")
                 else:
-                    problems.append(f"node {node} is {state} (log: {paths.log}/slurmd-{node}.log)")
+                    log = paths.stdout_log(f"slurmd-{node}")
+                    problems.append(f"node {node} is {state} (log: {log})")
     return {"up": up, "problems": problems}
 
 
@@ -895,17 +960,17 @@ def is_running(state_dir: str | os.PathLike[str] | None = None) -> bool:
     return not status(state_dir)["problems"]
 
 
-def _cancel_jobs(paths: _Paths, timeout: float) -> None:
-    """Cancel all jobs so no job keeps running on after its slurmd is gone."""
+def _cancel_jobs(paths: _Paths, timeout: float) -> list[str]:
+    """Cancel all unfinished jobs and wait up to timeout for them to end; returns their ids."""
     env = _client_env(paths)
-    squeue = [_need("squeue"), "-h", "-t", "PD,R,CG,S,CF", "-o", "%A"]
+    squeue = [_need("squeue"), "-h", "-t", "PD,R,CG,S,CF,RQ,RS,RH,SO", "-o", "%A"]
     jobs = _run(squeue, env, timeout=10).stdout.split()
-    if not jobs:
-        return
-    _run([_need("scancel"), *jobs], env, timeout=10)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _run(squeue, env, timeout=10).stdout.split():
-        time.sleep(0.3)
+    if jobs:
+        _run([_need("scancel"), *jobs], env, timeout=10)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _run(squeue, env, timeout=10).stdout.split():
+            time.sleep(0.3)
+    return jobs
 
 
 def stop(
@@ -944,8 +1009,10 @@ def stop(
         # Steps of jobs that could not be cancelled outlive slurmd; end them too.
         leftovers = _our_stepds(paths)
         if leftovers:
-            _say(verbose, f"stopping leftover slurmstepd {sorted(leftovers)}")
-            _terminate(leftovers, paths, timeout=5)
+            tasks = _kill_descendants(leftovers)
+            _say(verbose, f"killed leftover slurmstepd {sorted(leftovers)} and tasks {tasks}")
+            # slurmstepd ignores SIGTERM, so this ends in SIGKILL.
+            _terminate(leftovers, paths, timeout=1)
     if purge:
         # Refuse to delete a folder that does not look like one of ours.
         if not (paths.slurm_conf.exists() or paths.settings.exists()):
@@ -995,6 +1062,7 @@ def describe_external(partition: str | None = None) -> ClusterSettings:
         gpus_per_node=min(gpus),
         cpus_per_node=min(cpus),
         mem_per_node_mb=min(mems),
+        gpus_are_devices=True,
         base_port=0,
         ports={},
         pids={},
