@@ -257,3 +257,12 @@ def test_tasks_per_node_follows_gpus() -> None:
     assert resolve_config().config.job.tasks_per_node == 1
     over = resolve_config(overrides=["job.gpus_per_node=4", "job.ntasks_per_node=1"])
     assert over.config.job.tasks_per_node == 1
+
+
+def test_stoker_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, isolated_home: Path) -> None:
+    from stoker.home import stoker_home
+
+    monkeypatch.delenv("STOKER_HOME")
+    assert stoker_home() == isolated_home / ".stoker"
+    monkeypatch.setenv("STOKER_HOME", str(tmp_path / "state"))
+    assert stoker_home() == tmp_path / "state"
