@@ -15,7 +15,7 @@ import datetime as dt
 import os
 import re
 import typing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -392,14 +392,19 @@ def resolve_config(
 
     for key, (value, flag) in (flags or {}).items():
         if value is not None:
-            assignments.append((tuple(key.split(".")), value, Source("flag", flag)))
+            flag_path = tuple(key.split("."))
+            assignments += _flatten(flag_path, value, Source("flag", flag), problems, None)
 
     data: dict[str, Any] = {}
     sources: dict[KeyPath, Source] = {}
     for path, value, source in assignments:
         node: dict[str, Any] = data
         for part in path[:-1]:
-            node = node.setdefault(part, {})
+            # A later key inside what an earlier source set to a scalar (job.env=x, then
+            # job.env.A=1): the later one wins, and validation judges the result.
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
         node[path[-1]] = value
         sources[path] = source
 
@@ -419,7 +424,7 @@ def _flatten(
     value: Any,
     source: Source,
     problems: list[Problem],
-    where_of: Any,
+    where_of: Callable[[KeyPath], str] | None,
 ) -> list[Assignment]:
     """Split a value into leaf assignments, checking each key against the schema.
 

@@ -110,6 +110,18 @@ def test_equals_sign_inside_a_value_is_kept() -> None:
     assert resolved.config.tracking.tags["q"] == "x=y"
 
 
+def test_later_key_inside_an_earlier_scalar_wins() -> None:
+    resolved = resolve_config(overrides=["job.env=abc", "job.env.A=1"])
+    assert resolved.config.job.env == {"A": "1"}
+    with pytest.raises(ConfigError, match=r"job\.env"):
+        resolve_config(overrides=["job.env.A=1", "job.env=abc"])
+
+
+def test_flags_are_checked_like_any_source() -> None:
+    with pytest.raises(ConfigError, match=r"flag --nodes: job\.nodes: got 0"):
+        resolve_config(flags={"job.nodes": (0, "--nodes")})
+
+
 def test_yaml_floats_without_a_dot_and_times_with_colons(tmp_path: Path) -> None:
     exp = write(tmp_path / "e.yaml", "optim:\n  lr: 3e-4\njob:\n  time: 4:00:00\n")
     config = resolve_config(exp).config

@@ -9,7 +9,8 @@ from stoker.config import ExperimentConfig, resolve_config
 from stoker.config_keys import dotted, leaf_paths
 from stoker.errors import StokerError
 
-KEYS = [dotted(p) for p in leaf_paths(ExperimentConfig)]
+# Plus entries of the free mappings, where a scalar and a mapping can collide.
+KEYS = [dotted(p) for p in leaf_paths(ExperimentConfig)] + ["job.env.A", "tracking.tags.t"]
 VALUES = st.one_of(
     st.text(max_size=40),
     st.sampled_from(
