@@ -140,6 +140,12 @@ def test_errors_on_a_terminal_respect_no_color(tmp_path: Path) -> None:
     assert not color_params(text)
 
 
+def test_errors_on_a_terminal_show_user_values_verbatim() -> None:
+    # `[red]` in a value must be printed, not taken as rich markup.
+    text = stoker_in_tty("config", "show", "job.time=[red]x")
+    assert "'[red]x'" in text and "D-HH:MM:SS" in text
+
+
 def test_shell_completion_completes_commands() -> None:
     env = {"_STOKER_COMPLETE": "complete_bash", "COMP_WORDS": "stoker con", "COMP_CWORD": "1"}
     assert stoker(env=env, check=True).stdout.split() == ["config"]

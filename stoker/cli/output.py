@@ -34,6 +34,10 @@ def note(message: str) -> None:
 
 
 def print_error(exc: BaseException) -> None:
-    err().print(f"[bold red]error:[/] {exc}", highlight=False) if err().is_terminal else (
+    """`error: ...` on stderr. The message carries user values: never read it as markup."""
+    if not err().is_terminal:
         sys.stderr.write(f"error: {exc}\n")
-    )
+        return
+    from rich.markup import escape
+
+    err().print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
