@@ -12,7 +12,6 @@ each value came from; a job reads only the frozen YAML written by
 from __future__ import annotations
 
 import datetime as dt
-import os
 import re
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from stoker import __version__
+from stoker.atomic_write import write_text_atomic
 from stoker.config_keys import (
     KeyPath,
     Problem,
@@ -548,14 +548,7 @@ def freeze_config(resolved: ResolvedConfig) -> str:
 
 def write_frozen(resolved: ResolvedConfig, path: Path) -> Path:
     """Write the frozen config atomically: a job never reads a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(freeze_config(resolved))
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-    return path
+    return write_text_atomic(path, freeze_config(resolved))
 
 
 def load_frozen(path: Path) -> ExperimentConfig:

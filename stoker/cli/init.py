@@ -25,6 +25,7 @@ def init(
     """
     import os
 
+    from stoker.atomic_write import write_text_atomic
     from stoker.cli.output import note
     from stoker.config_render import render_experiment_template, render_profile_template
     from stoker.errors import StokerError
@@ -42,9 +43,6 @@ def init(
             fix="choose another path, or pass --force to overwrite",
         )
     for target, text, what in targets:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(target)
+        write_text_atomic(target, text)
         note(f"wrote {what} {target}")
     note(f"next: stoker config show {path}")
