@@ -95,8 +95,12 @@ class JobConfig(Section):
     """Shell lines run before the training command, e.g. 'module load cuda'."""
     template: str = "default"
     """sbatch template: a built-in name or the path of a Jinja2 file."""
+    mounts: list[str] = []
+    """Container mounts 'host_path:container_path[:ro]' (pyxis and apptainer templates)."""
     max_requeues: Annotated[int, Field(ge=0, le=1000)] = 3
     """How many times a preempted or timed-out job is requeued before it is left failed."""
+    stop_grace: Annotated[int, Field(ge=10, le=3600)] = 120
+    """Seconds before the time limit at which the job is told to save and stop."""
 
     @field_validator("name")
     @classmethod
@@ -142,6 +146,19 @@ class JobConfig(Section):
         for key in value:
             if not _ENV_NAME.fullmatch(key):
                 raise ValueError(f"{key!r} is not an environment variable name")
+        return value
+
+    @field_validator("mounts")
+    @classmethod
+    def _check_mounts(cls, value: list[str]) -> list[str]:
+        for mount in value:
+            parts = mount.split(":")
+            if not 2 <= len(parts) <= 3 or not all(parts[:2]) or "," in mount:
+                raise ValueError(
+                    f"{mount!r} is not 'host_path:container_path' or 'host_path:container_path:ro'"
+                )
+            if len(parts) == 3 and parts[2] not in ("ro", "rw"):
+                raise ValueError(f"{mount!r}: the third field may be ro or rw, not {parts[2]!r}")
         return value
 
     @property

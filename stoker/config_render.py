@@ -63,7 +63,8 @@ def render_profile_template() -> str:
         "qos": "normal",
         "container": "/shared/images/pytorch.sqsh",
         "setup": "[module load cuda/12.4]",
-        "template": "default",
+        "template": "pyxis",
+        "mounts": "[/shared/datasets:/data:ro]",
         "env": "{NCCL_IB_DISABLE: '0', NCCL_SOCKET_IFNAME: ib0}",
         "tracking_uri": "http://mlflow.example.internal:5000",
     }

@@ -21,6 +21,7 @@ PROFILE_KEYS: dict[str, KeyPath] = {
     "setup": ("job", "setup"),
     "template": ("job", "template"),
     "env": ("job", "env"),
+    "mounts": ("job", "mounts"),
     "tracking_uri": ("tracking", "uri"),
 }
 

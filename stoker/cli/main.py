@@ -9,7 +9,14 @@ import typer
 
 from stoker import __version__
 from stoker.cli import config as config_cmd
+from stoker.cli import control as control_cmd
+from stoker.cli import doctor as doctor_cmd
 from stoker.cli import init as init_cmd
+from stoker.cli import logs as logs_cmd
+from stoker.cli import status as status_cmd
+from stoker.cli import submit as submit_cmd
+from stoker.cli import sweep as sweep_cmd
+from stoker.cli import why as why_cmd
 
 app = typer.Typer(
     name="stoker",
@@ -45,16 +52,25 @@ def _root(
     """Train generative video and audio models on SLURM: experiment file in, job out."""
 
 
+# In the order of a user's day: write, check, submit, watch, diagnose, control, probe.
 app.command("init")(init_cmd.init)
 app.add_typer(config_cmd.app, name="config")
-
+app.command("submit")(submit_cmd.submit)
+app.command("sweep")(sweep_cmd.sweep)
+app.command("status")(status_cmd.status)
+app.command("logs")(logs_cmd.logs)
+app.command("why")(why_cmd.why)
+app.command("cancel")(control_cmd.cancel)
+app.command("requeue")(control_cmd.requeue)
+app.command("doctor")(doctor_cmd.doctor)
 
 def main() -> None:
     """Console entry point: user errors become one message on stderr and exit code 2."""
+    from stoker.cli.trailing import split_argv
     from stoker.errors import StokerError
 
     try:
-        app()
+        app(args=split_argv(sys.argv[1:]))
     except StokerError as exc:
         from stoker.cli.output import print_error
 

@@ -48,6 +48,7 @@ PARTITION = "debug"
 NODE_NAMES = ("n1", "n2")
 CPUS_PER_NODE = 2
 GPUS_PER_NODE = 4
+CRED_EXPIRE_S = 10
 DB_NAME = "slurm_acct_db"
 DB_USER = "slurm"
 
@@ -472,7 +473,9 @@ def _mem_per_node_mb() -> int:
 
 def _slurm_conf(paths: _Paths, ports: Mapping[str, int], mem_mb: int) -> str:
     host = _hostname()
-    munge = f"socket={paths.munge_socket}"
+    # cred_expire is also how long a requeued job waits before it may start again
+    # (120 s by default): short here so requeue tests take seconds, not minutes.
+    munge = f"socket={paths.munge_socket},cred_expire={CRED_EXPIRE_S}"
     lines = [
         "# Written by tests/cluster/localslurm.py; regenerated on every start.",
         f"ClusterName={CLUSTER_NAME}",

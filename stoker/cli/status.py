@@ -1,0 +1,190 @@
+"""`stoker status`: one table of your jobs from one batched squeue/sacct query."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from rich.table import Table
+
+    from stoker.launcher.status import JobStatus
+
+COLUMNS = (
+    "JOB",
+    "NAME",
+    "STATE",
+    "REASON",
+    "NODES",
+    "ELAPSED",
+    "RESTARTS",
+    "STEP",
+    "LOSS",
+    "THROUGHPUT",
+    "ETA",
+    "MLFLOW RUN",
+)
+_STATE_STYLE = {
+    "RUNNING": "green",
+    "COMPLETING": "green",
+    "CONFIGURING": "green",
+    "PENDING": "yellow",
+    "REQUEUED": "yellow",
+    "SUSPENDED": "yellow",
+    "COMPLETED": "blue",
+    "CANCELLED": "magenta",
+    "UNKNOWN": "dim",
+}
+_BAD_STATES = {"FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "PREEMPTED"}
+
+
+def status(
+    jobs: list[str] = typer.Argument(
+        None,
+        metavar="[JOB]...",
+        help="Ledger job ids: '123' (an array job shows all its tasks) or '123_4'. "
+        "Default: active jobs and those that ended in the last 24 h.",
+        show_default=False,
+    ),
+    all_jobs: bool = typer.Option(False, "--all", "-a", help="Show every job in the ledger."),
+    watch: bool = typer.Option(
+        False, "--watch", "-w", help="Keep the table on screen, refreshed, until Ctrl-C."
+    ),
+    interval: float = typer.Option(
+        2.0, "--interval", min=0.5, help="Seconds between refreshes with --watch."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list of jobs."),
+) -> None:
+    """Show state, nodes, elapsed time, restarts, progress and MLflow run of your jobs.
+
+    One refresh asks SLURM once (one squeue and one sacct call for all jobs);
+    jobs already seen to end are answered from the ledger.
+
+    Example: stoker status --watch
+    """
+    from stoker.cli.output import note, out, print_json
+    from stoker.errors import StokerError
+    from stoker.launcher.ledger import Ledger
+    from stoker.launcher.status import collect_status, select_jobs
+
+    if watch and as_json:
+        raise StokerError(
+            "--watch and --json cannot be combined", fix="use --json alone in scripts"
+        )
+    if watch and not out().is_terminal:
+        raise StokerError(
+            "--watch needs a terminal; stdout is not one", fix="use --json in scripts"
+        )
+    ledger = Ledger()
+    seen_notes: set[str] = set()
+
+    def refresh() -> list[JobStatus]:
+        targets = select_jobs(ledger, jobs or (), all_jobs=all_jobs)
+        report = collect_status(targets, ledger)
+        for message in report.notes:
+            if message not in seen_notes:
+                seen_notes.add(message)
+                note(f"note: {message}")
+        return report.rows
+
+    if watch:
+        _watch(refresh, interval)
+        return
+    rows = refresh()
+    if as_json:
+        print_json([row.to_json() for row in rows])
+        return
+    if not rows:
+        note("no active or recent jobs; `stoker status --all` lists every job in the ledger")
+        return
+    if out().is_terminal:
+        out().print(_rich_table(rows))
+    else:
+        _print_plain(rows)
+
+
+def _watch(refresh: Callable[[], list[JobStatus]], interval: float) -> None:
+    import time
+
+    from rich.live import Live
+
+    from stoker.cli.output import out
+
+    def render() -> Table:
+        table = _rich_table(refresh())
+        table.caption = f"{time.strftime('%H:%M:%S')}, every {interval:g} s; Ctrl-C to quit"
+        return table
+
+    try:
+        with Live(render(), console=out(), auto_refresh=False) as live:
+            while True:
+                time.sleep(interval)
+                live.update(render(), refresh=True)
+    except KeyboardInterrupt:
+        pass  # the way out of --watch: leave the last table on screen, exit 0
+
+
+def _cells(row: JobStatus) -> list[str]:
+    from stoker.launcher.slurm_query import format_elapsed
+
+    nodes = "-"
+    if row.nodes is not None or row.node_list:
+        nodes = " ".join(str(v) for v in (row.nodes, row.node_list) if v is not None)
+    step = "-"
+    if row.step is not None:
+        step = f"{row.step}/{row.total_steps}" if row.total_steps is not None else str(row.step)
+    throughput = "-"
+    if row.throughput is not None:
+        throughput = f"{_si(row.throughput)} {row.throughput_unit}"
+    return [
+        row.job_id,
+        row.name,
+        row.state,
+        row.reason or "-",
+        nodes,
+        format_elapsed(row.elapsed_s) if row.elapsed_s is not None else "-",
+        str(row.restarts),
+        step,
+        f"{row.loss:.4g}" if row.loss is not None else "-",
+        throughput,
+        format_elapsed(row.eta_s) if row.eta_s is not None else "-",
+        row.mlflow_run_id or "-",
+    ]
+
+
+def _si(value: float) -> str:
+    """1234.5 -> "1.23k": throughput spans 10 to 10^7 per second."""
+    for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def _print_plain(rows: list[JobStatus]) -> None:
+    """Aligned columns, no colour, no box: for pipes, grep and awk."""
+    import sys
+
+    table = [list(COLUMNS), *(_cells(row) for row in rows)]
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    for line in table:
+        text = "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
+        sys.stdout.write(text.rstrip() + "\n")
+
+
+def _rich_table(rows: list[JobStatus]) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(show_edge=False, pad_edge=False, header_style="bold")
+    for name in COLUMNS:
+        numeric = name in {"ELAPSED", "RESTARTS", "STEP", "LOSS", "THROUGHPUT", "ETA"}
+        table.add_column(name, justify="right" if numeric else "left", no_wrap=name == "JOB")
+    for row in rows:
+        cells: list[Text] = [Text(cell) for cell in _cells(row)]
+        style = "red" if row.state in _BAD_STATES else _STATE_STYLE.get(row.state, "")
+        cells[2].stylize(style)
+        table.add_row(*cells)
+    return table

@@ -1,0 +1,78 @@
+"""`stoker sweep`: a grid of experiments as one SLURM job array."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def sweep(
+    args: list[str] = typer.Argument(
+        ...,
+        metavar="EXP.yaml KEY=V1,V2 ... [-- CMD ...]",
+        help="Experiment file, then sweep axes (KEY=V1,V2,...) and fixed overrides (KEY=V).",
+    ),
+    max_parallel: int = typer.Option(
+        None, "--max-parallel", min=1, help="Run at most this many tasks at once (--array %K)."
+    ),
+    nodes: int = typer.Option(None, "--nodes", "-N", help="Nodes per task (job.nodes)."),
+    gpus_per_node: int = typer.Option(
+        None, "--gpus-per-node", help="GPUs per node (job.gpus_per_node)."
+    ),
+    time: str = typer.Option(None, "--time", "-t", help="Time limit per task (job.time)."),
+    partition: str = typer.Option(None, "--partition", "-p", help="Partition (job.partition)."),
+    name: str = typer.Option(None, "--name", "-J", help="Job name (job.name)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the script, submit nothing."),
+    as_json: bool = typer.Option(
+        False, "--json", help='Print {"job_id", "run_id", "run_dir", "child_run_ids"} last.'
+    ),
+    profile: Path = typer.Option(None, "--profile", help="Site profile to use."),
+    no_profile: bool = typer.Option(False, "--no-profile", help="Ignore the site profile."),
+) -> None:
+    """Submit every combination of the sweep axes as one job array.
+
+    One frozen config and one MLflow child run per task, under one parent run.
+
+    Example: stoker sweep exp.yaml optim.lr=1e-4,3e-4,1e-3 train.seed=1,2 --max-parallel 2
+    """
+    import json
+    import sys
+
+    from stoker.cli.config import split_experiment_args
+    from stoker.cli.output import out
+    from stoker.cli.trailing import trailing_command
+    from stoker.config import resolve_config
+    from stoker.launcher.submit import SubmitOptions, submit
+    from stoker.launcher.sweep import plan_sweep
+
+    experiment, rest = split_experiment_args(args)
+    plan = plan_sweep(rest)
+    flags = {
+        "job.nodes": (nodes, "--nodes"),
+        "job.gpus_per_node": (gpus_per_node, "--gpus-per-node"),
+        "job.time": (time, "--time"),
+        "job.partition": (partition, "--partition"),
+        "job.name": (name, "--name"),
+    }
+    configs = [
+        resolve_config(
+            experiment, plan.overrides(i), flags, profile=profile, use_profile=not no_profile
+        )
+        for i in range(len(plan.tasks))
+    ]
+    options = SubmitOptions(command=trailing_command(), dry_run=dry_run, max_parallel=max_parallel)
+    result = submit(configs, options, sweep_params=plan.tasks)
+    if dry_run:
+        sys.stdout.write(result.script.text)
+        return
+    console = out()
+    console.print(f"submitted sweep {result.job_id}: {len(plan.tasks)} tasks", markup=False)
+    for index, task in enumerate(plan.tasks):
+        values = " ".join(f"{k}={v}" for k, v in task.items())
+        console.print(f"  {result.job_id}_{index}  {values}", markup=False)
+    console.print(f"  run folder: {result.run_dir}", markup=False)
+    if result.run_link:
+        console.print(f"  parent run: {result.run_id}  view: {result.run_link}", markup=False)
+    if as_json:
+        sys.stdout.write(json.dumps(result.as_json()) + "\n")

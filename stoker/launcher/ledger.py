@@ -1,0 +1,218 @@
+"""The ledger: every job stoker submitted from this machine, in one sqlite file.
+
+`<STOKER_HOME>/ledger.sqlite`. Several CLI calls may write at once (a sweep
+script, `status --watch` in another terminal): WAL mode and a busy timeout make
+each write wait for the others instead of failing.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stoker.errors import StokerError
+from stoker.home import stoker_home
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id        TEXT PRIMARY KEY,   -- SLURM job id ("123"), or "local-<n>" for --local
+    backend       TEXT NOT NULL,      -- "slurm" or "local"
+    cluster       TEXT NOT NULL,      -- SLURM ClusterName, or the host for local jobs
+    name          TEXT NOT NULL,
+    run_dir       TEXT NOT NULL,
+    config_hash   TEXT NOT NULL,
+    template      TEXT NOT NULL,
+    submitted_at  REAL NOT NULL,      -- epoch seconds
+    mlflow_run_id TEXT,
+    tracking_uri  TEXT,
+    array_size    INTEGER,            -- tasks of a job array (sweep), else NULL
+    restarts      INTEGER NOT NULL DEFAULT 0,
+    final_state   TEXT,               -- set once the job has ended, so it is not queried again
+    extra         TEXT NOT NULL DEFAULT '{}'  -- JSON: command, array task run ids, ...
+);
+CREATE INDEX IF NOT EXISTS jobs_by_time ON jobs (submitted_at);
+"""
+
+_COLUMNS = (
+    "job_id",
+    "backend",
+    "cluster",
+    "name",
+    "run_dir",
+    "config_hash",
+    "template",
+    "submitted_at",
+    "mlflow_run_id",
+    "tracking_uri",
+    "array_size",
+    "restarts",
+    "final_state",
+    "extra",
+)
+
+
+@dataclass
+class JobRecord:
+    """One submitted job as the ledger keeps it."""
+
+    job_id: str
+    backend: str
+    cluster: str
+    name: str
+    run_dir: str
+    config_hash: str
+    template: str
+    submitted_at: float = field(default_factory=time.time)
+    mlflow_run_id: str | None = None
+    tracking_uri: str | None = None
+    array_size: int | None = None
+    restarts: int = 0
+    final_state: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def _row(self) -> tuple[Any, ...]:
+        values = [getattr(self, name) for name in _COLUMNS]
+        values[-1] = json.dumps(self.extra, sort_keys=True)
+        return tuple(values)
+
+    @classmethod
+    def _from_row(cls, row: Sequence[Any]) -> JobRecord:
+        data = dict(zip(_COLUMNS, row, strict=True))
+        data["extra"] = json.loads(data["extra"] or "{}")
+        return cls(**data)
+
+
+def ledger_path() -> Path:
+    return stoker_home() / "ledger.sqlite"
+
+
+class Ledger:
+    """Read and write job records. Each method is one short transaction."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or ledger_path()
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise StokerError(
+                f"cannot open the job ledger {self.path}: {exc}",
+                fix="set STOKER_HOME to a writable folder",
+            ) from exc
+        try:
+            conn.execute("PRAGMA busy_timeout = 30000")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.executescript(_SCHEMA)
+            yield conn
+        finally:
+            conn.close()
+
+    def add(self, record: JobRecord) -> None:
+        """Record a newly submitted job (replacing a stale record with the same id)."""
+        placeholders = ", ".join("?" for _ in _COLUMNS)
+        with self._connect() as conn:
+            conn.execute(
+                f"INSERT OR REPLACE INTO jobs ({', '.join(_COLUMNS)}) VALUES ({placeholders})",
+                record._row(),
+            )
+
+    def get(self, job_id: str) -> JobRecord | None:
+        with self._connect() as conn:
+            row = conn.execute(
+                f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE job_id = ?", (job_id,)
+            ).fetchone()
+        return JobRecord._from_row(row) if row else None
+
+    def require(self, job_id: str) -> JobRecord:
+        """The record of `job_id`, or an error that says how to find the right id."""
+        record = self.get(job_id)
+        if record is None:
+            raise StokerError(
+                f"job {job_id} is not in the ledger {self.path}",
+                fix="`stoker status --all` lists the jobs stoker submitted from here",
+            )
+        return record
+
+    def list(self, *, active_only: bool = False, limit: int | None = None) -> list[JobRecord]:
+        """Newest first; `active_only` leaves out jobs already seen to end."""
+        query = f"SELECT {', '.join(_COLUMNS)} FROM jobs"
+        if active_only:
+            query += " WHERE final_state IS NULL"
+        query += " ORDER BY submitted_at DESC, job_id DESC"
+        params: tuple[Any, ...] = ()
+        if limit is not None:
+            query += " LIMIT ?"
+            params = (limit,)
+        with self._connect() as conn:
+            rows = conn.execute(query, params).fetchall()
+        return [JobRecord._from_row(row) for row in rows]
+
+    def update(
+        self, job_id: str, *, restarts: int | None = None, final_state: str | None = None
+    ) -> None:
+        """Remember what a status query learned; `restarts` never goes down."""
+        self.update_many({job_id: (restarts, final_state)})
+
+    def update_many(self, changes: dict[str, tuple[int | None, str | None]]) -> None:
+        """`{job_id: (restarts, final_state)}` in one transaction (one fsync, not one per job)."""
+        if not changes:
+            return
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for job_id, (restarts, final_state) in changes.items():
+                    if restarts is not None:
+                        conn.execute(
+                            "UPDATE jobs SET restarts = MAX(restarts, ?) WHERE job_id = ?",
+                            (restarts, job_id),
+                        )
+                    if final_state is not None:
+                        conn.execute(
+                            "UPDATE jobs SET final_state = ? WHERE job_id = ?",
+                            (final_state, job_id),
+                        )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+    def reopen(self, job_id: str) -> None:
+        """Forget a cached final state: the job was requeued and runs again."""
+        with self._connect() as conn:
+            conn.execute("UPDATE jobs SET final_state = NULL WHERE job_id = ?", (job_id,))
+
+    def remove(self, job_id: str) -> None:
+        with self._connect() as conn:
+            conn.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
+
+    def reserve_local_id(self) -> str:
+        """A fresh `local-<n>` id for the local backend, held by a placeholder row.
+
+        One IMMEDIATE transaction: two `submit --local` at once get different ids.
+        `add` later replaces the placeholder with the full record.
+        """
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                rows = conn.execute("SELECT job_id FROM jobs WHERE backend = 'local'").fetchall()
+                numbers = [int(r[0][6:]) for r in rows if r[0][6:].isdigit()]
+                job_id = f"local-{max(numbers, default=0) + 1}"
+                conn.execute(
+                    "INSERT INTO jobs (job_id, backend, cluster, name, run_dir, config_hash,"
+                    " template, submitted_at) VALUES (?, 'local', '', '', '', '', '', ?)",
+                    (job_id, time.time()),
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return job_id

@@ -1,0 +1,116 @@
+"""The supervisor of a `--local` job: `python -m stoker.launcher.local_supervisor RUN_DIR`.
+
+Its own output is the job's logs/batch.log. It writes local-state.json before the
+first rank starts and after the last one ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from stoker.atomic_write import write_text_atomic
+from stoker.launcher.local_backend import LAUNCH_FILE, STATE_FILE
+
+KILL_WAIT_S = 5.0  # as SLURM's KillWait: TERM, then KILL
+
+
+def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
+    write_text_atomic(run_dir / STATE_FILE, json.dumps(state, indent=2))
+
+
+def _stop(procs: dict[int, subprocess.Popen[bytes]]) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + KILL_WAIT_S
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
+        time.sleep(0.05)
+    for proc in procs.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def supervise(run_dir: Path) -> int:
+    plan = json.loads((run_dir / LAUNCH_FILE).read_text())
+    state: dict[str, Any] = {
+        "state": "RUNNING",
+        "exit_code": None,
+        "supervisor_pid": os.getpid(),
+        "started": time.time(),
+        "ended": None,
+        "ranks": {str(r["rank"]): None for r in plan["ranks"]},
+    }
+    cancelled = False
+
+    def on_term(signum: int, frame: object) -> None:
+        nonlocal cancelled
+        cancelled = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    _write_state(run_dir, state)
+    with open(run_dir / "attempts", "a") as attempts:
+        attempts.write(f"{int(time.time())} restart=0 job={plan['job_id']} nodes=localhost\n")
+
+    # Setup lines run in the rank's shell, as in the batch script; the command is "$@".
+    script = "\n".join([*plan["setup"], 'exec "$@"'])
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    for rank in plan["ranks"]:
+        log_path = Path(rank["log"])
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            procs[rank["rank"]] = subprocess.Popen(
+                ["bash", "-c", script, "stoker-task", *plan["argv"]],
+                env={**os.environ, **rank["env"]},
+                cwd=plan["workdir"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stop kills its children too
+            )
+
+    exit_code = 0
+    while True:
+        if cancelled:
+            print(f"stoker: job {plan['job_id']} cancelled", flush=True)
+            _stop(procs)
+            break
+        running = False
+        failed = False
+        for rank, proc in procs.items():
+            code = proc.poll()
+            if code is None:
+                running = True
+            elif state["ranks"][str(rank)] is None:
+                state["ranks"][str(rank)] = code
+                if code != 0:
+                    # Worded as srun words it, so `stoker why` reads both the same way.
+                    print(f"local: error: task {rank}: Exited with exit code {code}", flush=True)
+                    exit_code = exit_code or (code if code > 0 else 128 - code)
+                    failed = True
+        if failed:
+            _stop(procs)
+            break
+        if not running:
+            break
+        time.sleep(0.1)
+    for rank, proc in procs.items():
+        if state["ranks"][str(rank)] is None:
+            state["ranks"][str(rank)] = proc.returncode
+    state["exit_code"] = exit_code
+    state["state"] = "CANCELLED" if cancelled else ("FAILED" if exit_code else "COMPLETED")
+    state["ended"] = time.time()
+    _write_state(run_dir, state)
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(supervise(Path(sys.argv[1])))

@@ -1,0 +1,25 @@
+"""The contract between the sbatch script and the processes it starts.
+
+The runtime ([5/7]) and any user command learn about the job only through
+these environment variables and files; nothing here imports SLURM knowledge
+into them.
+"""
+
+from __future__ import annotations
+
+# A task that saved its state after a stop request exits with this code; the batch
+# script then requeues the job (EX_TEMPFAIL from sysexits.h: "try again later").
+EXIT_REQUEUE = 75
+
+# The signal SLURM sends the batch shell before the time limit (`--signal=B:USR2@grace`).
+# Never USR1: NCCL uses it.
+STOP_SIGNAL = "USR2"
+# Seconds between that signal and the time limit: job.stop_grace.
+
+# Set for every task.
+ENV_RUN_DIR = "STOKER_RUN_DIR"  # the task's run folder (an array task's own folder)
+ENV_JOB_ID = "STOKER_JOB_ID"  # "123", or "123_4" for array task 4
+ENV_RESTART = "STOKER_RESTART"  # 0 on the first start, +1 per requeue
+ENV_STOP_FILE = "STOKER_STOP_FILE"  # exists once a stop was requested: save, exit EXIT_REQUEUE
+ENV_PROGRESS_FILE = "STOKER_PROGRESS_FILE"  # rank 0 writes its progress here (JSON)
+ENV_CONFIG = "STOKER_CONFIG"  # the frozen experiment config (YAML)

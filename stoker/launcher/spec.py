@@ -1,0 +1,46 @@
+"""What one submission launches: the resolved experiment plus where and how it runs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stoker.config import ExperimentConfig, ResolvedConfig
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything the renderer needs; built by `submit`, `sweep` and the local backend."""
+
+    resolved: ResolvedConfig
+    run_dir: Path
+    # argv run in every task (items may be render.Shell for "$STOKER_CONFIG")
+    command: Sequence[str]
+    workdir: Path
+    tracking_uri: str
+    mlflow_run_ids: Sequence[str]
+    parent_run_id: str | None = None
+    array_size: int | None = None
+    max_parallel: int | None = None
+    after: str | None = None
+    extra_sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def config(self) -> ExperimentConfig:
+        return self.resolved.config
+
+    @property
+    def grace_seconds(self) -> int:
+        return self.config.job.stop_grace
+
+    @property
+    def experiment_dir(self) -> Path | None:
+        exp = self.resolved.experiment
+        return exp.resolve().parent if exp is not None else None
+
+    def source_of(self, dotted_key: str) -> str:
+        """Where a config value came from, as `--explain` prints it."""
+        if dotted_key in self.extra_sources:
+            return self.extra_sources[dotted_key]
+        return str(self.resolved.source_of(tuple(dotted_key.split("."))))

@@ -1,0 +1,593 @@
+"""What `stoker status` shows: one row per job (or array task) of the ledger.
+
+One refresh makes at most one `squeue` and one `sacct` call, whatever the number
+of jobs (stoker/launcher/slurm_query.py). Where each value comes from:
+
+    state, reason, nodes, elapsed   squeue for live jobs (fresher), sacct for ended ones;
+                                    a final state once seen is kept in the ledger and the
+                                    job is not queried again (as submitit's watcher does)
+    restarts                        the largest of: the run folder's `attempts` file, the
+                                    ledger, squeue's RestartCnt, sacct's requeued attempts
+    step, loss, throughput, ETA     the run folder's progress.json (below)
+    local jobs (backend "local")    the run folder's local-state.json (below); no SLURM call
+
+Without accounting (sacct missing or failing) ended jobs that squeue has already
+forgotten show their cached final state, else "UNKNOWN"; `StatusReport.notes`
+says so.
+
+progress.json, written by the runtime's global rank 0 (whole-file replace); every
+key is optional and a missing or unreadable file shows as "-":
+
+    step          int    optimizer steps done so far
+    total_steps   int    steps the run will take
+    loss          float  last training loss
+    samples_per_s float  throughput; else tokens_per_s (float) is shown
+    eta_s         float  seconds left, as the runtime estimated it at `time`
+    time          float  epoch seconds when the record was written
+    started       float  epoch seconds when this start (restart) of the job began;
+                         default: the last line of the `attempts` file
+    start_step    int    step this start resumed from; default 0 on the first start
+
+ETA (running jobs only): `eta_s` minus the time since `time`; without `eta_s`,
+the steps left divided by the step rate of this start,
+(step - start_step) / (time - started).
+
+local-state.json, written by the local backend's supervisor:
+
+    {"state": "RUNNING" | "COMPLETED" | "FAILED" | "CANCELLED",
+     "exit_code": int | null, "supervisor_pid": int, "started": epoch,
+     "ended": epoch | null, "ranks": {"0": exit_code | null, ...}}
+
+A RUNNING state whose supervisor process is gone reads as FAILED, reason
+"supervisor died" (what NODE_FAIL is on a cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from stoker.errors import StokerError
+from stoker.launcher.ledger import JobRecord, Ledger
+from stoker.launcher.rundir import RunDir
+from stoker.launcher.slurm_cli import SlurmError
+from stoker.launcher.slurm_query import (
+    TERMINAL_STATES,
+    AcctRow,
+    QueueRow,
+    count_hosts,
+    query_accounting,
+    query_queue,
+)
+
+LOCAL_STATE_FILE = "local-state.json"
+# Jobs that ended this long ago still show without --all.
+RECENT_S = 24 * 3600
+# A sacct row submitted this long before the ledger recorded the job belongs to an
+# older job with the same id (job ids restart when slurmctld loses its state).
+_CLOCK_SLACK_S = 120.0
+# Looking for a recent end among jobs submitted this long ago is not worth a stat each.
+_LOOKBACK_S = 30 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class Target:
+    """One row to show: a job, or one task of an array job."""
+
+    record: JobRecord
+    task: int | None = None
+
+    @property
+    def job_id(self) -> str:
+        return self.record.job_id if self.task is None else f"{self.record.job_id}_{self.task}"
+
+    @property
+    def run(self) -> RunDir:
+        run = RunDir(Path(self.record.run_dir))
+        return run if self.task is None else run.task(self.task)
+
+
+@dataclass
+class JobStatus:
+    """One row of `stoker status` (`--json` prints these fields)."""
+
+    job_id: str
+    name: str
+    backend: str
+    state: str
+    reason: str | None  # why it is pending, or how it ended when not well
+    nodes: int | None
+    node_list: str | None
+    elapsed_s: int | None
+    restarts: int
+    exit_code: int | None
+    step: int | None
+    total_steps: int | None
+    loss: float | None
+    throughput: float | None
+    throughput_unit: str | None  # "samples/s" or "tokens/s"
+    eta_s: float | None
+    run_dir: str
+    mlflow_run_id: str | None
+    source: str  # where the state came from: squeue, sacct, ledger, local, none
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as JSON values; a NaN or infinite loss (a diverged run) becomes null,
+        which strict JSON readers accept (the table shows "nan")."""
+        data = asdict(self)
+        if self.loss is not None and not math.isfinite(self.loss):
+            data["loss"] = None
+        return data
+
+
+@dataclass
+class StatusReport:
+    rows: list[JobStatus]
+    notes: list[str]  # caveats for stderr, e.g. that accounting is unavailable
+
+
+@dataclass(frozen=True)
+class _SchedulerView:
+    state: str
+    reason: str | None
+    nodes: int | None
+    node_list: str | None
+    elapsed_s: int | None
+    restarts: int
+    exit_code: int | None
+    source: str
+
+
+# ---------------------------------------------------------------- which jobs
+
+
+def select_jobs(
+    ledger: Ledger, job_ids: Sequence[str] = (), *, all_jobs: bool = False, now: float | None = None
+) -> list[Target]:
+    """The rows to show: `job_ids` (an array id gives all its tasks, "123_4" one task),
+    else every job with `all_jobs`, else active jobs and those that ended in the last 24 h.
+
+    Raises StokerError for an id the ledger does not know.
+    """
+    if job_ids:
+        targets: list[Target] = []
+        for job_id in job_ids:
+            targets.extend(_targets_for_id(ledger, job_id.strip()))
+        return list({t.job_id: t for t in targets}.values())  # each row once
+    now = time.time() if now is None else now
+    records = ledger.list()
+    if not all_jobs:
+        records = [r for r in records if r.final_state is None or _recent(r, now)]
+    return [t for r in records for t in _expand(r)]
+
+
+def _expand(record: JobRecord) -> list[Target]:
+    if record.array_size:
+        return [Target(record, i) for i in range(record.array_size)]
+    return [Target(record)]
+
+
+def _targets_for_id(ledger: Ledger, job_id: str) -> list[Target]:
+    record = ledger.get(job_id)
+    if record is not None:
+        return _expand(record)
+    base, sep, index = job_id.partition("_")
+    if sep and index.isdigit():
+        parent = ledger.require(base)
+        if parent.array_size and int(index) < parent.array_size:
+            return [Target(parent, int(index))]
+        size = f"{parent.array_size} tasks" if parent.array_size else "no array tasks"
+        raise StokerError(
+            f"job {base} has {size}, so {job_id} is not one of them",
+            fix=f"`stoker status {base}` lists its tasks",
+        )
+    ledger.require(job_id)  # raises with the fix
+    return []
+
+
+def _recent(record: JobRecord, now: float) -> bool:
+    """Did this ended job end in the last RECENT_S? Judged by when its run folder was
+    last written (the batch log, the local supervisor's state file)."""
+    if record.submitted_at >= now - RECENT_S:
+        return True  # it cannot have ended before it was submitted
+    if record.submitted_at < now - _LOOKBACK_S:
+        return False
+    run = RunDir(Path(record.run_dir))
+    for path in (run.batch_log, run.path / LOCAL_STATE_FILE, run.attempts):
+        try:
+            if path.stat().st_mtime >= now - RECENT_S:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+# ---------------------------------------------------------------- collection
+
+
+def collect_status(
+    targets: Sequence[Target], ledger: Ledger, *, now: float | None = None
+) -> StatusReport:
+    """State, progress and restarts of `targets` from one squeue and at most one sacct call.
+
+    Final states and restart counts learned here are written back to the ledger.
+    Raises SlurmError only when neither squeue nor sacct answers.
+    """
+    now = time.time() if now is None else now
+    notes: list[str] = []
+    records = {t.record.job_id: t.record for t in targets}
+    to_query = [
+        job_id for job_id, r in records.items() if r.backend != "local" and r.final_state is None
+    ]
+
+    queue: dict[str, QueueRow] = {}
+    accounting: dict[str, list[AcctRow]] | None = {}
+    queue_error: SlurmError | None = None
+    if to_query:
+        try:
+            queue = query_queue(to_query)
+        except SlurmError as exc:
+            queue_error = exc
+        try:
+            accounting = query_accounting(to_query)
+        except SlurmError as exc:
+            accounting = None
+            reason = exc.message.splitlines()[0]
+            notes.append(
+                f"accounting unavailable ({reason}): the state of jobs that ended more than "
+                "a few minutes ago is unknown or approximate (from squeue and the ledger)"
+            )
+        if queue_error is not None:
+            if accounting is None:
+                raise queue_error
+            notes.append(
+                f"the queue is unavailable ({queue_error.message.splitlines()[0]}): "
+                "states come from accounting and may lag"
+            )
+
+    views: dict[str, _SchedulerView | None] = {}
+    for job_id in to_query:
+        record = records[job_id]
+        for target in _expand(record):
+            views[target.job_id] = _scheduler_view(
+                target.job_id, queue, accounting, record.submitted_at
+            )
+    rows = [_row(t, views, accounting is not None, now) for t in targets]
+    _write_back(ledger, targets, rows, views)
+    return StatusReport(rows=rows, notes=notes)
+
+
+def _scheduler_view(
+    job_id: str,
+    queue: dict[str, QueueRow],
+    accounting: dict[str, list[AcctRow]] | None,
+    submitted_at: float,
+) -> _SchedulerView | None:
+    live = queue.get(job_id)
+    attempts = [
+        row
+        for row in (accounting or {}).get(job_id, [])
+        if row.submitted is None or row.submitted >= submitted_at - _CLOCK_SLACK_S
+    ]
+    last = attempts[-1] if attempts else None
+    restarts = max(live.restarts if live else 0, len(attempts) - 1)
+    use_queue = live is not None and (
+        live.state not in TERMINAL_STATES or last is None or last.state not in TERMINAL_STATES
+    )
+    if live is not None and use_queue:
+        return _SchedulerView(
+            state=live.state,
+            reason=live.reason if live.state == "PENDING" else None,
+            nodes=live.nodes,
+            node_list=live.node_list,
+            elapsed_s=live.elapsed_s,
+            restarts=restarts,
+            exit_code=None,
+            source="squeue",
+        )
+    if last is not None:
+        return _SchedulerView(
+            state=last.state,
+            reason=_acct_reason(last),
+            nodes=last.nodes,
+            node_list=last.node_list,
+            elapsed_s=last.elapsed_s,
+            restarts=restarts,
+            exit_code=last.exit_code,
+            source="sacct",
+        )
+    return None
+
+
+def _acct_reason(row: AcctRow) -> str | None:
+    if row.state == "PENDING":
+        return row.reason
+    if row.signal:
+        return f"signal {row.signal}"
+    if row.state in TERMINAL_STATES and row.exit_code:
+        return f"exit {row.exit_code}"
+    return None
+
+
+def _row(
+    target: Target, views: dict[str, _SchedulerView | None], accounted: bool, now: float
+) -> JobStatus:
+    record = target.record
+    run = target.run
+    progress = run.read_progress() or {}
+    restarts = run.restarts()
+    if target.task is None:
+        restarts = max(restarts, record.restarts)
+    exit_code: int | None = None
+    node_list = _attempt_nodes(run)
+    nodes = count_hosts(node_list) if node_list else None
+    elapsed: int | None = None
+    reason: str | None = None
+
+    if record.backend == "local":
+        state, reason, exit_code, elapsed, source = _local_status(record, run, now)
+        nodes, node_list = 1, record.cluster
+    elif target.job_id in views:
+        view = views[target.job_id]
+        if view is not None:
+            state, reason, source = view.state, view.reason, view.source
+            nodes = view.nodes if view.nodes is not None else nodes
+            node_list = view.node_list or node_list
+            elapsed, exit_code = view.elapsed_s, view.exit_code
+            restarts = max(restarts, view.restarts)
+        else:
+            state, source = "UNKNOWN", "none"
+            reason = "not in squeue or sacct" if accounted else "accounting unavailable"
+    else:  # final state cached: not queried again
+        state, source = record.final_state or "UNKNOWN", "ledger"
+
+    throughput, unit = _throughput(progress)
+    return JobStatus(
+        job_id=target.job_id,
+        name=record.name,
+        backend=record.backend,
+        state=state,
+        reason=reason,
+        nodes=nodes,
+        node_list=node_list,
+        elapsed_s=elapsed,
+        restarts=restarts,
+        exit_code=exit_code,
+        step=_int(progress, "step"),
+        total_steps=_int(progress, "total_steps"),
+        loss=_float(progress, "loss"),
+        throughput=throughput,
+        throughput_unit=unit,
+        eta_s=_eta(progress, run, restarts, now) if state == "RUNNING" else None,
+        run_dir=str(run.path),
+        mlflow_run_id=_mlflow_run_id(target),
+        source=source,
+    )
+
+
+def _write_back(
+    ledger: Ledger,
+    targets: Sequence[Target],
+    rows: Sequence[JobStatus],
+    views: dict[str, _SchedulerView | None],
+) -> None:
+    """Cache final states and restart counts, one ledger write per changed job.
+
+    An array's final state is cached only when every task ended in the same state;
+    mixed outcomes stay per task and are queried again (the ledger has one state per job).
+    """
+    restarts: dict[str, int] = {}
+    for target, row in zip(targets, rows, strict=True):
+        job_id = target.record.job_id
+        restarts[job_id] = max(restarts.get(job_id, 0), row.restarts)
+    records = {t.record.job_id: t.record for t in targets}
+    changes: dict[str, tuple[int | None, str | None]] = {}
+    for job_id, record in records.items():
+        final: str | None = None
+        if record.final_state is None:
+            if record.backend == "local":
+                final = next(
+                    (r.state for r in rows if r.job_id == job_id and r.state in TERMINAL_STATES),
+                    None,
+                )
+            else:
+                states = {
+                    view.state if view else None
+                    for target in _expand(record)
+                    for view in [views.get(target.job_id)]
+                }
+                if len(states) == 1:
+                    (only,) = states
+                    final = only if only in TERMINAL_STATES else None
+        more_restarts = restarts[job_id] if restarts[job_id] > record.restarts else None
+        if final is not None or more_restarts is not None:
+            changes[job_id] = (more_restarts, final)
+    ledger.update_many(changes)
+
+
+# ---------------------------------------------------------------- run folder
+
+
+def _attempt_nodes(run: RunDir) -> str | None:
+    """The node list of the latest start, from the `attempts` file."""
+    try:
+        lines = run.attempts.read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        for field in line.split():
+            if field.startswith("nodes="):
+                return field.removeprefix("nodes=") or None
+    return None
+
+
+def _attempt_started(run: RunDir) -> float | None:
+    """Epoch seconds of the latest start, from the `attempts` file."""
+    try:
+        lines = run.attempts.read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        first = line.split(maxsplit=1)[0] if line.strip() else ""
+        try:
+            return float(first)
+        except ValueError:
+            continue
+    return None
+
+
+def _float(data: dict[str, Any], key: str) -> float | None:
+    """data[key] as a number; None when absent or not a number (JSON has no NaN guard)."""
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _int(data: dict[str, Any], key: str) -> int | None:
+    value = _float(data, key)
+    return int(value) if value is not None and value.is_integer() else None
+
+
+def _throughput(progress: dict[str, Any]) -> tuple[float | None, str | None]:
+    for key, unit in (("samples_per_s", "samples/s"), ("tokens_per_s", "tokens/s")):
+        value = _float(progress, key)
+        if value is not None:
+            return value, unit
+    return None, None
+
+
+def _eta(progress: dict[str, Any], run: RunDir, restarts: int, now: float) -> float | None:
+    written = _float(progress, "time")
+    since = max(0.0, now - written) if written is not None else 0.0
+    eta = _float(progress, "eta_s")
+    if eta is not None:
+        return max(0.0, eta - since)
+    step = _int(progress, "step")
+    total = _int(progress, "total_steps")
+    if step is None or total is None or written is None:
+        return None
+    started = _float(progress, "started") or _attempt_started(run)
+    start_step = _int(progress, "start_step")
+    if start_step is None and restarts == 0:
+        start_step = 0
+    if started is None or start_step is None or step <= start_step or written <= started:
+        return None
+    rate = (step - start_step) / (written - started)
+    return max(0.0, (total - step) / rate - since)
+
+
+def _mlflow_run_id(target: Target) -> str | None:
+    """The job's MLflow run; for an array task its child run, from the list in
+    extra["child_run_ids"] that `stoker submit` records (by task index)."""
+    if target.task is None:
+        return target.record.mlflow_run_id
+    runs = target.record.extra.get("child_run_ids")
+    if not isinstance(runs, list) or target.task >= len(runs):
+        return None
+    value = runs[target.task]
+    return value if isinstance(value, str) else None
+
+
+# ---------------------------------------------------------------- local backend
+
+
+@dataclass(frozen=True)
+class LocalState:
+    """The local backend's local-state.json (see the module docstring)."""
+
+    state: str
+    exit_code: int | None
+    supervisor_pid: int | None
+    started: float | None
+    ended: float | None
+    ranks: dict[int, int | None]
+
+
+def read_local_state(run: RunDir) -> LocalState | None:
+    """The supervisor's last record, or None (absent, caught mid-write, or not an object)."""
+    try:
+        data = json.loads((run.path / LOCAL_STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("state"), str):
+        return None
+    ranks: dict[int, int | None] = {}
+    raw_ranks = data.get("ranks")
+    if isinstance(raw_ranks, dict):
+        for rank, code in raw_ranks.items():
+            if str(rank).isdigit():
+                ranks[int(rank)] = code if isinstance(code, int) else None
+    return LocalState(
+        state=data["state"].upper(),
+        exit_code=_int(data, "exit_code"),
+        supervisor_pid=_int(data, "supervisor_pid"),
+        started=_float(data, "started"),
+        ended=_float(data, "ended"),
+        ranks=ranks,
+    )
+
+
+def _local_status(
+    record: JobRecord, run: RunDir, now: float
+) -> tuple[str, str | None, int | None, int | None, str]:
+    """(state, reason, exit code, elapsed seconds, source) of a local-backend job."""
+    local = read_local_state(run)
+    if local is None:
+        if record.final_state:
+            return record.final_state, None, None, None, "ledger"
+        return "UNKNOWN", f"no {LOCAL_STATE_FILE} in the run folder", None, None, "none"
+    state, reason, ended = local.state, None, local.ended
+    if state == "RUNNING" and local.supervisor_pid is not None:
+        if record.cluster != socket.gethostname():
+            reason = f"runs on {record.cluster}; cannot check its supervisor from here"
+        elif not _process_alive(local.supervisor_pid, local.started):
+            state, reason = "FAILED", "supervisor died"
+            ended = _mtime(run.path / LOCAL_STATE_FILE)
+    elif state == "FAILED":
+        failed = sorted(rank for rank, code in local.ranks.items() if code)
+        if failed:
+            reason = f"rank {failed[0]} exited {local.ranks[failed[0]]}"
+        elif local.exit_code:
+            reason = f"exit {local.exit_code}"
+    elapsed = None
+    if local.started is not None:
+        elapsed = int(max(0.0, (ended or now) - local.started))
+    return state, reason, local.exit_code, elapsed, "local"
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def _process_alive(pid: int, started: float | None) -> bool:
+    """Is `pid` still the supervisor that wrote `started`? A reused pid belongs to a
+    process that started later; a zombie has exited."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        with open("/proc/stat") as proc_stat:
+            boot = next(float(line.split()[1]) for line in proc_stat if line.startswith("btime"))
+    except (OSError, StopIteration, ValueError):
+        return True  # no /proc (macOS): trust kill(0)
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":
+        return False
+    process_start = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    # btime is whole seconds and the supervisor writes `started` after it starts.
+    return started is None or process_start <= started + 2.0

@@ -1,0 +1,398 @@
+"""`stoker submit` and `stoker sweep`: from a resolved experiment to a queued SLURM job.
+
+Order matters, so that a failure loses nothing and leaves nothing half-done:
+validate → run folder → code snapshot → frozen config(s) → MLflow run(s) → render →
+`sbatch --test-only` → `sbatch --parsable` → ledger. A refusal by SLURM marks the
+MLflow run failed and removes the run folder; no job runs from an invalid config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import re
+import shutil
+import socket
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stoker.atomic_write import write_text_atomic
+from stoker.config import ResolvedConfig, freeze_config
+from stoker.errors import StokerError
+from stoker.launcher.ledger import JobRecord, Ledger
+from stoker.launcher.render import RenderedScript, Shell, render_sbatch
+from stoker.launcher.rundir import RunDir, new_run_dir, runs_root
+from stoker.launcher.slurm_cli import run_slurm
+from stoker.launcher.spec import LaunchSpec
+
+# `--after 123`, `--after 123_4`, `--after 123:456` (all must succeed).
+_AFTER = re.compile(r"^\d+(_\d+)?(:\d+(_\d+)?)*$")
+# Characters that would break an `#SBATCH --output=` path or the script's quoting rules.
+_UNSAFE_PATH = re.compile(r"[\s'\"\\]")
+TRAIN_MODULE = "stoker.runtime.train"
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    """What the command line adds to the experiment."""
+
+    command: Sequence[str] = ()
+    after: str | None = None
+    dry_run: bool = False
+    explain: bool = False
+    local: bool = False
+    code: Path | None = None
+    snapshot: bool = True
+    max_parallel: int | None = None
+    cwd: Path = field(default_factory=Path.cwd)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    run_dir: Path
+    run_id: str | None
+    run_link: str | None
+    script: RenderedScript
+    child_run_ids: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "job_id": self.job_id,
+            "run_id": self.run_id,
+            "run_dir": str(self.run_dir),
+        }
+        if self.child_run_ids:
+            data["child_run_ids"] = list(self.child_run_ids)
+        return data
+
+
+def task_command(resolved: ResolvedConfig, options: SubmitOptions) -> list[str]:
+    """The argv each task runs: the user's command, or the training runtime on the config."""
+    if options.command:
+        return list(options.command)
+    if importlib.util.find_spec(TRAIN_MODULE) is None:
+        raise StokerError(
+            f"no command given, and the training runtime ({TRAIN_MODULE}) is not in this "
+            "version of stoker",
+            fix="pass the command each task runs after `--`, e.g. "
+            "`stoker submit exp.yaml -- python train.py`",
+        )
+    python = "python" if resolved.config.job.container else sys.executable
+    return [python, "-m", TRAIN_MODULE, "--config", Shell('"$STOKER_CONFIG"')]
+
+
+def config_hash(frozen_bodies: Sequence[str]) -> str:
+    digest = hashlib.sha256()
+    for body in frozen_bodies:
+        # The header carries a time stamp; the hash is of the values only.
+        digest.update(
+            "".join(line for line in body.splitlines(True) if not line.startswith("#")).encode()
+        )
+    return digest.hexdigest()
+
+
+def check_run_root(root: Path) -> None:
+    if _UNSAFE_PATH.search(str(root)):
+        raise StokerError(
+            f"the runs folder {str(root)!r} contains whitespace, a quote or a backslash, "
+            "which SLURM's #SBATCH --output cannot take",
+            fix="set STOKER_HOME to a path without them",
+        )
+
+
+def submit(
+    resolved: ResolvedConfig | Sequence[ResolvedConfig],
+    options: SubmitOptions,
+    *,
+    sweep_params: Sequence[dict[str, str]] | None = None,
+) -> Submitted:
+    """Submit one job, or one job array when given several configs (a sweep).
+
+    Returns at once with the job id; with `dry_run` nothing is created or submitted
+    and `job_id` is empty.
+    """
+    configs = [resolved] if isinstance(resolved, ResolvedConfig) else list(resolved)
+    is_array = not isinstance(resolved, ResolvedConfig)
+    base = configs[0]
+    command = task_command(base, options)
+    for cfg in configs[1:]:
+        if cfg.config.job != base.config.job:
+            raise StokerError(
+                "a sweep may not vary job.* keys: all tasks of a job array share one allocation",
+                fix="sweep over model, data, optim or train keys; submit job variants separately",
+            )
+    root = runs_root()
+    check_run_root(root)
+    frozen = [freeze_config(cfg) for cfg in configs]
+    chash = config_hash(frozen)
+
+    from stoker.launcher.tracking import resolve_tracking_uri
+
+    target = resolve_tracking_uri(base.config.tracking.uri)
+
+    if options.dry_run:
+        run_dir = RunDir(root / f"{base.config.job.name}-<time>-<id>")
+        placeholder = ["<MLflow run id, created at submit>"] * len(configs)
+        spec = _spec(
+            base,
+            options,
+            run_dir,
+            command,
+            options.cwd,
+            target.uri,
+            placeholder,
+            None,
+            len(configs) if is_array else None,
+        )
+        script = render_sbatch(spec, explain=options.explain)
+        return Submitted("", run_dir.path, None, None, script)
+
+    run_dir = new_run_dir(base.config.job.name, root)
+    try:
+        return _submit_in(
+            run_dir, configs, frozen, chash, is_array, command, options, target, sweep_params
+        )
+    except BaseException:
+        shutil.rmtree(run_dir.path, ignore_errors=True)
+        raise
+
+
+def _submit_in(
+    run_dir: RunDir,
+    configs: list[ResolvedConfig],
+    frozen: list[str],
+    chash: str,
+    is_array: bool,
+    command: list[str],
+    options: SubmitOptions,
+    target: Any,
+    sweep_params: Sequence[dict[str, str]] | None,
+) -> Submitted:
+    from stoker.launcher import tracking
+    from stoker.launcher.snapshot import snapshot_code
+
+    base = configs[0]
+    job = base.config.job
+    notes: list[str] = []
+    workdir = options.cwd
+    code_sha = None
+    if options.snapshot:
+        snap = snapshot_code(options.code, run_dir.code, cwd=options.cwd)
+        if snap is None:
+            notes.append(
+                f"{options.cwd} is not in a git repository: the job runs there, not from a "
+                "snapshot (use --code DIR to snapshot a folder)"
+            )
+        else:
+            workdir = snap.workdir
+            code_sha = snap.sha256
+            notes += snap.notes
+
+    folders = [run_dir.task(i) for i in range(len(configs))] if is_array else [run_dir]
+    for folder, body in zip(folders, frozen, strict=True):
+        (folder.logs).mkdir(parents=True, exist_ok=True)
+        write_text_atomic(folder.config, body)
+    if is_array:
+        run_dir.logs.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(run_dir.config, frozen[0])
+
+    cluster = _cluster_name() if not options.local else socket.gethostname()
+    tags = {
+        "stoker.run_dir": str(run_dir.path),
+        "stoker.config_hash": chash,
+        "stoker.command": " ".join(command),
+        "slurm.cluster": cluster,
+        "slurm.nodes": str(job.nodes),
+        "slurm.tasks_per_node": str(job.tasks_per_node),
+        "slurm.gpus_per_node": str(job.gpus_per_node),
+        "slurm.time_limit": job.time,
+        "slurm.partition": job.partition or "(default)",
+        **({"stoker.code_sha256": code_sha} if code_sha else {}),
+        **base.config.tracking.tags,
+    }
+    run_name = base.config.tracking.run_name or job.name
+    parent_run_id: str | None = None
+    if is_array:
+        children = [
+            tracking.ChildSpec(
+                run_name=f"{run_name}-{i}",
+                params=_params(cfg),
+                tags={
+                    **tags,
+                    "stoker.run_dir": str(folders[i].path),
+                    **{
+                        f"sweep.{k}": v for k, v in (sweep_params or [{}] * len(configs))[i].items()
+                    },
+                },
+                artifacts={"config.yaml": frozen[i]},
+            )
+            for i, cfg in enumerate(configs)
+        ]
+        parent, child_runs = tracking.precreate_sweep(
+            target,
+            experiment=base.config.tracking.experiment,
+            parent_name=run_name,
+            parent_params={"sweep.size": len(configs)},
+            parent_tags=tags,
+            children=children,
+        )
+        created = parent
+        run_ids = [c.run_id for c in child_runs]
+        parent_run_id = parent.run_id
+    else:
+        created = tracking.precreate_run(
+            target,
+            experiment=base.config.tracking.experiment,
+            run_name=run_name,
+            params=_params(base),
+            tags=tags,
+            artifacts={"config.yaml": frozen[0]},
+        )
+        run_ids = [created.run_id]
+
+    spec = _spec(
+        base,
+        options,
+        run_dir,
+        command,
+        workdir,
+        target.uri,
+        run_ids,
+        parent_run_id,
+        len(configs) if is_array else None,
+    )
+    try:
+        script = render_sbatch(spec, explain=False)
+        write_text_atomic(run_dir.script, script.text)
+        if options.local:
+            from stoker.launcher.local_backend import start_local
+
+            job_id = start_local(spec, Ledger())
+        else:
+            preflight(run_dir.script)
+            job_id = sbatch(run_dir.script)
+    except BaseException as exc:
+        for run_id in dict.fromkeys([created.run_id, *run_ids]):
+            # The submit error is the one to show, not a failure to record it.
+            with contextlib.suppress(StokerError):
+                tracking.mark_run_failed_to_submit(target, run_id, str(exc))
+        raise
+    Ledger().add(
+        JobRecord(
+            job_id=job_id,
+            backend="local" if options.local else "slurm",
+            cluster=cluster,
+            name=job.name,
+            run_dir=str(run_dir.path),
+            config_hash=chash,
+            template=script.template,
+            mlflow_run_id=created.run_id,
+            tracking_uri=target.uri,
+            array_size=len(configs) if is_array else None,
+            extra={
+                "command": list(map(str, command)),
+                **({"child_run_ids": run_ids} if is_array else {}),
+                **({"code_sha256": code_sha} if code_sha else {}),
+            },
+        )
+    )
+    updates: dict[str, tuple[dict[str, str], dict[str, str]]] = {
+        created.run_id: ({"job.sbatch": script.text}, {"slurm.job_id": job_id})
+    }
+    if is_array:
+        for index, run_id in enumerate(run_ids):
+            updates[run_id] = ({}, {"slurm.job_id": f"{job_id}_{index}"})
+    tracking.update_submitted_runs(target, updates)
+    link = tracking.run_link(target, created.experiment_id, created.run_id)
+    return Submitted(
+        job_id,
+        run_dir.path,
+        created.run_id,
+        link,
+        script,
+        tuple(run_ids) if is_array else (),
+        tuple(notes),
+    )
+
+
+def _spec(
+    base: ResolvedConfig,
+    options: SubmitOptions,
+    run_dir: RunDir,
+    command: list[str],
+    workdir: Path,
+    tracking_uri: str,
+    run_ids: Sequence[str],
+    parent_run_id: str | None,
+    array_size: int | None,
+) -> LaunchSpec:
+    if options.after is not None and not _AFTER.fullmatch(options.after):
+        raise StokerError(
+            f"--after {options.after!r} is not a SLURM job id",
+            fix="give a job id such as 1234 or 1234_5, several joined with ':'",
+        )
+    return LaunchSpec(
+        resolved=base,
+        run_dir=run_dir.path,
+        command=command,
+        workdir=workdir,
+        tracking_uri=tracking_uri,
+        mlflow_run_ids=run_ids,
+        parent_run_id=parent_run_id,
+        array_size=array_size,
+        max_parallel=options.max_parallel,
+        after=options.after,
+    )
+
+
+def _params(resolved: ResolvedConfig) -> dict[str, str]:
+    """MLflow params: every config leaf as `section.key`."""
+    return {row.key: _param_text(row.value) for row in resolved.rows()}
+
+
+def _param_text(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value))
+    return "null" if value is None else str(value)
+
+
+def preflight(script: Path) -> None:
+    """`sbatch --test-only`: SLURM judges the request (partition, limits, GRES) up front."""
+    from stoker.launcher.slurm_cli import SlurmError
+
+    try:
+        run_slurm(["sbatch", "--test-only", str(script)])
+    except SlurmError as exc:
+        raise StokerError(
+            f"SLURM refused the job: {_sbatch_message(exc.stderr)}",
+            fix="change the resources (job.* keys or flags) to what the cluster offers; "
+            "`stoker doctor` lists partitions and their limits. Nothing was submitted",
+        ) from exc
+
+
+def sbatch(script: Path) -> str:
+    out = run_slurm(["sbatch", "--parsable", str(script)])
+    job_id = out.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise StokerError(f"sbatch printed {out.strip()!r}, not a job id")
+    return job_id
+
+
+def _sbatch_message(stderr: str) -> str:
+    lines = [line.removeprefix("sbatch: error: ").strip() for line in stderr.splitlines()]
+    return "; ".join(line for line in lines if line) or "no reason given"
+
+
+def _cluster_name() -> str:
+    out = run_slurm(["scontrol", "show", "config"])
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "ClusterName":
+            return value.strip()
+    return "unknown"

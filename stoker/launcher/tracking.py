@@ -1,0 +1,667 @@
+"""The login-node side of MLflow: which store a job is recorded in, and its run, made at submit.
+
+`stoker submit` creates the MLflow run before the job is queued, so the user
+gets a link at once and the job only logs into an existing run
+(`MLFLOW_RUN_ID`). Where runs go, first match wins:
+
+    tracking.uri in the experiment config
+    $MLFLOW_TRACKING_URI
+    sqlite:///<STOKER_HOME>/mlflow/mlflow.db, artifacts in <STOKER_HOME>/mlflow/artifacts
+
+Two stores are supported: a sqlite file (on a filesystem the compute nodes
+share) and an `mlflow server` over http(s), which many concurrent jobs should
+use. Paths are made absolute here: the job runs in another folder on another
+node, and MLflow resolves a relative sqlite path (and the artifacts of an
+experiment created without an explicit location) against the current folder
+of whichever process opens the store.
+
+mlflow is imported inside the functions that talk to a store: any `mlflow.*`
+import runs `mlflow/__init__` (about 1 s here), and the sqlite store adds
+SQLAlchemy and alembic (about 0.5 s).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import getpass
+import os
+import posixpath
+import re
+import shlex
+import time
+import urllib.parse
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stoker.errors import StokerError
+from stoker.home import stoker_home
+
+ParamValue = str | int | float
+
+# MLflow's own limits (mlflow/utils/validation.py): checked here, before anything is
+# created, so a bad key never leaves a half-made run behind.
+MAX_PARAM_VALUE = 6000
+MAX_TAG_VALUE = 8000
+MAX_KEY_LENGTH = 250
+MAX_EXPERIMENT_NAME = 500
+PARAMS_PER_BATCH = 100
+_VALID_KEY = re.compile(r"[/\w.\- :]+")
+_TRUNCATED = "...[truncated]"
+
+# Tags stoker sets on the runs it creates.
+TAG_PARENT = "mlflow.parentRunId"
+TAG_USER = "mlflow.user"
+TAG_SWEEP_INDEX = "stoker.sweep.index"
+TAG_SUBMIT_ERROR = "stoker.submit_error"
+
+# Seconds a `stoker submit` waits for another one that is creating the sqlite schema.
+LOCK_TIMEOUT = 120.0
+# Seconds the reachability probe of a server waits when MLFLOW_HTTP_REQUEST_TIMEOUT is unset.
+PROBE_TIMEOUT = 10.0
+
+_SOURCE_TEXT = {
+    "tracking.uri": "tracking.uri in the experiment config",
+    "MLFLOW_TRACKING_URI": "the environment variable MLFLOW_TRACKING_URI",
+    "default": "stoker's default store in $STOKER_HOME",
+}
+
+
+@dataclass(frozen=True)
+class TrackingTarget:
+    """An MLflow store, resolved on the login node; pass `uri` to the job unchanged."""
+
+    uri: str
+    """Absolute `sqlite:////...` path or `http(s)://host[:port][/prefix]` without a trailing /."""
+    artifact_root: str | None
+    """Folder under which stoker puts new experiments' artifacts (sqlite); None for a
+    server, which owns its artifact store."""
+    source: str
+    """Where the URI came from: "tracking.uri", "MLFLOW_TRACKING_URI" or "default"."""
+
+    @property
+    def is_server(self) -> bool:
+        return self.uri.startswith(("http://", "https://"))
+
+    @property
+    def db_path(self) -> Path | None:
+        """The sqlite file, or None for a server."""
+        if self.is_server:
+            return None
+        return Path(self.uri.removeprefix("sqlite:///").split("?", 1)[0])
+
+    def describe(self) -> str:
+        """`URI (from WHERE)`, for messages."""
+        return f"{self.uri} (from {_SOURCE_TEXT.get(self.source, self.source)})"
+
+
+@dataclass(frozen=True)
+class CreatedRun:
+    """A run made by `precreate_run` / `precreate_sweep`, in status SCHEDULED."""
+
+    run_id: str
+    experiment_id: str
+    uri: str
+    """The tracking URI the run lives in (hand it to the job with the run id)."""
+    link: str
+    """What to show the user: a URL for a server, a command to run for a sqlite store."""
+    artifact_uri: str
+    truncated_params: tuple[str, ...] = ()
+    """Params whose value was cut to MLflow's 6000 characters (log the full config as an
+    artifact to keep it)."""
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """One task of a sweep: its own run name, params, tags and artifacts."""
+
+    run_name: str
+    params: Mapping[str, ParamValue] = field(default_factory=dict)
+    tags: Mapping[str, str] = field(default_factory=dict)
+    artifacts: Mapping[str, str] = field(default_factory=dict)
+
+
+def default_target() -> TrackingTarget:
+    """The embedded store: a sqlite file and an artifact folder in $STOKER_HOME."""
+    folder = stoker_home() / "mlflow"
+    return TrackingTarget(
+        uri=f"sqlite:///{folder / 'mlflow.db'}",
+        artifact_root=str(folder / "artifacts"),
+        source="default",
+    )
+
+
+def resolve_tracking_uri(config_uri: str | None) -> TrackingTarget:
+    """The store this submit records into: config value, else $MLFLOW_TRACKING_URI, else
+    the default. Relative sqlite paths are made absolute against the current folder.
+
+    Raises StokerError for a scheme stoker cannot hand to a job (file store, in-memory
+    sqlite, other databases), naming the value and where it came from.
+    """
+    if config_uri is not None and config_uri.strip():
+        return _parse_uri(config_uri.strip(), "tracking.uri")
+    env_uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    if env_uri:
+        return _parse_uri(env_uri, "MLFLOW_TRACKING_URI")
+    return default_target()
+
+
+def _where_to_change(source: str) -> str:
+    if source == "tracking.uri":
+        return "change tracking.uri in the experiment config (or a k=v override)"
+    if source == "MLFLOW_TRACKING_URI":
+        return "change or unset MLFLOW_TRACKING_URI"
+    return "set tracking.uri in the experiment config"
+
+
+def _parse_uri(value: str, source: str) -> TrackingTarget:
+    where = _SOURCE_TEXT[source]
+    scheme = value.split(":", 1)[0].lower() if re.match(r"^[A-Za-z][\w+.-]*:", value) else ""
+    examples = "sqlite:////shared/mlflow/mlflow.db or http://mlflow-host:5000"
+    if scheme in ("http", "https"):
+        parts = urllib.parse.urlsplit(value)
+        if not parts.netloc:
+            raise StokerError(
+                f"MLflow tracking URI {value!r} from {where} has no host",
+                fix=f"write it as {scheme}://HOST:PORT; {_where_to_change(source)}",
+            )
+        return TrackingTarget(uri=value.rstrip("/"), artifact_root=None, source=source)
+    if scheme == "sqlite":
+        return _parse_sqlite(value, source)
+    if scheme == "file" or (not scheme and ("/" in value or value.startswith((".", "~")))):
+        folder = value.removeprefix("file://") or "./mlruns"
+        raise StokerError(
+            f"MLflow tracking URI {value!r} from {where} is a file store, which MLflow 3 "
+            "has deprecated and refuses to open",
+            fix=f"use a sqlite store, e.g. sqlite:///{Path(folder).absolute().parent}/mlflow.db, "
+            f"or a server ({_where_to_change(source)}); to keep old runs: "
+            f"`mlflow migrate-filestore --source {folder} --target sqlite:///PATH/mlflow.db`",
+        )
+    raise StokerError(
+        f"MLflow tracking URI {value!r} from {where}: scheme {scheme or value!r} is not supported "
+        "by stoker (supported: sqlite:///PATH and http(s)://HOST)",
+        fix=f"run `mlflow server --backend-store-uri {value}` in front of that store and use "
+        f"its http URL, or use e.g. {examples}; {_where_to_change(source)}",
+    )
+
+
+def _parse_sqlite(value: str, source: str) -> TrackingTarget:
+    where = _SOURCE_TEXT[source]
+    rest = value[len("sqlite:") :]
+    path_text, _, query = rest.partition("?")
+    if not path_text.startswith("///") or path_text[3:] in ("", ":memory:"):
+        raise StokerError(
+            f"MLflow tracking URI {value!r} from {where} is not a sqlite file the job can open "
+            "(an in-memory or host-qualified sqlite URI)",
+            fix="write sqlite:///relative/path.db or sqlite:////absolute/path.db; "
+            + _where_to_change(source),
+        )
+    # sqlite:///x.db is relative to the current folder; the job runs elsewhere.
+    path = Path(path_text[3:]).expanduser().absolute()
+    uri = f"sqlite:///{path}" + (f"?{query}" if query else "")
+    return TrackingTarget(uri=uri, artifact_root=str(path.parent / "artifacts"), source=source)
+
+
+# --- checks done before touching the store ---------------------------------------------
+
+
+def _check_key(kind: str, key: str) -> None:
+    bad = (
+        len(key) > MAX_KEY_LENGTH
+        or not _VALID_KEY.fullmatch(key)
+        or posixpath.normpath(key) != key
+        or key.startswith(("/", ".."))
+    )
+    if bad:
+        raise StokerError(
+            f"MLflow {kind} name {key!r} is not allowed",
+            fix=f"use at most {MAX_KEY_LENGTH} letters, digits, '_', '-', '.', ' ', ':' and "
+            "'/' (no leading '/', no '..', no '//')",
+        )
+
+
+def _cut(value: str, limit: int) -> str:
+    return value if len(value) <= limit else value[: limit - len(_TRUNCATED)] + _TRUNCATED
+
+
+def _prepare_params(params: Mapping[str, ParamValue]) -> tuple[dict[str, str], tuple[str, ...]]:
+    prepared: dict[str, str] = {}
+    truncated: list[str] = []
+    for key, value in params.items():
+        _check_key("param", key)
+        text = str(value)
+        if len(text) > MAX_PARAM_VALUE:
+            truncated.append(key)
+        prepared[key] = _cut(text, MAX_PARAM_VALUE)
+    return prepared, tuple(truncated)
+
+
+def _prepare_tags(tags: Mapping[str, str]) -> dict[str, str]:
+    for key in tags:
+        _check_key("tag", key)
+    return {key: _cut(str(value), MAX_TAG_VALUE) for key, value in tags.items()}
+
+
+def _check_artifacts(artifacts: Mapping[str, str]) -> None:
+    for name in artifacts:
+        if (
+            not name
+            or posixpath.normpath(name) != name
+            or name.startswith(("/", ".."))
+            or name.endswith("/")
+        ):
+            raise StokerError(
+                f"artifact file name {name!r} is not a relative path inside the run",
+                fix="name artifacts like 'job.sbatch' or 'code/manifest.txt'",
+            )
+
+
+def _check_experiment(name: str) -> None:
+    if not name.strip() or len(name) > MAX_EXPERIMENT_NAME:
+        raise StokerError(
+            f"MLflow experiment name {name!r} must be 1 to {MAX_EXPERIMENT_NAME} characters",
+            fix="set tracking.experiment in the experiment config",
+        )
+
+
+def _experiment_folder(name: str) -> str:
+    """A folder name for an experiment's artifacts (names may hold '/', spaces, ...)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "experiment"
+
+
+def _current_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container user with no passwd entry and no $USER
+        return "unknown"
+
+
+# --- talking to the store -----------------------------------------------------------------
+
+
+def _store_fix(target: TrackingTarget, message: str) -> str:
+    change = _where_to_change(target.source)
+    if target.is_server:
+        if "UNAUTHENTICATED" in message or "PERMISSION_DENIED" in message or " 401" in message:
+            return (
+                "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or "
+                f"MLFLOW_TRACKING_TOKEN) for this server, or {change}"
+            )
+        return (
+            f"check that an MLflow server answers at {target.uri} "
+            f"(`curl {target.uri}/health`), or {change}"
+        )
+    db = target.db_path
+    if "out-of-date database schema" in message:
+        return f"back up {db}, then run `mlflow db upgrade {target.uri}`"
+    if "not a database" in message or "malformed" in message:
+        return f"{db} is not a usable MLflow sqlite store: move it away, or {change}"
+    return f"check that {db} and its folder are writable, or {change}"
+
+
+@contextmanager
+def _store_errors(target: TrackingTarget, doing: str) -> Iterator[None]:
+    """Turn whatever MLflow, SQLAlchemy or requests raise into a StokerError naming the store."""
+    try:
+        yield
+    except StokerError:
+        raise
+    except ImportError as exc:
+        raise StokerError(
+            f"cannot import mlflow to {doing}: {exc}",
+            fix="install it in this environment: pip install 'mlflow>=3.5'",
+        ) from exc
+    except Exception as exc:
+        # Deliberately broad: the store's layers raise MlflowException, SQLAlchemy,
+        # requests and OS errors, and every one of them means "this store failed" here.
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        summary = lines[0] if len(lines[0]) <= 400 else lines[0][:400] + "..."
+        raise StokerError(
+            f"MLflow store {target.describe()}: could not {doing}: {summary}",
+            fix=_store_fix(target, str(exc)),
+        ) from exc
+
+
+def _probe_server(target: TrackingTarget) -> None:
+    """Fail in milliseconds, before importing mlflow, when nothing listens at a server URI.
+
+    MLflow itself retries a refused connection for minutes by default. Any HTTP answer,
+    even an error status, counts as reachable: MLflow's own calls then say what is wrong.
+    """
+    # Here, not at the top: ssl and urllib.request cost 20 ms, and only servers need them.
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    try:
+        timeout = float(os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT") or PROBE_TIMEOUT)
+    except ValueError:
+        timeout = PROBE_TIMEOUT
+    try:
+        with urllib.request.urlopen(f"{target.uri}/health", timeout=timeout):
+            pass
+    except urllib.error.HTTPError:
+        return
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ssl.SSLError):
+            return  # MLflow has its own TLS settings (MLFLOW_TRACKING_INSECURE_TLS, ...)
+        raise StokerError(
+            f"MLflow server {target.describe()} is unreachable: {exc.reason}",
+            fix=_store_fix(target, ""),
+        ) from exc
+    except (OSError, ValueError) as exc:  # timeouts, resets, a malformed URL
+        raise StokerError(
+            f"MLflow server {target.describe()} is unreachable: {exc}",
+            fix=_store_fix(target, ""),
+        ) from exc
+
+
+@contextmanager
+def _sqlite_lock(target: TrackingTarget) -> Iterator[None]:
+    """Serialise stoker processes that open a sqlite store, over `<db>.lock`.
+
+    MLflow creates a fresh store's schema with a series of migrations; two processes
+    doing that at once both fail ("duplicate column name", "table _alembic_tmp_params
+    already exists"). Held while the store is opened and the experiment looked up or
+    created; sqlite's own locking covers the writes after that.
+    """
+    db = target.db_path
+    if db is None:
+        yield
+        return
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(db.with_name(db.name + ".lock"), "a")  # noqa: SIM115 (held across yield)
+    except OSError as exc:
+        raise StokerError(
+            f"MLflow store {target.describe()}: cannot create {db.parent} or its lock file: {exc}",
+            fix=_store_fix(target, ""),
+        ) from exc
+    with handle:
+        deadline = time.monotonic() + LOCK_TIMEOUT
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise StokerError(
+                        f"MLflow store {target.describe()}: another process has held "
+                        f"{handle.name} for {LOCK_TIMEOUT:.0f} s",
+                        fix="wait for the other `stoker submit` to finish, or stop it",
+                    ) from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def _quiet_mlflow() -> Iterator[None]:
+    """Hide MLflow's INFO lines ("Creating initial MLflow database tables...") from the CLI."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("mlflow", "alembic")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+@contextmanager
+def _open_store(target: TrackingTarget, experiment: str | None) -> Iterator[tuple[Any, str]]:
+    """An MlflowClient bound to `target` (never to MLflow's global URI) and the id of
+    `experiment`, created if missing ("" when `experiment` is None)."""
+    if target.is_server:
+        _probe_server(target)
+    with _store_errors(target, "open the store"):
+        # The lightest import that gives a client; it still runs mlflow/__init__.
+        from mlflow.tracking import MlflowClient
+
+        # After the import: importing mlflow resets its loggers' levels.
+        with _quiet_mlflow(), _sqlite_lock(target):
+            client = MlflowClient(tracking_uri=target.uri)
+            experiment_id = "" if experiment is None else _experiment_id(client, target, experiment)
+    with _quiet_mlflow():
+        yield client, experiment_id
+
+
+def _experiment_id(client: Any, target: TrackingTarget, name: str) -> str:
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(name)
+    if found is None:
+        location = None
+        if target.artifact_root is not None:
+            location = str(Path(target.artifact_root) / _experiment_folder(name))
+        try:
+            return str(client.create_experiment(name, artifact_location=location))
+        except MlflowException as exc:
+            # Another submit created it between our lookup and create (server stores).
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            found = client.get_experiment_by_name(name)
+            if found is None:
+                raise
+    if found.lifecycle_stage == "deleted":
+        raise StokerError(
+            f"MLflow experiment {name!r} (id {found.experiment_id}) in {target.describe()} "
+            "is deleted",
+            fix=f"restore it: MLFLOW_TRACKING_URI={shlex.quote(target.uri)} mlflow experiments "
+            f"restore --experiment-id {found.experiment_id}; or set tracking.experiment to "
+            "another name",
+        )
+    return str(found.experiment_id)
+
+
+def _create_run(
+    client: Any,
+    target: TrackingTarget,
+    experiment_id: str,
+    *,
+    run_name: str,
+    params: dict[str, str],
+    tags: dict[str, str],
+    artifacts: Mapping[str, str],
+    truncated: tuple[str, ...],
+    created: list[str],
+) -> CreatedRun:
+    """Create one SCHEDULED run; its id is appended to `created` as soon as it exists."""
+    from mlflow.entities import Param
+
+    run = client.create_run(
+        experiment_id, run_name=run_name, tags={TAG_USER: _current_user(), **tags}
+    )
+    run_id = str(run.info.run_id)
+    created.append(run_id)
+    # create_run always starts a run as RUNNING; the job moves it on when it starts.
+    client.update_run(run_id, status="SCHEDULED")
+    items = [Param(key, value) for key, value in params.items()]
+    for start in range(0, len(items), PARAMS_PER_BATCH):  # MLflow's per-call limit
+        client.log_batch(run_id, params=items[start : start + PARAMS_PER_BATCH])
+    for name, text in artifacts.items():
+        client.log_text(run_id, text, name)
+    return CreatedRun(
+        run_id=run_id,
+        experiment_id=experiment_id,
+        uri=target.uri,
+        link=run_link(target, experiment_id, run_id),
+        artifact_uri=str(run.info.artifact_uri),
+        truncated_params=truncated,
+    )
+
+
+def _abandon(client: Any, run_ids: Sequence[str], reason: str) -> None:
+    """Best effort, while another error is on its way up: no run stays SCHEDULED."""
+    for run_id in run_ids:
+        # The error already on its way up is the one to report, not a second one.
+        with suppress(Exception):
+            client.set_tag(run_id, TAG_SUBMIT_ERROR, _cut(reason, MAX_TAG_VALUE))
+            client.set_terminated(run_id, status="FAILED")
+
+
+# --- what `stoker submit` / `stoker sweep` call -----------------------------------------------
+
+
+def precreate_run(
+    target: TrackingTarget,
+    *,
+    experiment: str,
+    run_name: str,
+    params: Mapping[str, ParamValue],
+    tags: Mapping[str, str],
+    artifacts: Mapping[str, str],
+    parent_run_id: str | None = None,
+) -> CreatedRun:
+    """Create the run a job will log into, in status SCHEDULED.
+
+    The experiment is created if missing, with its artifacts under
+    `<artifact_root>/<experiment>` for a sqlite store. `artifacts` maps file names
+    ("job.sbatch", "config.yaml") to their text. Param values longer than MLflow's
+    6000 characters are cut (listed in `truncated_params`); an invalid param or tag
+    name raises StokerError before anything is created. Any store failure raises
+    StokerError naming the URI and where it came from; a run that was created before
+    the failure is marked FAILED.
+    """
+    _check_experiment(experiment)
+    prepared, truncated = _prepare_params(params)
+    all_tags = _prepare_tags(tags)
+    if parent_run_id is not None:
+        all_tags[TAG_PARENT] = parent_run_id
+    _check_artifacts(artifacts)
+    created: list[str] = []
+    with (
+        _open_store(target, experiment) as (client, experiment_id),
+        _store_errors(target, f"create a run in experiment {experiment!r}"),
+    ):
+        try:
+            return _create_run(
+                client,
+                target,
+                experiment_id,
+                run_name=run_name,
+                params=prepared,
+                tags=all_tags,
+                artifacts=artifacts,
+                truncated=truncated,
+                created=created,
+            )
+        except Exception as exc:
+            _abandon(client, created, f"stoker submit failed while creating the run: {exc}")
+            raise
+
+
+def precreate_sweep(
+    target: TrackingTarget,
+    *,
+    experiment: str,
+    parent_name: str,
+    parent_params: Mapping[str, ParamValue],
+    parent_tags: Mapping[str, str],
+    children: Sequence[ChildSpec],
+    parent_artifacts: Mapping[str, str] | None = None,
+) -> tuple[CreatedRun, list[CreatedRun]]:
+    """One parent run and one child run per sweep task (array index = list index).
+
+    Each child carries `mlflow.parentRunId` (the MLflow UI nests it under the parent)
+    and `stoker.sweep.index`. Everything is checked before the first run is created;
+    if the store fails half-way, the runs already made are marked FAILED.
+    """
+    _check_experiment(experiment)
+    parent_prepared, parent_truncated = _prepare_params(parent_params)
+    parent_all_tags = _prepare_tags(parent_tags)
+    _check_artifacts(parent_artifacts or {})
+    child_inputs = []
+    for index, child in enumerate(children):
+        prepared, truncated = _prepare_params(child.params)
+        child_tags = _prepare_tags(child.tags)
+        child_tags[TAG_SWEEP_INDEX] = str(index)
+        _check_artifacts(child.artifacts)
+        child_inputs.append((child, prepared, child_tags, truncated))
+    created: list[str] = []
+    with (
+        _open_store(target, experiment) as (client, experiment_id),
+        _store_errors(target, f"create the sweep's runs in experiment {experiment!r}"),
+    ):
+        try:
+            parent = _create_run(
+                client,
+                target,
+                experiment_id,
+                run_name=parent_name,
+                params=parent_prepared,
+                tags=parent_all_tags,
+                artifacts=parent_artifacts or {},
+                truncated=parent_truncated,
+                created=created,
+            )
+            runs = [
+                _create_run(
+                    client,
+                    target,
+                    experiment_id,
+                    run_name=child.run_name,
+                    params=prepared,
+                    tags={**tags, TAG_PARENT: parent.run_id},
+                    artifacts=child.artifacts,
+                    truncated=truncated,
+                    created=created,
+                )
+                for child, prepared, tags, truncated in child_inputs
+            ]
+        except Exception as exc:
+            _abandon(client, created, f"stoker sweep failed while creating the runs: {exc}")
+            raise
+    return parent, runs
+
+
+def run_link(target: TrackingTarget, experiment_id: str, run_id: str) -> str:
+    """Where the user sees the run: a URL for a server; for a sqlite store, the command
+    that serves it and the URL to open then."""
+    path = f"#/experiments/{experiment_id}/runs/{run_id}"
+    if target.is_server:
+        return f"{target.uri}/{path}"
+    return (
+        f"mlflow ui --backend-store-uri {shlex.quote(target.uri)} --port 5000"
+        f"  # then open http://127.0.0.1:5000/{path}"
+    )
+
+
+def mark_run_failed_to_submit(target: TrackingTarget, run_id: str, reason: str) -> None:
+    """After sbatch refused the job: set the pre-created run to FAILED with the reason in
+    the `stoker.submit_error` tag, so no run waits as SCHEDULED for a job that never came.
+    Raises StokerError if the store cannot be reached (the caller decides which error to show).
+    """
+    with (
+        _open_store(target, None) as (client, _),
+        _store_errors(target, f"mark run {run_id} as failed"),
+    ):
+        client.set_tag(run_id, TAG_SUBMIT_ERROR, _cut(reason, MAX_TAG_VALUE))
+        client.set_terminated(run_id, status="FAILED")
+
+
+def update_submitted_runs(
+    target: TrackingTarget, updates: Mapping[str, tuple[Mapping[str, str], Mapping[str, str]]]
+) -> None:
+    """`{run_id: (artifacts, tags)}`: what is known only once sbatch answered (the script,
+    which names the run ids, and the job id), written with one opening of the store."""
+    prepared = {}
+    for run_id, (artifacts, tags) in updates.items():
+        _check_artifacts(artifacts)
+        prepared[run_id] = (artifacts, _prepare_tags(tags))
+    with (
+        _open_store(target, None) as (client, _),
+        _store_errors(target, "record the submitted job in its runs"),
+    ):
+        for run_id, (artifacts, tags) in prepared.items():
+            for name, text in artifacts.items():
+                client.log_text(run_id, text, name)
+            for key, value in tags.items():
+                client.set_tag(run_id, key, value)

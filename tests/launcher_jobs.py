@@ -1,0 +1,60 @@
+"""Helpers for launcher tests: submit through the real CLI and wait on the real scheduler."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.clirun import stoker
+
+JOBS = Path(__file__).parent / "jobs"
+FINAL_STATES = {
+    "BOOT_FAIL",
+    "CANCELLED",
+    "COMPLETED",
+    "DEADLINE",
+    "FAILED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "TIMEOUT",
+}
+
+
+def submit_json(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> dict:
+    """`stoker submit ... --json`: the parsed last line (the call must succeed)."""
+    result = stoker("submit", "--json", *args, cwd=cwd, env=env)
+    assert result.returncode == 0, f"submit failed:\n{result.stderr}\n{result.stdout}"
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def scontrol_job(job_id: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False
+    ).stdout
+    return dict(item.split("=", 1) for item in out.split() if "=" in item)
+
+
+def wait_final(job_id: str, timeout: float = 120) -> str:
+    """Poll slurmctld until the job has ended for good; a requeued job is not final."""
+    deadline = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < deadline:
+        state = scontrol_job(job_id).get("JobState", "")
+        if state in FINAL_STATES:
+            return state
+        time.sleep(0.3)
+    pytest.fail(f"job {job_id} still {state or 'unknown'} after {timeout} s")
+
+
+def wait_for(predicate, timeout: float = 60, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}")

@@ -1,0 +1,86 @@
+"""`stoker submit --local`: the SLURM launch (variables, logs, ledger) as local processes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from stoker.launcher.ledger import Ledger
+from stoker.launcher.local_backend import read_local_state
+from tests.clirun import stoker
+from tests.launcher_jobs import JOBS, submit_json, wait_for
+
+
+def wait_local(run_dir: Path, timeout: float = 60) -> dict:
+    def ended() -> bool:
+        state = read_local_state(run_dir)
+        return bool(state) and state["state"] != "RUNNING"
+
+    wait_for(ended, timeout, "the local job to end")
+    state = read_local_state(run_dir)
+    assert state is not None
+    return state
+
+
+def test_local_ranks_all_reduce_with_slurm_layout(tmp_path: Path) -> None:
+    job = submit_json(
+        "--local", "--nodes", "2", "--ntasks-per-node", "2", "--",
+        sys.executable, str(JOBS / "allreduce.py"), cwd=tmp_path,
+    )
+    assert job["job_id"].startswith("local-")
+    run_dir = Path(job["run_dir"])
+    state = wait_local(run_dir)
+    assert state["state"] == "COMPLETED" and state["ranks"] == {str(r): 0 for r in range(4)}
+    for rank in range(4):
+        text = (run_dir / "logs" / "r0" / f"rank-{rank}.log").read_text()
+        assert f"rank={rank} " in text and "world=4" in text and "ok=True" in text
+    assert "local_rank=1" in (run_dir / "logs" / "r0" / "rank-3.log").read_text()
+    record = Ledger().require(job["job_id"])
+    assert record.backend == "local" and record.run_dir == str(run_dir)
+    status = json.loads(stoker("status", job["job_id"], "--json", check=True).stdout)
+    assert status[0]["state"] == "COMPLETED"
+
+
+def test_a_failing_local_rank_stops_the_others(tmp_path: Path) -> None:
+    script = tmp_path / "fail.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "if os.environ['RANK'] == '1':\n    sys.exit(3)\n"
+        "time.sleep(60)\n"
+    )
+    job = submit_json("--local", "--ntasks-per-node", "3", "--", sys.executable, str(script),
+                      cwd=tmp_path)
+    start = time.monotonic()
+    state = wait_local(Path(job["run_dir"]), 30)
+    assert time.monotonic() - start < 20, "the sleeping ranks were not stopped"
+    assert state["state"] == "FAILED" and state["exit_code"] == 3 and state["ranks"]["1"] == 3
+    batch = (Path(job["run_dir"]) / "logs" / "batch.log").read_text()
+    assert "task 1: Exited with exit code 3" in batch
+
+
+def test_cancel_stops_a_local_job(tmp_path: Path) -> None:
+    job = submit_json("--local", "--", sys.executable, "-c", "import time; time.sleep(60)",
+                      cwd=tmp_path)
+    stoker("cancel", job["job_id"], check=True)
+    state = wait_local(Path(job["run_dir"]), 20)
+    assert state["state"] == "CANCELLED"
+    again = stoker("cancel", job["job_id"])
+    assert again.returncode == 2 and "is not running" in again.stderr
+
+
+def test_two_local_submits_at_once_get_different_ids(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.clirun import STOKER
+
+    procs = [
+        subprocess.Popen([STOKER, "submit", "--local", "--json", "--", "true"], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    ids = {json.loads(p.communicate(timeout=60)[0].strip().splitlines()[-1])["job_id"]
+           for p in procs}
+    assert len(ids) == 2
+    assert {r.job_id for r in Ledger().list()} == ids

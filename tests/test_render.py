@@ -1,0 +1,202 @@
+"""The sbatch renderer: the golden default script, variants, quoting and template errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from stoker.config import resolve_config
+from stoker.errors import StokerError
+from stoker.launcher.render import Shell, render_sbatch
+from stoker.launcher.spec import LaunchSpec
+
+GOLDEN = Path(__file__).parent / "golden" / "default.sbatch"
+REFRESH = "STOKER_UPDATE_GOLDEN"
+
+
+def make_spec(
+    overrides: list[str] | None = None,
+    flags: dict[str, tuple[object, str]] | None = None,
+    command: list[str] | None = None,
+    experiment: Path | None = None,
+    **kwargs: object,
+) -> LaunchSpec:
+    resolved = resolve_config(experiment, overrides or [], flags or {}, use_profile=False)
+    fields: dict[str, object] = {
+        "run_dir": Path("/shared/stoker/runs/golden-20261121-000000-abcd"),
+        "command": command or ["python", "train.py", "--lr", "3e-4"],
+        "workdir": Path("/shared/stoker/runs/golden-20261121-000000-abcd/code"),
+        "tracking_uri": "sqlite:////shared/stoker/mlflow/mlflow.db",
+        "mlflow_run_ids": ["0123456789abcdef0123456789abcdef"],
+        **kwargs,
+    }
+    return LaunchSpec(resolved, **fields)  # type: ignore[arg-type]
+
+
+def golden_spec() -> LaunchSpec:
+    return make_spec(
+        ["job.name=golden", "job.env.NCCL_IB_HCA=mlx5", "job.setup=[module load cuda/12.4]"],
+        {"job.nodes": (2, "--nodes"), "job.gpus_per_node": (8, "--gpus-per-node")},
+    )
+
+
+def test_default_template_matches_golden_file() -> None:
+    text = render_sbatch(golden_spec()).text
+    if os.environ.get(REFRESH):
+        GOLDEN.write_text(text)
+    assert GOLDEN.exists(), f"no golden file; create it with {REFRESH}=1 pytest {__file__}"
+    assert text == GOLDEN.read_text(), (
+        "the default sbatch template's output changed. If the change is intended, refresh the "
+        f"golden file with `{REFRESH}=1 .venv/bin/pytest tests/test_render.py` and review "
+        "`git diff tests/golden/`"
+    )
+
+
+def test_explain_names_the_source_of_every_sbatch_line() -> None:
+    text = render_sbatch(golden_spec(), explain=True).text
+    lines = {
+        line.split("  # ")[0]: line.split("  # ")[1]
+        for line in text.splitlines()
+        if line.startswith("#SBATCH")
+    }
+    assert lines["#SBATCH --nodes=2"] == "flag --nodes"
+    assert lines["#SBATCH --job-name=golden"] == "override job.name=golden"
+    assert lines["#SBATCH --time=01:00:00"] == "default"
+    assert lines["#SBATCH --ntasks-per-node=8"].startswith("one per GPU")
+    assert all(source for source in lines.values())
+
+
+def test_explain_cites_file_and_line(tmp_path: Path) -> None:
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("job:\n  name: fromfile\n  time: '00:30:00'\n")
+    text = render_sbatch(make_spec(experiment=exp), explain=True).text
+    assert f"#SBATCH --time=00:30:00  # file {exp}:3" in text
+
+
+@pytest.mark.parametrize("template", ["pyxis", "apptainer"])
+def test_container_templates_run_tasks_in_the_image(template: str) -> None:
+    spec = make_spec(
+        [
+            f"job.template={template}",
+            "job.container=nvcr.io/nvidia/pytorch:25.01-py3",
+            "job.mounts=[/data:/data:ro]",
+        ],
+        {"job.gpus_per_node": (4, "--gpus-per-node")},
+    )
+    text = render_sbatch(spec).text
+    mounts = (
+        "/data:/data:ro,/shared/stoker/runs/golden-20261121-000000-abcd:"
+        "/shared/stoker/runs/golden-20261121-000000-abcd"
+    )
+    if template == "pyxis":
+        assert "--container-image=nvcr.io/nvidia/pytorch:25.01-py3" in text
+        assert f"--container-mounts={mounts}" in text
+    else:
+        assert "apptainer exec --nv --bind" in text and mounts in text
+        assert "nvcr.io/nvidia/pytorch:25.01-py3 bash -c" in text
+
+
+def test_container_without_container_template_is_refused() -> None:
+    with pytest.raises(StokerError, match=r"job.template to pyxis .*or apptainer"):
+        render_sbatch(make_spec(["job.container=img.sqsh"]))
+    with pytest.raises(StokerError, match=r"job\.container is not set"):
+        render_sbatch(make_spec(["job.template=pyxis"]))
+
+
+def test_user_template_extends_the_base(tmp_path: Path) -> None:
+    mine = tmp_path / "site.sbatch.j2"
+    mine.write_text(
+        '{% extends "base.sbatch.j2" %}\n{% block launch %}\n'
+        'srun --mpi=pmix bash -c "$STOKER_TASK" stoker-task {{ command }} &\n{% endblock %}\n'
+    )
+    text = render_sbatch(make_spec([f"job.template={mine}"])).text
+    assert "srun --mpi=pmix" in text and "--kill-on-bad-exit" not in text
+
+
+def test_user_template_cannot_print_a_value_unquoted(tmp_path: Path) -> None:
+    mine = tmp_path / "t.j2"
+    mine.write_text("#!/bin/bash\necho {{ job.env.X }}\n")
+    text = render_sbatch(make_spec([f"job.template={mine}", "job.env.X=$(reboot)"])).text
+    assert "echo '$(reboot)'" in text
+
+
+def test_missing_template_and_broken_template_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(StokerError, match="neither a built-in template"):
+        render_sbatch(make_spec(["job.template=nope.j2"]))
+    bad = tmp_path / "bad.j2"
+    bad.write_text("#!/bin/bash\n{{ no_such_name }}\n")
+    with pytest.raises(StokerError, match=r"bad.j2.*no_such_name"):
+        render_sbatch(make_spec([f"job.template={bad}"]))
+
+
+def test_setup_line_that_breaks_bash_is_caught_before_submit() -> None:
+    with pytest.raises(StokerError, match=r"job\.setup lines is not valid bash"):
+        render_sbatch(make_spec(["job.setup=[echo 'unclosed]"]))
+    with pytest.raises(StokerError, match="not valid bash"):
+        render_sbatch(make_spec(["job.setup=[if true]"]))
+
+
+HOSTILE = [
+    "$(touch PWNED)",
+    "`touch PWNED`",
+    "a'b\"c",
+    "x; touch PWNED",
+    "line1\nline2; touch PWNED",
+    "$HOME ${PATH} \\ * ?",
+]
+
+
+def test_hostile_values_reach_the_task_verbatim(tmp_path: Path) -> None:
+    """Run the script's env and launch lines under bash with srun replaced by a shim."""
+    env_over = [f"job.env.V{i}={v}" for i, v in enumerate(HOSTILE)]
+    spec = make_spec(
+        env_over, command=["printf", "%s\\n", *HOSTILE], run_dir=tmp_path / "run", workdir=tmp_path
+    )
+    text = render_sbatch(spec).text
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    # srun: run the task once as rank 0; scontrol: answer the two questions the script asks.
+    (shim / "srun").write_text(
+        "#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\n"
+        'SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0 "$@" > "$OUT"\n'
+    )
+    (shim / "scontrol").write_text(
+        '#!/bin/bash\n[ "$2" = hostnames ] && echo n1 || echo "NodeName=n1 NodeAddr=10.0.0.7"\n'
+    )
+    for f in shim.iterdir():
+        f.chmod(0o755)
+    (tmp_path / "run").mkdir()
+    dump = tmp_path / "env.out"
+    script = tmp_path / "job.sh"
+    script.write_text(text.replace('exit "$rc"', f'env -0 > {dump}; exit "$rc"'))
+    result = subprocess.run(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={
+            **os.environ,
+            "PATH": f"{shim}:{os.environ['PATH']}",
+            "OUT": str(tmp_path / "out"),
+            "SLURM_JOB_ID": "42",
+            "SLURM_JOB_NODELIST": "n1",
+            "SLURM_NTASKS": "1",
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    assert not list(tmp_path.rglob("PWNED")), "a value was executed"
+    assert (tmp_path / "out").read_text() == "".join(f"{v}\n" for v in HOSTILE)
+    env = dict(item.split("=", 1) for item in dump.read_text().split("\0") if "=" in item)
+    for i, value in enumerate(HOSTILE):
+        assert env[f"V{i}"] == value
+    assert env["MASTER_ADDR"] == "10.0.0.7"
+    assert env["MASTER_PORT"] == str(20000 + 42)
+
+
+def test_shell_values_are_printed_as_written() -> None:
+    spec = make_spec(command=["python", "-m", "x", "--config", Shell('"$STOKER_CONFIG"')])
+    assert 'stoker-task python -m x --config "$STOKER_CONFIG" &' in render_sbatch(spec).text

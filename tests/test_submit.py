@@ -1,0 +1,188 @@
+"""`stoker submit` against the real two-node cluster: launch, quoting, preflight, requeue."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from stoker.launcher.ledger import Ledger
+from tests.clirun import stoker
+from tests.launcher_jobs import JOBS, scontrol_job, submit_json, wait_final, wait_for
+
+if TYPE_CHECKING:
+    from tests.cluster.localslurm import ClusterSettings
+
+pytestmark = pytest.mark.slurm
+PYTHON = sys.executable
+
+
+def rank_lines(run_dir: Path, restart: int = 0) -> dict[int, str]:
+    logs = run_dir / "logs" / f"r{restart}"
+    return {int(p.stem.split("-")[1]): p.read_text() for p in logs.glob("rank-*.log")}
+
+
+def test_two_nodes_four_ranks_all_reduce(slurm_cluster: ClusterSettings, tmp_path: Path) -> None:
+    job = submit_json(
+        "--nodes",
+        "2",
+        "--ntasks-per-node",
+        "2",
+        "--time",
+        "5",
+        "--",
+        PYTHON,
+        str(JOBS / "allreduce.py"),
+        cwd=tmp_path,
+    )
+    assert wait_final(job["job_id"]) == "COMPLETED", (
+        Path(job["run_dir"]) / "logs" / "batch.log"
+    ).read_text()
+    ranks = rank_lines(Path(job["run_dir"]))
+    assert sorted(ranks) == [0, 1, 2, 3]
+    for rank, text in ranks.items():
+        assert f"rank={rank} " in text and "world=4" in text and "sum=6 ok=True" in text, text
+    # Ranks 0-1 on the first node, 2-3 on the second; all meet at the first node's NodeAddr.
+    nodes = {rank: text.split("node=")[1].split()[0] for rank, text in ranks.items()}
+    assert nodes[0] == nodes[1] != nodes[2] == nodes[3]
+    assert {text.split("master=")[1].split(":")[0] for text in ranks.values()} == {"127.0.0.1"}
+    assert {int(text.split("local_rank=")[1].split()[0]) for text in ranks.values()} == {0, 1}
+    record = Ledger().require(job["job_id"])
+    assert record.run_dir == job["run_dir"] and record.mlflow_run_id == job["run_id"]
+
+
+def test_dry_run_script_passes_sbatch_test_only(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
+    result = stoker(
+        "submit",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--dry-run",
+        "--",
+        "python",
+        "train.py",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("#!/bin/bash\n#SBATCH --job-name=")
+    script = tmp_path / "job.sh"
+    script.write_text(result.stdout)
+    check = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    assert not (Path(os.environ["STOKER_HOME"]) / "runs").exists(), "a dry run created a run folder"
+    explained = stoker("submit", "--explain", "--nodes", "2", "--", "python", "x.py", cwd=tmp_path)
+    script.write_text(explained.stdout)
+    assert "#SBATCH --nodes=2  # flag --nodes" in explained.stdout
+    check = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+
+
+HOSTILE = [
+    "$(touch PWNED1)",
+    "`touch PWNED2`",
+    'it\'s "quoted"',
+    "a; touch PWNED3",
+    "x\ntouch PWNED4",
+]
+
+
+def test_hostile_values_neither_execute_nor_break_the_job(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
+    overrides = [f"job.env.EVIL{i}={v}" for i, v in enumerate(HOSTILE)]
+    printer = (
+        "import os, sys; print(repr(sys.argv[1:])); "
+        "print(repr([os.environ[f'EVIL{i}'] for i in range(5)]))"
+    )
+    job = submit_json(
+        *overrides, "--time", "2", "--", PYTHON, "-c", printer, *HOSTILE, cwd=tmp_path
+    )
+    assert wait_final(job["job_id"]) == "COMPLETED"
+    out = rank_lines(Path(job["run_dir"]))[0].splitlines()
+    assert out == [repr(HOSTILE), repr(HOSTILE)]
+    assert not list(tmp_path.rglob("PWNED*")) and not list(Path(job["run_dir"]).rglob("PWNED*"))
+
+    # A job name is refused before anything is created: it names the value and the rule.
+    before = list((Path(os.environ["STOKER_HOME"]) / "runs").iterdir())
+    refused = stoker("submit", "--name", "x$(touch PWNED5)", "--", "true", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "job.name" in refused.stderr and "x$(touch PWNED5)" in refused.stderr
+    assert list((Path(os.environ["STOKER_HOME"]) / "runs").iterdir()) == before
+    assert not list(tmp_path.rglob("PWNED*"))
+
+
+def test_refused_request_shows_slurm_reason_and_leaves_nothing(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
+    result = stoker("submit", "--gpus-per-node", "64", "--", "true", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "SLURM refused the job" in result.stderr and "Nothing was submitted" in result.stderr
+    runs = Path(os.environ["STOKER_HOME"]) / "runs"
+    assert not runs.exists() or not list(runs.iterdir())
+    assert Ledger().list() == []
+
+
+def test_no_command_and_no_runtime_is_a_clear_error(tmp_path: Path) -> None:
+    result = stoker("submit", "--dry-run", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "pass the command each task runs after `--`" in result.stderr
+
+
+def count_job(tmp_path: Path, steps: int, pause: float, *args: str) -> tuple[dict, Path]:
+    state = tmp_path / "steps.txt"
+    job = submit_json(
+        *args,
+        "--",
+        PYTHON,
+        str(JOBS / "count_steps.py"),
+        str(state),
+        str(steps),
+        str(pause),
+        cwd=tmp_path,
+    )
+    return job, state
+
+
+def test_scontrol_requeue_resumes_and_finishes(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
+    job, state = count_job(tmp_path, 20, 0.5, "--time", "5")
+    job_id = job["job_id"]
+    wait_for(lambda: state.exists() and len(state.read_text().split()) >= 4, 60, "4 steps")
+    subprocess.run(["scontrol", "requeue", job_id], check=True)
+    # SLURM holds a requeued job ~2 minutes; `stoker requeue` lifts that, do the same here.
+    wait_for(lambda: scontrol_job(job_id).get("JobState") == "PENDING", 30, "requeued job pending")
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+    assert wait_final(job_id, 120) == "COMPLETED"
+    assert [int(s) for s in state.read_text().split()] == list(range(1, 21))
+    run_dir = Path(job["run_dir"])
+    assert "restart=1" in (run_dir / "attempts").read_text()
+    assert "resumes at step 0" not in rank_lines(run_dir, 1)[0]
+    status = json.loads(stoker("status", job_id, "--json", check=True).stdout)
+    assert status[0]["state"] == "COMPLETED" and status[0]["restarts"] == 1
+
+
+def test_time_limit_saves_requeues_and_finishes(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
+    # 1-minute limit, told to stop 20 s before it: 90 steps of 1 s need at least one requeue.
+    job, state = count_job(
+        tmp_path, 90, 1.0, "--time", "1", "job.stop_grace=20", "job.max_requeues=10"
+    )
+    assert wait_final(job["job_id"], 420) == "COMPLETED"
+    assert [int(s) for s in state.read_text().split()] == list(range(1, 91))
+    run_dir = Path(job["run_dir"])
+    events = (run_dir / "events").read_text()
+    assert "stop requested: SIGUSR2" in events and "requeued after time limit" in events
+    assert "stop requested, saved at step" in rank_lines(run_dir, 0)[0]
+    status = json.loads(stoker("status", job["job_id"], "--json", check=True).stdout)
+    assert status[0]["state"] == "COMPLETED" and status[0]["restarts"] >= 1
+    assert status[0]["step"] == 90

@@ -1,0 +1,103 @@
+"""`stoker sweep`: one SLURM job array, one frozen config and one MLflow child run per task."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from stoker.errors import StokerError
+from stoker.launcher.sweep import plan_sweep
+from tests.clirun import stoker
+from tests.launcher_jobs import scontrol_job, wait_final
+
+if TYPE_CHECKING:
+    from tests.cluster.localslurm import ClusterSettings
+
+PRINT_TASK = (
+    "import os, yaml; c = yaml.safe_load(open(os.environ['STOKER_CONFIG'])); "
+    "print(os.environ['STOKER_JOB_ID'], c['optim']['lr'], c['train']['seed'], "
+    "os.environ['MLFLOW_RUN_ID'], os.environ['STOKER_PARENT_RUN_ID'])"
+)
+
+
+def test_plan_is_the_grid_in_order_and_keeps_fixed_overrides() -> None:
+    plan = plan_sweep(
+        ["optim.lr=1e-4,3e-4,1e-3", "train.seed=1,2", "train.steps=5", "data.resolution=[32,32]"]
+    )
+    assert plan.fixed == ["train.steps=5", "data.resolution=[32,32]"]
+    assert len(plan.tasks) == 6
+    assert plan.tasks[0] == {"optim.lr": "1e-4", "train.seed": "1"}
+    assert plan.tasks[1] == {"optim.lr": "1e-4", "train.seed": "2"}
+    assert plan.overrides(5)[-2:] == ["optim.lr=1e-3", "train.seed=2"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["optim.lr=1e-4"], "no sweep axis"),
+        (["optim.lr=1e-4,,3e-4"], "empty value"),
+        (["lr"], "is not KEY=V1,V2"),
+        (["a=1,2", "a=3,4"], "given twice"),
+    ],
+)
+def test_bad_sweep_arguments_are_named(args: list[str], message: str) -> None:
+    with pytest.raises(StokerError, match=message):
+        plan_sweep(args)
+
+
+@pytest.mark.slurm
+def test_six_task_sweep_is_one_array_with_six_child_runs(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    result = stoker(
+        "sweep",
+        "optim.lr=1e-4,3e-4,1e-3",
+        "train.seed=1,2",
+        "--max-parallel",
+        "3",
+        "--time",
+        "2",
+        "--json",
+        "--",
+        sys.executable,
+        "-c",
+        PRINT_TASK,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    job = json.loads(result.stdout.strip().splitlines()[-1])
+    job_id, run_dir = job["job_id"], Path(job["run_dir"])
+    assert scontrol_job(f"{job_id}_0").get("ArrayJobId") == job_id
+    assert "--array=0-5%3" in (run_dir / "job.sbatch").read_text()
+    seen = {}
+    for index in range(6):
+        assert wait_final(f"{job_id}_{index}") == "COMPLETED"
+        line = (run_dir / "tasks" / str(index) / "logs" / "r0" / "rank-0.log").read_text().split()
+        seen[index] = line
+        assert line[0] == f"{job_id}_{index}"
+        assert line[4] == job["run_id"]
+    assert {(float(s[1]), int(s[2])) for s in seen.values()} == {
+        (lr, seed) for lr in (1e-4, 3e-4, 1e-3) for seed in (1, 2)
+    }
+    client = MlflowClient(f"sqlite:///{os.environ['STOKER_HOME']}/mlflow/mlflow.db")
+    parent = client.get_run(job["run_id"])
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{job['run_id']}'",
+    )
+    assert len(children) == 6
+    by_id = {c.info.run_id: c for c in children}
+    assert set(by_id) == set(job["child_run_ids"])
+    for index, line in seen.items():
+        child = by_id[line[3]]  # the run id the task was given
+        assert child.data.tags["stoker.sweep.index"] == str(index)
+        assert float(child.data.params["optim.lr"]) == float(line[1])
+        assert child.data.tags["slurm.job_id"] == f"{job_id}_{index}"
