@@ -9,20 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from stoker.launcher.slurm_query import TERMINAL_STATES
 from tests.clirun import stoker
 
 JOBS = Path(__file__).parent / "jobs"
-FINAL_STATES = {
-    "BOOT_FAIL",
-    "CANCELLED",
-    "COMPLETED",
-    "DEADLINE",
-    "FAILED",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "PREEMPTED",
-    "TIMEOUT",
-}
+FINAL_STATES = TERMINAL_STATES  # the states after which a job has ended for good
 
 
 def submit_json(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> dict:

@@ -32,7 +32,15 @@ def test_help_lists_the_commands_in_workflow_order() -> None:
     result = stoker("--help", check=True)
     commands = re.findall(r"^  (\w+)  ", result.stdout.split("Commands:")[1], re.M)
     assert commands == [
-        "init", "config", "submit", "sweep", "status", "logs", "why", "cancel", "requeue",
+        "init",
+        "config",
+        "submit",
+        "sweep",
+        "status",
+        "logs",
+        "why",
+        "cancel",
+        "requeue",
         "doctor",
     ]
     for command in commands:  # each one's --help works (and is tested for imports elsewhere)

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
 
 from stoker.config_render import render_config_reference
 from tests.clirun import stoker
+
+if TYPE_CHECKING:
+    from tests.cluster.localslurm import ClusterSettings
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
@@ -62,3 +69,25 @@ def test_tour_runs_in_order(tmp_path: Path) -> None:
             assert "did you mean train.steps" in result.stderr
         else:
             assert result.returncode == 0, f"{command}: {result.stderr}"
+
+
+JOBS_TOUR = [
+    line[2:]
+    for block in code_blocks(README, "Jobs on a SLURM cluster")
+    for line in block.splitlines()
+    if line.startswith("$ ")
+]
+
+
+@pytest.mark.slurm
+def test_jobs_tour_runs_on_the_cluster(slurm_cluster: ClusterSettings, tmp_path: Path) -> None:
+    assert len(JOBS_TOUR) >= 4
+    for command in JOBS_TOUR:
+        args = shlex.split(command)
+        assert args[0] == "stoker"
+        # `python` in the README is whatever python the user has; here, this venv's.
+        args = [sys.executable if a == "python" else a for a in args]
+        result = stoker(*args[1:], cwd=tmp_path)
+        assert result.returncode == 0, f"{command}: {result.stderr}"
+        if args[1] == "status":
+            assert "stoker-tiny" in result.stdout

@@ -26,8 +26,15 @@ def wait_local(run_dir: Path, timeout: float = 60) -> dict:
 
 def test_local_ranks_all_reduce_with_slurm_layout(tmp_path: Path) -> None:
     job = submit_json(
-        "--local", "--nodes", "2", "--ntasks-per-node", "2", "--",
-        sys.executable, str(JOBS / "allreduce.py"), cwd=tmp_path,
+        "--local",
+        "--nodes",
+        "2",
+        "--ntasks-per-node",
+        "2",
+        "--",
+        sys.executable,
+        str(JOBS / "allreduce.py"),
+        cwd=tmp_path,
     )
     assert job["job_id"].startswith("local-")
     run_dir = Path(job["run_dir"])
@@ -46,12 +53,11 @@ def test_local_ranks_all_reduce_with_slurm_layout(tmp_path: Path) -> None:
 def test_a_failing_local_rank_stops_the_others(tmp_path: Path) -> None:
     script = tmp_path / "fail.py"
     script.write_text(
-        "import os, sys, time\n"
-        "if os.environ['RANK'] == '1':\n    sys.exit(3)\n"
-        "time.sleep(60)\n"
+        "import os, sys, time\nif os.environ['RANK'] == '1':\n    sys.exit(3)\ntime.sleep(60)\n"
     )
-    job = submit_json("--local", "--ntasks-per-node", "3", "--", sys.executable, str(script),
-                      cwd=tmp_path)
+    job = submit_json(
+        "--local", "--ntasks-per-node", "3", "--", sys.executable, str(script), cwd=tmp_path
+    )
     start = time.monotonic()
     state = wait_local(Path(job["run_dir"]), 30)
     assert time.monotonic() - start < 20, "the sleeping ranks were not stopped"
@@ -61,8 +67,9 @@ def test_a_failing_local_rank_stops_the_others(tmp_path: Path) -> None:
 
 
 def test_cancel_stops_a_local_job(tmp_path: Path) -> None:
-    job = submit_json("--local", "--", sys.executable, "-c", "import time; time.sleep(60)",
-                      cwd=tmp_path)
+    job = submit_json(
+        "--local", "--", sys.executable, "-c", "import time; time.sleep(60)", cwd=tmp_path
+    )
     stoker("cancel", job["job_id"], check=True)
     state = wait_local(Path(job["run_dir"]), 20)
     assert state["state"] == "CANCELLED"
@@ -76,11 +83,17 @@ def test_two_local_submits_at_once_get_different_ids(tmp_path: Path) -> None:
     from tests.clirun import STOKER
 
     procs = [
-        subprocess.Popen([STOKER, "submit", "--local", "--json", "--", "true"], cwd=tmp_path,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [STOKER, "submit", "--local", "--json", "--", "true"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(2)
     ]
-    ids = {json.loads(p.communicate(timeout=60)[0].strip().splitlines()[-1])["job_id"]
-           for p in procs}
+    ids = {
+        json.loads(p.communicate(timeout=60)[0].strip().splitlines()[-1])["job_id"] for p in procs
+    }
     assert len(ids) == 2
     assert {r.job_id for r in Ledger().list()} == ids

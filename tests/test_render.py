@@ -200,3 +200,53 @@ def test_hostile_values_reach_the_task_verbatim(tmp_path: Path) -> None:
 def test_shell_values_are_printed_as_written() -> None:
     spec = make_spec(command=["python", "-m", "x", "--config", Shell('"$STOKER_CONFIG"')])
     assert 'stoker-task python -m x --config "$STOKER_CONFIG" &' in render_sbatch(spec).text
+
+
+def test_sweep_script_gives_each_array_task_its_own_run() -> None:
+    spec = make_spec(
+        mlflow_run_ids=["aaa", "bbb", "ccc"], parent_run_id="ppp", array_size=3, max_parallel=2
+    )
+    text = render_sbatch(spec).text
+    assert "#SBATCH --array=0-2%2" in text
+    script = text[text.index("MLFLOW_RUN_IDS=") : text.index("export STOKER_PARENT_RUN_ID")]
+    for task, run_id in enumerate(["aaa", "bbb", "ccc"]):
+        result = subprocess.run(
+            ["bash", "-c", script + 'echo "$MLFLOW_RUN_ID"'],
+            env={"SLURM_ARRAY_TASK_ID": str(task)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert result.stdout.strip() == run_id
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30", 1800),
+        ("5:30", 330),
+        ("01:00:00", 3600),
+        ("2-00", 172800),
+        ("1-02:03", 93780),
+        ("1-02:03:04", 93784),
+        ("UNLIMITED", None),
+    ],
+)
+def test_time_limit_forms(text: str, seconds: int | None) -> None:
+    from stoker.launcher.submit import time_limit_seconds
+
+    assert time_limit_seconds(text) == seconds
+
+
+def test_stop_grace_longer_than_the_time_limit_is_refused(tmp_path: Path) -> None:
+    from tests.clirun import stoker
+
+    result = stoker("submit", "--time", "1", "--dry-run", "--", "true", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "job.stop_grace=120 s (default) is not shorter than job.time=1 (flag --time)" in (
+        result.stderr
+    )
+    ok = stoker(
+        "submit", "--time", "1", "job.stop_grace=20", "--dry-run", "--", "true", cwd=tmp_path
+    )
+    assert ok.returncode == 0, ok.stderr

@@ -10,23 +10,15 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from stoker.launcher.slurm_query import TERMINAL_STATES
+
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
 
 pytestmark = pytest.mark.slurm
 
 LOCALSLURM = Path(__file__).parent / "cluster" / "localslurm.py"
-FINAL_STATES = {
-    "BOOT_FAIL",
-    "CANCELLED",
-    "COMPLETED",
-    "DEADLINE",
-    "FAILED",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "PREEMPTED",
-    "TIMEOUT",
-}
+FINAL_STATES = TERMINAL_STATES  # the states after which a job has ended for good
 
 
 def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

@@ -54,6 +54,24 @@ def test_two_nodes_four_ranks_all_reduce(slurm_cluster: ClusterSettings, tmp_pat
     assert {int(text.split("local_rank=")[1].split()[0]) for text in ranks.values()} == {0, 1}
     record = Ledger().require(job["job_id"])
     assert record.run_dir == job["run_dir"] and record.mlflow_run_id == job["run_id"]
+    status = json.loads(stoker("status", job["job_id"], "--json", check=True).stdout)
+    assert status[0]["state"] == "COMPLETED" and status[0]["restarts"] == 0
+    logs = stoker("logs", job["job_id"], check=True).stdout
+    for rank in range(4):
+        assert f"[{rank}] rank={rank} " in logs
+
+    # The MLflow run was made at submit, in the default store, with what the job ran.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{os.environ['STOKER_HOME']}/mlflow/mlflow.db")
+    run = client.get_run(job["run_id"])
+    assert run.data.tags["slurm.job_id"] == job["job_id"]
+    assert run.data.tags["slurm.nodes"] == "2"
+    assert run.data.params["job.nodes"] == "2"
+    artifacts = {a.path for a in client.list_artifacts(job["run_id"])}
+    assert {"job.sbatch", "config.yaml"} <= artifacts
+    script = Path(client.download_artifacts(job["run_id"], "job.sbatch", str(tmp_path)))
+    assert script.read_text() == (Path(job["run_dir"]) / "job.sbatch").read_text()
 
 
 def test_dry_run_script_passes_sbatch_test_only(
@@ -173,16 +191,18 @@ def test_scontrol_requeue_resumes_and_finishes(
 def test_time_limit_saves_requeues_and_finishes(
     slurm_cluster: ClusterSettings, tmp_path: Path
 ) -> None:
-    # 1-minute limit, told to stop 20 s before it: 90 steps of 1 s need at least one requeue.
+    # A 1-minute limit and a 20 s grace: SLURM checks signal deadlines every ~30 s, so
+    # USR2 comes 10-40 s into each start. 100 steps of 0.5 s need at least one requeue.
+    steps = 100
     job, state = count_job(
-        tmp_path, 90, 1.0, "--time", "1", "job.stop_grace=20", "job.max_requeues=10"
+        tmp_path, steps, 0.5, "--time", "1", "job.stop_grace=20", "job.max_requeues=10"
     )
-    assert wait_final(job["job_id"], 420) == "COMPLETED"
-    assert [int(s) for s in state.read_text().split()] == list(range(1, 91))
+    assert wait_final(job["job_id"], 400) == "COMPLETED"
+    assert [int(s) for s in state.read_text().split()] == list(range(1, steps + 1))
     run_dir = Path(job["run_dir"])
     events = (run_dir / "events").read_text()
     assert "stop requested: SIGUSR2" in events and "requeued after time limit" in events
     assert "stop requested, saved at step" in rank_lines(run_dir, 0)[0]
     status = json.loads(stoker("status", job["job_id"], "--json", check=True).stdout)
     assert status[0]["state"] == "COMPLETED" and status[0]["restarts"] >= 1
-    assert status[0]["step"] == 90
+    assert status[0]["step"] == steps

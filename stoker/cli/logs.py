@@ -16,13 +16,23 @@ def logs(
         help="Keep printing new lines, across requeues, until the job has ended (Ctrl-C stops).",
     ),
     rank: int | None = typer.Option(
-        None, "--rank", "-r", min=0, metavar="N", help="Only this rank's lines (and no batch.log lines)."
+        None,
+        "--rank",
+        "-r",
+        min=0,
+        metavar="N",
+        help="Only this rank's lines (and no batch.log lines).",
     ),
     grep: str | None = typer.Option(
         None, "--grep", "-g", metavar="REGEX", help="Only lines matching this Python regex."
     ),
     tail: int | None = typer.Option(
-        None, "--tail", "-n", min=0, metavar="N", help="Only the last N lines of each rank (per restart)."
+        None,
+        "--tail",
+        "-n",
+        min=0,
+        metavar="N",
+        help="Only the last N lines of each rank (per restart).",
     ),
     restart: str = typer.Option(
         "all",

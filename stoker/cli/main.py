@@ -64,6 +64,7 @@ app.command("cancel")(control_cmd.cancel)
 app.command("requeue")(control_cmd.requeue)
 app.command("doctor")(doctor_cmd.doctor)
 
+
 def main() -> None:
     """Console entry point: user errors become one message on stderr and exit code 2."""
     from stoker.cli.trailing import split_argv

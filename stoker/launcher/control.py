@@ -54,8 +54,31 @@ def requeue(job_id: str, *, hold: bool = False, ledger: Ledger | None = None) ->
     ledger.reopen(record.job_id)
     if hold:
         return f"requeued job {job_id} and held it (`scontrol release {job_id}` starts it)"
-    try:
-        run_slurm(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
-    except SlurmError:
-        return f"requeued job {job_id} (SLURM starts it in about two minutes)"
-    return f"requeued job {job_id}"
+    if _release_hold(job_id):
+        return f"requeued job {job_id}"
+    return f"requeued job {job_id} (SLURM holds it for its credential lifetime, ~2 min)"
+
+
+def _release_hold(job_id: str, timeout: float = 10.0) -> bool:
+    """Lift SLURM's hold on a requeued job (BeginTime) once it is PENDING again.
+
+    Not at once: a job restarted within the second of its requeue is killed by
+    slurmd ("Job credential revoked"). Wait until the old start has ended and at
+    least a second has passed, then set StartTime=now.
+    """
+    import time
+
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        time.sleep(1.0)
+        try:
+            info = run_slurm(["scontrol", "show", "job", "-o", job_id])
+        except SlurmError:
+            return False
+        if "JobState=PENDING" in info and "Reason=BeginTime" in info:
+            try:
+                run_slurm(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+            except SlurmError:
+                return False
+            return True
+    return False

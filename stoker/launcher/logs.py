@@ -275,37 +275,27 @@ class LogReader:
             return list(restarts[-1:])
         return [r for r in restarts if self.filter.wants_restart(r)]
 
-    def _read(self, log: LogFile, final: bool) -> list[str]:
-        lines = list(log.lines(final=final))
-        self.lines_read += len(lines)
-        return [text for text in lines if self.filter.matches(text)]
+    def _matching(self, log: LogFile, final: bool) -> Iterator[str]:
+        """New lines of one file that pass the filter, streamed (a log may be GBs)."""
+        for text in log.lines(final=final):
+            self.lines_read += 1
+            if self.filter.matches(text):
+                yield text
 
-    def _new_lines(self, *, final: bool, split_batch: bool) -> dict[int, dict[int | str, list[str]]]:
-        """New, filtered lines of every wanted file: {restart: {rank or BATCH: lines}}.
-        Every wanted restart is a key, even without new lines."""
-        restarts = self.restarts()
-        shown = self._wanted_restarts(restarts)
-        found: dict[int, dict[int | str, list[str]]] = {r: {} for r in shown}
-        for restart in shown:
-            for rank, path in self.run.rank_logs(restart).items():
-                if self.filter.wants_source(rank):
-                    key = (restart, rank)
-                    log = self.files.setdefault(key, LogFile(path))
-                    lines = self._read(log, final)
-                    if lines:
-                        found[restart][rank] = lines
-        if self.filter.batch and self.batch is not None:
-            lines = list(self.batch.lines(final=final))
-            self.lines_read += len(lines)
-            if split_batch:
-                by_restart = split_batch_by_restart(lines, restarts)
-            else:  # arriving now: the newest restart's
-                by_restart = {restarts[-1] if restarts else 0: lines}
-            for restart, chunk in by_restart.items():
-                kept = [text for text in chunk if self.filter.matches(text)]
-                if kept and (restart in found or not shown):
-                    found.setdefault(restart, {})[BATCH] = kept
-        return found
+    def _rank_files(self, restart: int) -> list[tuple[int, LogFile]]:
+        files = []
+        for rank, path in self.run.rank_logs(restart).items():
+            if self.filter.wants_source(rank):
+                files.append((rank, self.files.setdefault((restart, rank), LogFile(path))))
+        return files
+
+    def _batch_lines(self, final: bool) -> list[str]:
+        # batch.log is small: srun's messages and the batch script's own lines.
+        if not self.filter.batch or self.batch is None:
+            return []
+        lines = list(self.batch.lines(final=final))
+        self.lines_read += len(lines)
+        return lines
 
     def _show(self, restart: int) -> None:
         """The separator before restart R >= 1, printed once."""
@@ -320,30 +310,41 @@ class LogReader:
     def snapshot(self, *, final: bool) -> None:
         """Print what the files hold now, in the documented order, --tail applied.
         `final` also prints unfinished last lines (the job has ended)."""
-        found = self._new_lines(final=final, split_batch=True)
-        for restart in sorted(found):
+        restarts = self.restarts()
+        shown = self._wanted_restarts(restarts)
+        batch = split_batch_by_restart(self._batch_lines(final), restarts)
+        # Before any rank has a log folder (pending, setup failed) batch.log is all there is.
+        for restart in shown or sorted(batch):
             self._show(restart)
-            sources = found[restart]
-            ranks = sorted(s for s in sources if isinstance(s, int))
-            for source in [*ranks, *([BATCH] if BATCH in sources else [])]:
-                for text in _tail(sources[source], self.filter.tail):
-                    self._emit(_prefix(source) + text)
+            for rank, log in self._rank_files(restart):
+                self._emit_all(rank, _tail(self._matching(log, final), self.filter.tail))
+            kept = (t for t in batch.get(restart, []) if self.filter.matches(t))
+            self._emit_all(BATCH, _tail(kept, self.filter.tail))
 
     def poll(self, *, final: bool = False) -> int:
         """Print the lines that arrived since the last call; returns how many lines the
-        files grew by (filtered out or not)."""
+        files grew by (filtered out or not). New batch.log lines belong to the newest
+        restart."""
         before = self.lines_read
-        found = self._new_lines(final=final, split_batch=False)
-        for restart in sorted(found):
-            sources = found[restart]
-            if not sources:
-                continue
-            self._show(restart)
-            ranks = sorted(s for s in sources if isinstance(s, int))
-            for source in [*ranks, *([BATCH] if BATCH in sources else [])]:
-                for text in sources[source]:
-                    self._emit(_prefix(source) + text)
+        restarts = self.restarts()
+        shown = self._wanted_restarts(restarts)
+        for restart in shown:
+            for rank, log in self._rank_files(restart):
+                lines = list(self._matching(log, final))
+                if lines:
+                    self._show(restart)
+                    self._emit_all(rank, lines)
+        newest = restarts[-1] if restarts else 0
+        batch = [t for t in self._batch_lines(final) if self.filter.matches(t)]
+        if batch and (newest in shown or not shown):
+            self._show(newest)
+            self._emit_all(BATCH, batch)
         return self.lines_read - before
+
+    def _emit_all(self, source: int | str, lines: Iterable[str]) -> None:
+        prefix = _prefix(source)
+        for text in lines:
+            self._emit(prefix + text)
 
 
 def _ranges(numbers: Sequence[int]) -> str:
@@ -386,9 +387,9 @@ def job_state(target: Target) -> JobState:
         local = read_local_state(target.run)
         if local is None:
             return JobState("UNKNOWN", "no local-state.json yet", False)
-        if local.state == "RUNNING" and local.supervisor_pid is not None:
-            if not _pid_alive(local.supervisor_pid):
-                return JobState("FAILED", "supervisor died", True)
+        pid = local.supervisor_pid
+        if local.state == "RUNNING" and pid is not None and not _pid_alive(pid):
+            return JobState("FAILED", "supervisor died", True)
         return JobState(local.state, None, local.state != "RUNNING")
     if record.final_state and target.task is None:
         return JobState(record.final_state, None, True)

@@ -337,6 +337,7 @@ def _spec(
             f"--after {options.after!r} is not a SLURM job id",
             fix="give a job id such as 1234 or 1234_5, several joined with ':'",
         )
+    check_stop_grace(base)
     return LaunchSpec(
         resolved=base,
         run_dir=run_dir.path,
@@ -349,6 +350,40 @@ def _spec(
         max_parallel=options.max_parallel,
         after=options.after,
     )
+
+
+def time_limit_seconds(text: str) -> int | None:
+    """sbatch's --time forms in seconds; None for UNLIMITED."""
+    if text == "UNLIMITED":
+        return None
+    days = 0
+    if "-" in text:  # D-H, D-H:M, D-H:M:S
+        day_text, text = text.split("-", 1)
+        days = int(day_text)
+        hours, minutes, seconds = [*map(int, text.split(":")), 0, 0][:3]
+    else:
+        parts = [int(p) for p in text.split(":")]
+        if len(parts) == 1:  # a bare number is minutes
+            hours, minutes, seconds = 0, parts[0], 0
+        elif len(parts) == 2:
+            hours, minutes, seconds = 0, parts[0], parts[1]
+        else:
+            hours, minutes, seconds = parts
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def check_stop_grace(resolved: ResolvedConfig) -> None:
+    """The stop signal comes job.stop_grace seconds before the limit: it must fit in it."""
+    job = resolved.config.job
+    limit = time_limit_seconds(job.time)
+    if limit is not None and job.stop_grace >= limit:
+        raise StokerError(
+            f"job.stop_grace={job.stop_grace} s ({resolved.source_of(('job', 'stop_grace'))}) "
+            f"is not shorter than job.time={job.time} ({resolved.source_of(('job', 'time'))}): "
+            "the job would be told to save and stop as soon as it starts",
+            fix=f"set job.stop_grace below {limit} s (a step plus a checkpoint), "
+            f"e.g. job.stop_grace={max(10, limit // 3)}, or give the job more time",
+        )
 
 
 def _params(resolved: ResolvedConfig) -> dict[str, str]:

@@ -273,13 +273,15 @@ def parse_task_failures(text: str) -> list[TaskFailure]:
         if exited:
             code = int(exited.group(1))
             if code < 0:  # the local supervisor prints Popen's -N for a signal
-                code, signal = None, -code
+                signal, code = -code, None
         else:
             name = what.removesuffix(" (core dumped)").strip()
             signal = _SIGNAL_NAMES.get(name)
             if signal is None:
                 continue  # a message srun words otherwise; not a task's end
-        failures.append(TaskFailure(match.group("node"), _ranks(match.group("ranks")), code, signal, line))
+        failures.append(
+            TaskFailure(match.group("node"), _ranks(match.group("ranks")), code, signal, line)
+        )
     return failures
 
 
@@ -404,8 +406,20 @@ def parse_sacct_rows(text: str) -> list[SacctRow]:
         fields = line.split("|")
         if len(fields) < len(SACCT_FIELDS):
             continue
-        (job_id, state, exit_code, _derived, max_rss, req_mem, limit, elapsed, nodes, end,
-         ntasks, nnodes) = fields[: len(SACCT_FIELDS)]
+        (
+            job_id,
+            state,
+            exit_code,
+            _derived,
+            max_rss,
+            req_mem,
+            limit,
+            elapsed,
+            nodes,
+            end,
+            ntasks,
+            nnodes,
+        ) = fields[: len(SACCT_FIELDS)]
         code, _, signal = exit_code.partition(":")
         by = re.search(r"CANCELLED by (\d+)", state)
         rows.append(
@@ -447,45 +461,93 @@ def parse_scontrol_job(text: str) -> dict[str, str]:
 
 PENDING_REASONS: tuple[tuple[str, str, str], ...] = (
     # (reason prefix, what it means, what to do)
-    ("Resources", "waiting for enough idle nodes/GPUs/CPUs for its request",
-     "wait; a smaller request (fewer nodes or GPUs) or a shorter --time lets the "
-     "backfill scheduler start it sooner; `squeue --start -j JOB` shows SLURM's estimate"),
-    ("Priority", "jobs with a higher priority are ahead of it in the queue",
-     "wait; `sprio -j JOB` shows its priority factors"),
-    ("QOSMaxJobsPerUserLimit", "you already run the most jobs your QOS allows",
-     "wait for one of your jobs to end, or use another QOS (--qos)"),
-    ("QOSMax", "a limit of the job's QOS is reached",
-     "wait, or ask for less or use another QOS (`sacctmgr show qos` lists the limits)"),
-    ("QOSGrp", "the QOS's group limit (jobs, CPUs, GPUs of all its users) is reached",
-     "wait, or use another QOS"),
-    ("AssocGrp", "the account's group limit (CPUs, GPUs, jobs) is reached",
-     "wait, or use another account (--account)"),
-    ("AssocMax", "a per-job or per-user limit of the account is reached",
-     "ask for less, or use another account"),
-    ("ReqNodeNotAvail", "a node it needs is down, drained or reserved",
-     "wait, or drop the node or feature requirement (job.constraint); `sinfo -R` says why "
-     "nodes are unavailable"),
-    ("DependencyNeverSatisfied", "a job it depends on (--after) failed: it can never start",
-     "cancel it (`stoker cancel JOB`) and submit again without --after"),
-    ("Dependency", "waiting for the job(s) it depends on (--after) to finish",
-     "nothing to do; `scontrol show job JOB | grep Dependency` shows them"),
-    ("BeginTime", "its start time is in the future; SLURM holds a requeued job about two "
-     "minutes before it may start again",
-     "`scontrol update JobId=JOB StartTime=now` lets it start at once"),
-    ("JobHeldUser", "held by its owner (`stoker requeue --hold`, `scontrol hold`)",
-     "`scontrol release JOB`"),
+    (
+        "Resources",
+        "waiting for enough idle nodes/GPUs/CPUs for its request",
+        "wait; a smaller request (fewer nodes or GPUs) or a shorter --time lets the "
+        "backfill scheduler start it sooner; `squeue --start -j JOB` shows SLURM's estimate",
+    ),
+    (
+        "Priority",
+        "jobs with a higher priority are ahead of it in the queue",
+        "wait; `sprio -j JOB` shows its priority factors",
+    ),
+    (
+        "QOSMaxJobsPerUserLimit",
+        "you already run the most jobs your QOS allows",
+        "wait for one of your jobs to end, or use another QOS (--qos)",
+    ),
+    (
+        "QOSMax",
+        "a limit of the job's QOS is reached",
+        "wait, or ask for less or use another QOS (`sacctmgr show qos` lists the limits)",
+    ),
+    (
+        "QOSGrp",
+        "the QOS's group limit (jobs, CPUs, GPUs of all its users) is reached",
+        "wait, or use another QOS",
+    ),
+    (
+        "AssocGrp",
+        "the account's group limit (CPUs, GPUs, jobs) is reached",
+        "wait, or use another account (--account)",
+    ),
+    (
+        "AssocMax",
+        "a per-job or per-user limit of the account is reached",
+        "ask for less, or use another account",
+    ),
+    (
+        "ReqNodeNotAvail",
+        "a node it needs is down, drained or reserved",
+        "wait, or drop the node or feature requirement (job.constraint); `sinfo -R` says why "
+        "nodes are unavailable",
+    ),
+    (
+        "DependencyNeverSatisfied",
+        "a job it depends on (--after) failed: it can never start",
+        "cancel it (`stoker cancel JOB`) and submit again without --after",
+    ),
+    (
+        "Dependency",
+        "waiting for the job(s) it depends on (--after) to finish",
+        "nothing to do; `scontrol show job JOB | grep Dependency` shows them",
+    ),
+    (
+        "BeginTime",
+        "its start time is in the future; SLURM holds a requeued job about two "
+        "minutes before it may start again",
+        "`scontrol update JobId=JOB StartTime=now` lets it start at once",
+    ),
+    (
+        "JobHeldUser",
+        "held by its owner (`stoker requeue --hold`, `scontrol hold`)",
+        "`scontrol release JOB`",
+    ),
     ("JobHeldAdmin", "held by an administrator", "ask the cluster's administrators"),
-    ("launch failed requeued held", "the job failed to launch on its nodes and was held",
-     "`scontrol release JOB`; if it fails again, run `stoker doctor` and report the nodes"),
-    ("PartitionTimeLimit", "its --time is above the partition's MaxTime: it will never start",
-     "lower job.time to the partition's limit (`stoker doctor` lists partitions)"),
-    ("PartitionNodeLimit", "it asks for more nodes than the partition allows",
-     "ask for fewer nodes, or use another partition"),
+    (
+        "launch failed requeued held",
+        "the job failed to launch on its nodes and was held",
+        "`scontrol release JOB`; if it fails again, run `stoker doctor` and report the nodes",
+    ),
+    (
+        "PartitionTimeLimit",
+        "its --time is above the partition's MaxTime: it will never start",
+        "lower job.time to the partition's limit (`stoker doctor` lists partitions)",
+    ),
+    (
+        "PartitionNodeLimit",
+        "it asks for more nodes than the partition allows",
+        "ask for fewer nodes, or use another partition",
+    ),
     ("PartitionDown", "the partition is down", "wait, or use another partition"),
     ("PartitionInactive", "the partition is inactive", "use another partition"),
     ("Reservation", "waiting for its reservation to start", "wait for the reservation"),
-    ("BadConstraints", "no node can satisfy its constraints",
-     "fix job.constraint or the resource request"),
+    (
+        "BadConstraints",
+        "no node can satisfy its constraints",
+        "fix job.constraint or the resource request",
+    ),
     ("InvalidAccount", "its account is not valid", "set job.account to an account you may use"),
     ("InvalidQOS", "its QOS is not valid", "set job.qos to a QOS you may use"),
     ("None", "just submitted: the scheduler has not looked at it yet", "wait a few seconds"),
@@ -530,7 +592,9 @@ class JobFacts:
     batch_log: str = ""  # that restart's part of batch.log
     rank_logs: dict[int, str] = field(default_factory=dict)  # tails
     rank_mtimes: dict[int, float] = field(default_factory=dict)
-    events: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)  # all restarts
+    restart_started: float | None = None  # epoch start of `restart`, from `attempts`
+    stop_grace_s: int | None = None  # from the job script's --signal=B:USR2@N
     local_ranks: dict[int, int | None] = field(default_factory=dict)
     supervisor_died: bool = False
     notes: list[str] = field(default_factory=list)  # what could not be asked
@@ -538,9 +602,14 @@ class JobFacts:
 
 @dataclass
 class Diagnosis:
+    """What `stoker why` prints. `cause` is one of: completed, running, pending,
+    exception, exit-code, batch-script, time-limit, hung, requeues-exhausted,
+    stop-signal, host-oom, gpu-oom, gpu-error, nccl, nccl-timeout, rendezvous,
+    port-in-use, cancelled, preempted, node-failure, deadline, unknown."""
+
     job_id: str
     state: str
-    cause: str  # a key: completed, exception, time-limit, hung, host-oom, gpu-oom, ...
+    cause: str
     summary: str
     evidence: list[str]
     fix: str | None
@@ -581,7 +650,9 @@ def read_run_logs(facts: JobFacts, run: RunDir, failing_hint: int | None = None)
         batch_lines = run.batch_log.read_text(errors="replace").splitlines()
     except OSError:
         batch_lines = []
-    facts.batch_log = "\n".join(split_batch_by_restart(batch_lines, restarts).get(facts.restart, []))
+    facts.batch_log = "\n".join(
+        split_batch_by_restart(batch_lines, restarts).get(facts.restart, [])
+    )
     logs = run.rank_logs(facts.restart)
     failing = parse_task_failures(facts.batch_log)
     first = first_failure(failing)
@@ -591,14 +662,39 @@ def read_run_logs(facts: JobFacts, run: RunDir, failing_hint: int | None = None)
             continue
         limit = FAILING_RANK_TAIL_BYTES if rank == hint else OTHER_RANK_TAIL_BYTES
         facts.rank_logs[rank] = _read_tail(path, limit)
-        try:
-            facts.rank_mtimes[rank] = path.stat().st_mtime
-        except OSError:
-            pass
+        mtime = _mtime(path)
+        if mtime is not None:
+            facts.rank_mtimes[rank] = mtime
     try:
         facts.events = run.events.read_text(errors="replace").splitlines()
     except OSError:
         facts.events = []
+    facts.restart_started = _restart_started(run, facts.restart)
+    facts.stop_grace_s = _stop_grace(run)
+
+
+def _restart_started(run: RunDir, restart: int) -> float | None:
+    try:
+        lines = run.attempts.read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        stamp, _, rest = line.partition(" ")
+        if f"restart={restart}" in rest.split() and stamp.isdigit():
+            return float(stamp)
+    return None
+
+
+def _stop_grace(run: RunDir) -> int | None:
+    # The script is in the job's own folder; an array task's is its parent's.
+    for script in (run.script, run.path.parent.parent / "job.sbatch"):
+        try:
+            match = re.search(r"^#SBATCH --signal=B?:?USR2@(\d+)", script.read_text(), re.M)
+        except OSError:
+            continue
+        if match:
+            return int(match.group(1))
+    return None
 
 
 def gather_facts(target: Target) -> JobFacts:
@@ -753,11 +849,26 @@ def judge(facts: JobFacts) -> Diagnosis:
             "a job that saves on the stop signal is requeued by itself (job.max_requeues)",
         )
     if state == "BOOT_FAIL":
-        return make("node-failure", "its nodes failed to boot", [],
-                    "submit again; report the nodes if it repeats")
+        return make(
+            "node-failure",
+            "its nodes failed to boot",
+            [],
+            "submit again; report the nodes if it repeats",
+        )
     if state == "DEADLINE":
-        return make("deadline", "it reached its --deadline before it could finish", [],
-                    "submit again with a later deadline")
+        return make(
+            "deadline",
+            "it reached its --deadline before it could finish",
+            [],
+            "submit again with a later deadline",
+        )
+    if state == "UNKNOWN" and not parse_task_failures(facts.batch_log):
+        return make(
+            "unknown",
+            "SLURM no longer knows the job and its logs name no failure",
+            [f"batch.log: {line}" for line in facts.batch_log.splitlines()[-3:]],
+            "`stoker logs JOB --tail 20` shows how each rank ended",
+        )
     return _failed(facts, make)
 
 
@@ -779,14 +890,12 @@ class _Maker:
         facts = self.facts
         ended = facts.state not in RUNNING_STATES | PENDING_STATES
         if exit_code is None and job_exit and ended:
-            if facts.exit_signal:
-                exit_code = 128 + facts.exit_signal
-            else:
-                exit_code = facts.exit_code
+            exit_code = 128 + facts.exit_signal if facts.exit_signal else facts.exit_code
         evidence = [*evidence, *(f"note: {n}" for n in facts.notes)]
         fix_text = fix.replace("JOB", facts.job_id) if fix else None
-        return Diagnosis(facts.job_id, facts.state, cause, summary, evidence, fix_text,
-                         failing_rank, exit_code)
+        return Diagnosis(
+            facts.job_id, facts.state, cause, summary, evidence, fix_text, failing_rank, exit_code
+        )
 
 
 def _find(text: str, regex: str) -> str | None:
@@ -796,8 +905,17 @@ def _find(text: str, regex: str) -> str | None:
     return None
 
 
-def _event_lines(facts: JobFacts, regex: str) -> list[str]:
-    return [f"events: {_event_text(line)}" for line in facts.events if re.search(regex, line)]
+def _event_lines(facts: JobFacts, regex: str, *, all_restarts: bool = False) -> list[str]:
+    """`events` lines matching `regex`, of the restart judged unless `all_restarts`."""
+    since = None if all_restarts else facts.restart_started
+    lines = []
+    for line in facts.events:
+        stamp = line.partition(" ")[0]
+        if since is not None and stamp.isdigit() and float(stamp) < since:
+            continue
+        if re.search(regex, line):
+            lines.append(f"events: {_event_text(line)}")
+    return lines
 
 
 def _event_text(line: str) -> str:
@@ -814,7 +932,7 @@ def _pending(facts: JobFacts, make: _Maker) -> Diagnosis:
     evidence = [f"scontrol: JobState={facts.state} Reason={reason}"]
     if facts.restarts:
         evidence.append(f"requeued {facts.restarts} time(s) so far")
-    evidence += _event_lines(facts, "requeue")[-2:]
+    evidence += _event_lines(facts, "requeue", all_restarts=True)[-2:]
     return make("pending", summary, evidence, fix)
 
 
@@ -849,7 +967,13 @@ def _running(facts: JobFacts, make: _Maker) -> Diagnosis:
 
     elapsed = f" for {format_elapsed(facts.elapsed_s)}" if facts.elapsed_s is not None else ""
     where = f" on {facts.node_list}" if facts.node_list else ""
-    evidence = [f"restart {facts.restart}" if facts.restart else "first start"]
+    start = "first start" if not facts.restart else f"restart {facts.restart}"
+    if facts.restart_started is not None:
+        start += f", began {time.strftime('%H:%M:%S', time.localtime(facts.restart_started))}"
+    evidence = [start]
+    if facts.rank_mtimes:
+        quiet = time.time() - max(facts.rank_mtimes.values())
+        evidence.append(f"last output from any rank {max(0.0, quiet):.0f} s ago")
     silent, longest = silent_ranks(facts)
     if silent and len(silent) < len(facts.rank_mtimes):
         evidence.append(
@@ -862,8 +986,12 @@ def _running(facts: JobFacts, make: _Maker) -> Diagnosis:
             "see what the silent rank is doing: `py-spy dump --pid PID` on its node, or "
             "`stoker logs JOB -f --rank N`",
         )
-    return make("running", f"running{elapsed}{where}", evidence,
-                "nothing wrong so far; `stoker logs JOB -f` follows it")
+    return make(
+        "running",
+        f"running{elapsed}{where}",
+        evidence,
+        "nothing wrong so far; `stoker logs JOB -f` follows it",
+    )
 
 
 def _time_limit(facts: JobFacts, make: _Maker) -> Diagnosis:
@@ -875,45 +1003,59 @@ def _time_limit(facts: JobFacts, make: _Maker) -> Diagnosis:
     line = _find(facts.batch_log, r"DUE TO TIME LIMIT")
     if line:
         evidence.append(f"batch.log: {line}")
-    evidence += _event_lines(facts, "stop requested|requeue")
-    stop_asked = any("stop requested: SIGUSR2" in e for e in facts.events)
+    events = _event_lines(facts, "stop requested|requeue")
+    evidence += events
     silent, longest = silent_ranks(facts)
     if silent:
+        talking = sorted(set(facts.rank_mtimes) - set(silent))
         for rank in silent:
             last = facts.rank_logs.get(rank, "").rstrip().splitlines()[-1:]
             evidence.append(f"rank {rank} last printed: {last[0].strip() if last else '(nothing)'}")
+        if talking:
+            evidence.append(f"rank(s) {_rank_list(talking)} kept printing until the end")
         return make(
             "hung",
             f"hung: no output from rank(s) {_rank_list(silent)} for {longest:.0f} s before "
             f"the time limit ({limit})",
             evidence,
-            "the job hung rather than ran out of time: look at the silent rank's last lines "
-            "(`stoker logs JOB --rank N --tail 30`); a rank stuck in a collective waits for "
-            "a peer (a deadlock or a rank that skipped a step), one stuck in I/O waits for "
-            "storage. Rerun and attach `py-spy dump` to it before the limit",
+            "the job hung rather than ran out of time, so more time will not help: read the "
+            "silent rank's last lines (`stoker logs JOB --rank N --tail 30`). A rank stuck in "
+            "a collective waits for a peer (a deadlock, or a rank that skipped a step); one "
+            "stuck in I/O waits for storage. Rerun and `py-spy dump` it while it hangs",
             failing_rank=silent[0],
+            job_exit=False,
         )
     fix = (
-        "give it more time (job.time / --time) or let it continue: a job that saves when "
-        "asked to stop is requeued and resumes (job.max_requeues)"
+        "give it more time (job.time / --time), or let it continue: a job that saves and "
+        "exits 75 when asked to stop is requeued and resumes (job.max_requeues)"
     )
-    if stop_asked:
-        evidence.append("the tasks were asked to stop before the limit but did not exit in time")
-        fix += "; the tasks did not react to the stop request: save and exit with code 75 "
-        fix += "when STOKER_STOP_FILE exists, or raise job.stop_grace"
-    return make("time-limit", f"reached its time limit ({limit}) after {elapsed}", evidence, fix)
+    if any("stop requested: SIGUSR2" in e for e in events):
+        evidence.append(
+            "the tasks were asked to stop (SIGUSR2, STOKER_STOP_FILE) before the limit but "
+            "did not exit in time"
+        )
+        fix += (
+            "; the tasks did not react to the stop request: save and exit with code 75 when "
+            "STOKER_STOP_FILE appears (the stoker runtime does), or raise job.stop_grace"
+        )
+    return make(
+        "time-limit",
+        f"reached its time limit ({limit}) after {elapsed}",
+        evidence,
+        fix,
+        job_exit=False,
+    )
 
 
 def _cancelled(facts: JobFacts, make: _Maker) -> Diagnosis:
     who = "someone"
+    evidence: list[str] = []
     if facts.cancelled_by is not None:
         try:
             name = pwd.getpwuid(facts.cancelled_by).pw_name
         except KeyError:
-            name = "uid"
+            name = "user"
         who = f"{name} (uid {facts.cancelled_by})"
-    evidence: list[str] = []
-    if facts.cancelled_by is not None:
         evidence.append(f"sacct: State CANCELLED by {facts.cancelled_by}")
     line = _find(facts.batch_log, r"\*\*\* JOB .* CANCELLED AT")
     if line:
@@ -924,13 +1066,19 @@ def _cancelled(facts: JobFacts, make: _Maker) -> Diagnosis:
         local = _find(facts.batch_log, r"cancelled")
         if local:
             evidence.append(f"batch.log: {local}")
+    if not facts.rank_logs:
+        evidence.append("no rank logs: it was cancelled before it started")
     return make(
         "cancelled",
         f"cancelled by {who}",
         evidence,
         "nothing failed; `stoker requeue JOB` (while SLURM still knows the job) or a new "
         "submission continues from the last checkpoint",
+        job_exit=False,
     )
+
+
+_LIMIT_NUMBERS = re.compile(r"\((\d+) > (\d+)\)")
 
 
 def _mem_evidence(facts: JobFacts) -> list[str]:
@@ -943,8 +1091,10 @@ def _mem_evidence(facts: JobFacts) -> list[str]:
     if peak is None or peak.max_rss is None:
         if facts.backend == "local":
             return []
-        return ["sacct has no MaxRSS: memory accounting is off on this cluster, so the peak "
-                "is unknown and SLURM does not enforce --mem"]
+        return [
+            "sacct has no MaxRSS: memory accounting is off on this cluster, so the peak "
+            "is unknown and SLURM does not enforce --mem"
+        ]
     per_node = max(1, -(-(peak.ntasks or 1) // (peak.nnodes or 1)))
     line = f"sacct: peak RSS of one task {format_bytes(peak.max_rss)} (step {peak.step_id})"
     if facts.req_mem:
@@ -952,6 +1102,21 @@ def _mem_evidence(facts: JobFacts) -> list[str]:
         if peak.max_rss * per_node >= MEM_NEAR * facts.req_mem:
             line += f" ({per_node} task(s) per node: at or over the request)"
     return [line]
+
+
+def _memory_kill(facts: JobFacts) -> SignatureHit | None:
+    """SLURM's or the kernel's word that memory ran out, from any log of this restart;
+    a line with the numbers ("(A > B)") is preferred."""
+    hits = []
+    sources = [("batch.log", facts.batch_log)]
+    sources += [(f"rank {r}", text) for r, text in sorted(facts.rank_logs.items())]
+    for source, text in sources:
+        hit = find_signature(text, source)
+        if hit is not None and hit.signature.cause == "host-oom":
+            hits.append(hit)
+    with_numbers = [h for h in hits if _LIMIT_NUMBERS.search(h.line)]
+    chosen = with_numbers or hits
+    return chosen[0] if chosen else None
 
 
 def _host_memory(
@@ -962,73 +1127,113 @@ def _host_memory(
     signature: SignatureHit | None,
 ) -> Diagnosis:
     evidence = _mem_evidence(facts)
-    request = f"requested {facts.req_mem_text} per node" if facts.req_mem_text else "no --mem"
+    request = f"--mem {facts.req_mem_text} per node" if facts.req_mem_text else "no --mem"
     if killed is not None:
         evidence.insert(0, f"batch.log: {killed.line}")
     if signature is not None:
         evidence.insert(0, f"{signature.source}: {signature.line}")
     rank = killed.ranks[0] if killed and killed.ranks else None
-    who = f"rank {rank}" if rank is not None and killed and len(killed.ranks) == 1 else (
-        f"ranks {_rank_list(killed.ranks)}" if killed else "the job")
-    if facts.state == "OUT_OF_MEMORY" or signature is not None:
+    if killed is None:
+        who = "the job"
+    elif len(killed.ranks) == 1:
+        who = f"rank {killed.ranks[0]}"
+    else:
+        who = f"ranks {_rank_list(killed.ranks)}"
+    numbers = _LIMIT_NUMBERS.search(signature.line) if signature else None
+    if numbers:
+        used, allowed = (int(n) for n in numbers.groups())
+        summary = (
+            f"host out of memory: the tasks used {format_bytes(used)}, over the "
+            f"{format_bytes(allowed)} allowed ({request}); SLURM killed {who}"
+        )
+    elif facts.state == "OUT_OF_MEMORY" or signature is not None:
         summary = f"host out of memory: {who} used more memory than allowed ({request})"
     else:
         summary = (
             f"host out of memory (most likely): {who} was killed by SIGKILL with no other "
             f"cause found, as the kernel's OOM killer does ({request})"
         )
-    return make("host-oom", summary, evidence, _HOST_MEM_FIX, failing_rank=rank,
-                exit_code=killed.status if killed else None)
+    return make(
+        "host-oom",
+        summary,
+        evidence,
+        _HOST_MEM_FIX,
+        failing_rank=rank,
+        exit_code=killed.status if killed else None,
+    )
+
+
+def _stop_signal(facts: JobFacts, make: _Maker, first: TaskFailure) -> Diagnosis:
+    """Tasks killed by SIGUSR2, the signal that asks them to save and stop."""
+    from stoker.launcher.slurm_query import format_elapsed
+
+    evidence = [f"batch.log: {first.line}", *_event_lines(facts, "stop requested")]
+    grace, limit = facts.stop_grace_s, facts.time_limit_s
+    fix = (
+        "handle SIGUSR2 in the command: save and exit with code 75 (the stoker runtime "
+        "does), or ignore it; an unhandled SIGUSR2 kills a process"
+    )
+    if grace is not None and limit is not None and grace >= limit:
+        evidence.append(
+            f"job.stop_grace is {grace} s but the time limit is {format_elapsed(limit)}: "
+            "the stop signal was sent as soon as the job started"
+        )
+        fix += f"; and set job.stop_grace well below job.time (now {grace} s >= the limit)"
+    return make(
+        "stop-signal",
+        f"rank(s) {_rank_list(first.ranks)} were killed by the stop signal SIGUSR2, which "
+        "they do not handle",
+        evidence,
+        fix,
+        failing_rank=first.ranks[0] if first.ranks else None,
+        exit_code=first.status,
+    )
 
 
 def _failed(facts: JobFacts, make: _Maker) -> Diagnosis:
-    evidence: list[str] = []
-    for event in facts.events:
-        if "not requeued after" in event and "restarts used" in event:
-            return make(
-                "requeues-exhausted",
-                "stopped at its time limit (or preemption) with no requeues left: "
-                + _event_text(event).split(" ", 1)[-1],
-                _event_lines(facts, "stop requested|requeue"),
-                "raise job.max_requeues, or job.time so that fewer restarts are needed; "
-                "`stoker requeue JOB` continues it now from the last checkpoint",
-                exit_code=facts.exit_code,
-            )
-    failures = parse_task_failures(facts.batch_log)
-    first = first_failure(failures)
+    exhausted = _event_lines(facts, r"not requeued after .*restarts used")
+    if exhausted:
+        return make(
+            "requeues-exhausted",
+            "stopped at its time limit (or preemption) with no requeues left: "
+            + exhausted[-1].split(" ", 2)[-1],
+            _event_lines(facts, "stop requested|requeue", all_restarts=True)[-6:],
+            "raise job.max_requeues, or job.time so that fewer restarts are needed; "
+            "`stoker requeue JOB` continues it now from the last checkpoint",
+        )
+    first = first_failure(parse_task_failures(facts.batch_log))
     if first is None and facts.local_ranks:
         bad = [r for r, code in sorted(facts.local_ranks.items()) if code not in (0, None)]
         if bad:
             code = facts.local_ranks[bad[0]] or 0
-            first = TaskFailure(None, (bad[0],), code if code > 0 else None,
-                                -code if code < 0 else None,
-                                f"local-state.json: rank {bad[0]} exit {code}")
+            first = TaskFailure(
+                None,
+                (bad[0],),
+                code if code > 0 else None,
+                -code if code < 0 else None,
+                f"local-state.json: rank {bad[0]} exit {code}",
+            )
     rank = first.ranks[0] if first and first.ranks else None
 
-    # slurmstepd's memory enforcement, wherever it wrote.
-    memory = find_signature(facts.batch_log, "batch.log")
-    if memory is None or memory.signature.cause != "host-oom":
-        memory = None
-        for r, text in sorted(facts.rank_logs.items()):
-            hit = find_signature(text, f"rank {r}")
-            if hit and hit.signature.cause == "host-oom":
-                memory = hit
-                break
+    memory = _memory_kill(facts)
     if memory is not None:
         return _host_memory(facts, make, killed=first, signature=memory)
+    if first is not None and first.signal == 12:
+        return _stop_signal(facts, make, first)
 
+    evidence = [f"batch.log: {first.line}"] if first else []
     traceback: list[str] | None = None
     hit: SignatureHit | None = None
     if rank is not None:
         text = facts.rank_logs.get(rank, "")
         traceback = last_traceback(text)
         hit = find_signature(text, f"rank {rank}")
-    if first is not None:
-        evidence.append(f"batch.log: {first.line}")
-    tb_evidence = []
+    tb_evidence: list[str] = []
     if traceback:
-        tb_evidence = [f"rank {rank} traceback (logs/r{facts.restart}/rank-{rank}.log):",
-                       *(f"  {line}" for line in traceback)]
+        tb_evidence = [
+            f"rank {rank} traceback (logs/r{facts.restart}/rank-{rank}.log):",
+            *(f"  {line}" for line in traceback),
+        ]
     exc = exception_line(traceback) if traceback else None
     status = first.status if first else None
 
@@ -1053,37 +1258,37 @@ def _failed(facts: JobFacts, make: _Maker) -> Diagnosis:
             failing_rank=rank,
             exit_code=status,
         )
-    for r, text in sorted(facts.rank_logs.items()):
-        other = find_signature(text, f"rank {r}")
+    for other_rank, text in sorted(facts.rank_logs.items()):
+        other = find_signature(text, f"rank {other_rank}")
         if other is not None:
+            first_note = f"; rank {rank} failed first" if rank is not None else ""
             return make(
                 other.signature.cause,
-                f"{other.signature.summary} (seen in rank {r}"
-                + (f"; rank {rank} failed first" if rank is not None else "") + ")",
+                f"{other.signature.summary} (seen in rank {other_rank}{first_note})",
                 [*evidence, f"{other.source}: {other.line}"],
                 other.signature.fix,
                 failing_rank=rank,
                 exit_code=status,
             )
     if first is not None:
-        last_lines = facts.rank_logs.get(rank, "").rstrip().splitlines()[-5:] if rank is not None else []
+        last_lines = (
+            facts.rank_logs.get(rank, "").rstrip().splitlines()[-5:] if rank is not None else []
+        )
         return make(
             "exit-code",
             f"rank {rank} {first.how()} (no traceback in its log)",
             [*evidence, *(f"rank {rank}: {line}" for line in last_lines)],
-            "read the rank's last lines (`stoker logs JOB --rank N --tail 50`): "
+            f"read the rank's last lines (`stoker logs JOB --rank {rank} --tail 50`): "
             + _exit_code_hint(first),
             failing_rank=rank,
             exit_code=status,
         )
     # No task failed: the batch script itself (setup lines, the code folder, srun).
     last_batch = [line for line in facts.batch_log.splitlines() if line.strip()][-5:]
-    events = _event_lines(facts, ".")[-3:]
-    code = facts.exit_code
     return make(
         "batch-script",
-        f"the batch script failed (exit {code}) before or outside the ranks",
-        [*(f"batch.log: {line}" for line in last_batch), *events],
+        f"the batch script failed (exit {facts.exit_code}) outside the ranks",
+        [*(f"batch.log: {line}" for line in last_batch), *_event_lines(facts, ".")[-3:]],
         "read logs/batch.log: a job.setup line, the code folder or srun itself failed; "
         "`stoker submit --dry-run` prints the script",
     )
@@ -1093,7 +1298,7 @@ def _exit_code_hint(failure: TaskFailure) -> str:
     if failure.signal == 11:
         return "a segmentation fault is a crash in native code (a CUDA/C++ extension)"
     if failure.signal == 6:
-        return "SIGABRT: a C++ exception or assertion (c10::Error, NCCL abort)"
+        return "SIGABRT: a C++ exception or assertion (c10::Error, an NCCL abort)"
     if failure.exit_code == 127:
         return "exit 127: the command was not found in the job's environment"
     if failure.exit_code == 126:

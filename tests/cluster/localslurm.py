@@ -69,7 +69,17 @@ REQUIRED_PROGRAMS: tuple[tuple[str, ...], ...] = (
 TAG_ENV = "STOKER_LOCALSLURM_STATE"
 
 # Node states in which a node can take jobs.
-USABLE_NODE_STATES = {"idle", "mix", "mixed", "alloc", "allocated", "comp", "completing"}
+USABLE_NODE_STATES = {
+    "idle",
+    "mix",
+    "mixed",
+    "alloc",
+    "allocated",
+    "comp",
+    "completing",
+    "plnd",
+    "planned",  # the backfill scheduler has planned a job for it
+}
 
 
 class ClusterError(RuntimeError):
@@ -500,12 +510,20 @@ def _slurm_conf(paths: _Paths, ports: Mapping[str, int], mem_mb: int) -> str:
         "SwitchType=switch/none",
         "MpiDefault=none",
         "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_Core",
+        # Memory is a consumable: --mem is scheduled and, through the accounting
+        # poller below, enforced (a step over it is killed), as on a production cluster.
+        "SelectTypeParameters=CR_Core_Memory",
+        # Without it a job that gives no --mem would take a whole node's memory.
+        f"DefMemPerCPU={mem_mb // CPUS_PER_NODE}",
         # Trust the CPUs/memory written here, not what slurmd detects: both
         # nodes share one machine, which may have fewer CPUs than we announce.
         "SlurmdParameters=config_overrides",
         "GresTypes=gpu",
-        "JobAcctGatherType=jobacct_gather/none",
+        # Without cgroups, the linux poller measures each task (sacct MaxRSS) and
+        # OverMemoryKill kills a step that goes over --mem, every second.
+        "JobAcctGatherType=jobacct_gather/linux",
+        "JobAcctGatherParams=OverMemoryKill",
+        "JobAcctGatherFrequency=task=1",
         "AccountingStorageType=accounting_storage/slurmdbd",
         "AccountingStorageHost=127.0.0.1",
         f"AccountingStoragePort={ports['slurmdbd']}",
@@ -525,6 +543,9 @@ def _slurm_conf(paths: _Paths, ports: Mapping[str, int], mem_mb: int) -> str:
         # Keep finished jobs visible to squeue/scontrol for 5 minutes.
         "MinJobAge=300",
         "SchedulerType=sched/backfill",
+        # The main scheduling loop every 2 s instead of 60: a requeued job whose hold
+        # ended starts within seconds (nothing else wakes the scheduler for it).
+        "SchedulerParameters=sched_interval=2",
         "MailProg=/bin/true",  # no mail here; the default path does not exist
         "SlurmctldDebug=info",
         "SlurmdDebug=info",

@@ -1,0 +1,48 @@
+"""The ledger under concurrent CLI calls: no lost record, no 'database is locked'."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+from stoker.launcher.ledger import JobRecord, Ledger
+
+
+def _writer(path: str, worker: int, count: int) -> None:
+    ledger = Ledger(Path(path))
+    for i in range(count):
+        job_id = f"{worker * 1000 + i}"
+        ledger.add(JobRecord(job_id, "slurm", "c", f"job{i}", f"/runs/{job_id}", "h", "default"))
+        ledger.update_many({job_id: (1, None)})
+        ledger.list(active_only=True, limit=5)
+
+
+def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(path), w, 40)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    records = Ledger(path).list()
+    assert len(records) == 160
+    assert all(r.restarts == 1 for r in records)
+
+
+def test_restarts_never_go_down_and_final_state_can_be_reopened(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.sqlite")
+    ledger.add(JobRecord("7", "slurm", "c", "n", "/r", "h", "default"))
+    ledger.update("7", restarts=2, final_state="COMPLETED")
+    ledger.update("7", restarts=1)
+    record = ledger.require("7")
+    assert record.restarts == 2 and record.final_state == "COMPLETED"
+    assert ledger.list(active_only=True) == []
+    ledger.reopen("7")
+    assert [r.job_id for r in ledger.list(active_only=True)] == ["7"]
+
+
+def test_local_ids_are_reserved_once(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.sqlite")
+    assert [ledger.reserve_local_id() for _ in range(3)] == ["local-1", "local-2", "local-3"]
