@@ -170,7 +170,12 @@ def _text(path: Path) -> str:
 
 def _program_lines(output: list[str]) -> list[str]:
     """The lines the talker printed, and the restart separators, in output order."""
-    return [line for line in output if "restart=" in line or line.startswith("--- restart")]
+    return [
+        line
+        for line in output
+        if ("restart=" in line and not line.startswith("[batch] "))
+        or line.startswith("--- restart")
+    ]
 
 
 def expected(restart: int) -> list[str]:
@@ -219,6 +224,9 @@ def test_finished_job_prints_restart_by_restart_rank_by_rank(talker: Talker) -> 
         if line.startswith("[batch] ") and "DUE TO JOB REQUEUE" in line
     ]
     assert requeue and all(i < cut for i in requeue), output
+    # Each start's marker line from the batch script sits in its own restart.
+    starts = [i for i, line in enumerate(output) if line.startswith("[batch] stoker: start ")]
+    assert len(starts) == 2 and starts[0] < cut < starts[1], output
     assert all(line.startswith(("[0] ", "[1] ", "[batch] ", "--- restart")) for line in output)
 
 

@@ -121,7 +121,7 @@ def test_hostile_values_neither_execute_nor_break_the_job(
         "print(repr([os.environ[f'EVIL{i}'] for i in range(5)]))"
     )
     job = submit_json(
-        *overrides, "--time", "2", "--", PYTHON, "-c", printer, *HOSTILE, cwd=tmp_path
+        *overrides, "--time", "5", "--", PYTHON, "-c", printer, *HOSTILE, cwd=tmp_path
     )
     assert wait_final(job["job_id"]) == "COMPLETED"
     out = rank_lines(Path(job["run_dir"]))[0].splitlines()

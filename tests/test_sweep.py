@@ -64,7 +64,7 @@ def test_six_task_sweep_is_one_array_with_six_child_runs(
         "--max-parallel",
         "3",
         "--time",
-        "2",
+        "5",
         "--json",
         "--",
         sys.executable,
