@@ -8,18 +8,19 @@ import time
 from pathlib import Path
 
 from stoker.launcher.ledger import Ledger
-from stoker.launcher.local_backend import read_local_state
+from stoker.launcher.rundir import RunDir
+from stoker.launcher.status import LocalState, read_local_state
 from tests.clirun import stoker
 from tests.launcher_jobs import JOBS, submit_json, wait_for
 
 
-def wait_local(run_dir: Path, timeout: float = 60) -> dict:
+def wait_local(run_dir: Path, timeout: float = 60) -> LocalState:
     def ended() -> bool:
-        state = read_local_state(run_dir)
-        return bool(state) and state["state"] != "RUNNING"
+        state = read_local_state(RunDir(run_dir))
+        return state is not None and state.state != "RUNNING"
 
     wait_for(ended, timeout, "the local job to end")
-    state = read_local_state(run_dir)
+    state = read_local_state(RunDir(run_dir))
     assert state is not None
     return state
 
@@ -39,7 +40,7 @@ def test_local_ranks_all_reduce_with_slurm_layout(tmp_path: Path) -> None:
     assert job["job_id"].startswith("local-")
     run_dir = Path(job["run_dir"])
     state = wait_local(run_dir)
-    assert state["state"] == "COMPLETED" and state["ranks"] == {str(r): 0 for r in range(4)}
+    assert state.state == "COMPLETED" and state.ranks == {r: 0 for r in range(4)}
     for rank in range(4):
         text = (run_dir / "logs" / "r0" / f"rank-{rank}.log").read_text()
         assert f"rank={rank} " in text and "world=4" in text and "ok=True" in text
@@ -61,7 +62,7 @@ def test_a_failing_local_rank_stops_the_others(tmp_path: Path) -> None:
     start = time.monotonic()
     state = wait_local(Path(job["run_dir"]), 30)
     assert time.monotonic() - start < 20, "the sleeping ranks were not stopped"
-    assert state["state"] == "FAILED" and state["exit_code"] == 3 and state["ranks"]["1"] == 3
+    assert state.state == "FAILED" and state.exit_code == 3 and state.ranks[1] == 3
     batch = (Path(job["run_dir"]) / "logs" / "batch.log").read_text()
     assert "task 1: Exited with exit code 3" in batch
 
@@ -72,7 +73,7 @@ def test_cancel_stops_a_local_job(tmp_path: Path) -> None:
     )
     stoker("cancel", job["job_id"], check=True)
     state = wait_local(Path(job["run_dir"]), 20)
-    assert state["state"] == "CANCELLED"
+    assert state.state == "CANCELLED"
     again = stoker("cancel", job["job_id"])
     assert again.returncode == 2 and "is not running" in again.stderr
 

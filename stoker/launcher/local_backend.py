@@ -35,7 +35,6 @@ from stoker.launcher.rundir import RunDir
 from stoker.launcher.spec import LaunchSpec
 
 LAUNCH_FILE = "local-launch.json"
-STATE_FILE = "local-state.json"
 
 
 def _free_port() -> int:
@@ -100,6 +99,15 @@ def launch_plan(spec: LaunchSpec, job_id: str) -> dict[str, Any]:
 def start_local(spec: LaunchSpec, ledger: Ledger) -> str:
     """Start the supervisor and return the job id at once."""
     job_id = ledger.reserve_local_id()
+    try:
+        _start_supervisor(spec, job_id)
+    except BaseException:
+        ledger.remove(job_id)  # the placeholder row must not outlive a failed start
+        raise
+    return job_id
+
+
+def _start_supervisor(spec: LaunchSpec, job_id: str) -> None:
     run_dir = RunDir(spec.run_dir)
     plan = launch_plan(spec, job_id)
     write_text_atomic(run_dir.path / LAUNCH_FILE, json.dumps(plan, indent=2))
@@ -115,30 +123,23 @@ def start_local(spec: LaunchSpec, ledger: Ledger) -> str:
         )
     # The supervisor writes its state before it starts any rank.
     deadline = time.monotonic() + 10
-    while not (run_dir.path / STATE_FILE).exists():
+    while not run_dir.local_state.exists():
         if time.monotonic() > deadline:
             raise StokerError(
                 f"the local supervisor did not start; see {run_dir.batch_log}",
             )
         time.sleep(0.02)
-    return job_id
-
-
-def read_local_state(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((run_dir / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def cancel_local(run_dir: Path) -> bool:
     """Send the supervisor SIGTERM; it stops the ranks. False when it is not running."""
-    state = read_local_state(run_dir)
-    if not state or state.get("state") != "RUNNING":
+    from stoker.launcher.status import read_local_state
+
+    state = read_local_state(RunDir(run_dir))
+    if state is None or state.state != "RUNNING" or state.supervisor_pid is None:
         return False
     try:
-        os.kill(int(state["supervisor_pid"]), signal.SIGTERM)
+        os.kill(state.supervisor_pid, signal.SIGTERM)
     except ProcessLookupError:
         return False
     return True

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from stoker.atomic_write import write_text_atomic
-from stoker.launcher.local_backend import LAUNCH_FILE, STATE_FILE
+from stoker.launcher.local_backend import LAUNCH_FILE
+from stoker.launcher.rundir import RunDir
 
 KILL_WAIT_S = 5.0  # as SLURM's KillWait: TERM, then KILL
 
 
 def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
-    write_text_atomic(run_dir / STATE_FILE, json.dumps(state, indent=2))
+    write_text_atomic(RunDir(run_dir).local_state, json.dumps(state, indent=2))
 
 
 def _stop(procs: dict[int, subprocess.Popen[bytes]]) -> None:

@@ -67,7 +67,6 @@ from stoker.launcher.slurm_query import (
     query_queue,
 )
 
-LOCAL_STATE_FILE = "local-state.json"
 # Jobs that ended this long ago still show without --all.
 RECENT_S = 24 * 3600
 # A sacct row submitted this long before the ledger recorded the job belongs to an
@@ -200,7 +199,7 @@ def _recent(record: JobRecord, now: float) -> bool:
     if record.submitted_at < now - _LOOKBACK_S:
         return False
     run = RunDir(Path(record.run_dir))
-    for path in (run.batch_log, run.path / LOCAL_STATE_FILE, run.attempts):
+    for path in (run.batch_log, run.local_state, run.attempts):
         try:
             if path.stat().st_mtime >= now - RECENT_S:
                 return True
@@ -514,7 +513,7 @@ class LocalState:
 def read_local_state(run: RunDir) -> LocalState | None:
     """The supervisor's last record, or None (absent, caught mid-write, or not an object)."""
     try:
-        data = json.loads((run.path / LOCAL_STATE_FILE).read_text())
+        data = json.loads(run.local_state.read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or not isinstance(data.get("state"), str):
@@ -543,14 +542,14 @@ def _local_status(
     if local is None:
         if record.final_state:
             return record.final_state, None, None, None, "ledger"
-        return "UNKNOWN", f"no {LOCAL_STATE_FILE} in the run folder", None, None, "none"
+        return "UNKNOWN", f"no {run.local_state.name} in the run folder", None, None, "none"
     state, reason, ended = local.state, None, local.ended
     if state == "RUNNING" and local.supervisor_pid is not None:
         if record.cluster != socket.gethostname():
             reason = f"runs on {record.cluster}; cannot check its supervisor from here"
         elif not _process_alive(local.supervisor_pid, local.started):
             state, reason = "FAILED", "supervisor died"
-            ended = _mtime(run.path / LOCAL_STATE_FILE)
+            ended = _mtime(run.local_state)
     elif state == "FAILED":
         failed = sorted(rank for rank, code in local.ranks.items() if code)
         if failed:
