@@ -101,3 +101,27 @@ def test_six_task_sweep_is_one_array_with_six_child_runs(
         assert child.data.tags["stoker.sweep.index"] == str(index)
         assert float(child.data.params["optim.lr"]) == float(line[1])
         assert child.data.tags["slurm.job_id"] == f"{job_id}_{index}"
+
+
+def test_sweep_takes_the_job_flags_of_submit(tmp_path: Path) -> None:
+    result = stoker(
+        "sweep",
+        "optim.lr=1e-4,3e-4",
+        "--ntasks-per-node",
+        "2",
+        "--mem",
+        "1G",
+        "--after",
+        "41",
+        "--max-parallel",
+        "1",
+        "--explain",
+        "--",
+        "true",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "#SBATCH --ntasks-per-node=2  # flag --ntasks-per-node" in result.stdout
+    assert "#SBATCH --mem=1G  # flag --mem" in result.stdout
+    assert "#SBATCH --dependency=afterok:41  # flag --after" in result.stdout
+    assert "#SBATCH --array=0-1%1" in result.stdout

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from stoker.cli import job_options as opt
 from stoker.cli.config import split_experiment_args
 
 
@@ -16,43 +17,27 @@ def submit(
         help="Experiment file (default: the built-in experiment), overrides, and after `--` "
         "the command each task runs (default: the training runtime).",
     ),
-    nodes: int = typer.Option(None, "--nodes", "-N", help="Nodes (job.nodes)."),
-    ntasks_per_node: int = typer.Option(
-        None, "--ntasks-per-node", help="Tasks per node (job.ntasks_per_node)."
-    ),
-    gpus_per_node: int = typer.Option(
-        None, "--gpus-per-node", help="GPUs per node (job.gpus_per_node)."
-    ),
-    cpus_per_task: int = typer.Option(
-        None, "--cpus-per-task", help="CPU cores per task (job.cpus_per_task)."
-    ),
-    mem: str = typer.Option(None, "--mem", help="Memory per node, e.g. 64G (job.mem)."),
-    time: str = typer.Option(None, "--time", "-t", help="Time limit, e.g. 04:00:00 (job.time)."),
-    partition: str = typer.Option(None, "--partition", "-p", help="Partition (job.partition)."),
-    name: str = typer.Option(None, "--name", "-J", help="Job name (job.name)."),
-    after: str = typer.Option(
-        None, "--after", help="Start after this job has completed successfully."
-    ),
-    dry_run: bool = typer.Option(
-        False, "--dry-run", help="Print the sbatch script and submit nothing."
-    ),
-    explain: bool = typer.Option(
-        False, "--explain", help="With --dry-run: show where each #SBATCH value came from."
-    ),
+    nodes: int = opt.NODES,
+    ntasks_per_node: int = opt.NTASKS_PER_NODE,
+    gpus_per_node: int = opt.GPUS_PER_NODE,
+    cpus_per_task: int = opt.CPUS_PER_TASK,
+    mem: str = opt.MEM,
+    time: str = opt.TIME,
+    partition: str = opt.PARTITION,
+    name: str = opt.NAME,
+    after: str = opt.AFTER,
+    dry_run: bool = opt.DRY_RUN,
+    explain: bool = opt.EXPLAIN,
     local: bool = typer.Option(
         False, "--local", help="Run the same launch as local processes, without SLURM."
     ),
-    code: Path = typer.Option(
-        None, "--code", help="Snapshot this folder instead of the git repository of the cwd."
-    ),
-    no_snapshot: bool = typer.Option(
-        False, "--no-snapshot", help="Run the code where it is, not from a snapshot."
-    ),
+    code: Path = opt.CODE,
+    no_snapshot: bool = opt.NO_SNAPSHOT,
     as_json: bool = typer.Option(
         False, "--json", help='Print {"job_id", "run_id", "run_dir"} as the last line.'
     ),
-    profile: Path = typer.Option(None, "--profile", help="Site profile to use."),
-    no_profile: bool = typer.Option(False, "--no-profile", help="Ignore the site profile."),
+    profile: Path = opt.PROFILE,
+    no_profile: bool = opt.NO_PROFILE,
 ) -> None:
     """Submit an experiment, or any command, as a SLURM job and return at once.
 
@@ -74,16 +59,16 @@ def submit(
     from stoker.launcher.submit import submit as do_submit
 
     experiment, overrides = split_experiment_args(args or [])
-    flags = {
-        "job.nodes": (nodes, "--nodes"),
-        "job.ntasks_per_node": (ntasks_per_node, "--ntasks-per-node"),
-        "job.gpus_per_node": (gpus_per_node, "--gpus-per-node"),
-        "job.cpus_per_task": (cpus_per_task, "--cpus-per-task"),
-        "job.mem": (mem, "--mem"),
-        "job.time": (time, "--time"),
-        "job.partition": (partition, "--partition"),
-        "job.name": (name, "--name"),
-    }
+    flags = opt.job_flags(
+        nodes=nodes,
+        ntasks_per_node=ntasks_per_node,
+        gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus_per_task,
+        mem=mem,
+        time=time,
+        partition=partition,
+        name=name,
+    )
     resolved = resolve_config(
         experiment, overrides, flags, profile=profile, use_profile=not no_profile
     )

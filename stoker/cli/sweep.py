@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from stoker.cli import job_options as opt
+
 
 def sweep(
     args: list[str] = typer.Argument(
@@ -16,19 +18,24 @@ def sweep(
     max_parallel: int = typer.Option(
         None, "--max-parallel", min=1, help="Run at most this many tasks at once (--array %K)."
     ),
-    nodes: int = typer.Option(None, "--nodes", "-N", help="Nodes per task (job.nodes)."),
-    gpus_per_node: int = typer.Option(
-        None, "--gpus-per-node", help="GPUs per node (job.gpus_per_node)."
-    ),
-    time: str = typer.Option(None, "--time", "-t", help="Time limit per task (job.time)."),
-    partition: str = typer.Option(None, "--partition", "-p", help="Partition (job.partition)."),
-    name: str = typer.Option(None, "--name", "-J", help="Job name (job.name)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the script, submit nothing."),
+    nodes: int = opt.NODES,
+    ntasks_per_node: int = opt.NTASKS_PER_NODE,
+    gpus_per_node: int = opt.GPUS_PER_NODE,
+    cpus_per_task: int = opt.CPUS_PER_TASK,
+    mem: str = opt.MEM,
+    time: str = opt.TIME,
+    partition: str = opt.PARTITION,
+    name: str = opt.NAME,
+    after: str = opt.AFTER,
+    dry_run: bool = opt.DRY_RUN,
+    explain: bool = opt.EXPLAIN,
+    code: Path = opt.CODE,
+    no_snapshot: bool = opt.NO_SNAPSHOT,
     as_json: bool = typer.Option(
         False, "--json", help='Print {"job_id", "run_id", "run_dir", "child_run_ids"} last.'
     ),
-    profile: Path = typer.Option(None, "--profile", help="Site profile to use."),
-    no_profile: bool = typer.Option(False, "--no-profile", help="Ignore the site profile."),
+    profile: Path = opt.PROFILE,
+    no_profile: bool = opt.NO_PROFILE,
 ) -> None:
     """Submit every combination of the sweep axes as one job array.
 
@@ -48,22 +55,33 @@ def sweep(
 
     experiment, rest = split_experiment_args(args)
     plan = plan_sweep(rest)
-    flags = {
-        "job.nodes": (nodes, "--nodes"),
-        "job.gpus_per_node": (gpus_per_node, "--gpus-per-node"),
-        "job.time": (time, "--time"),
-        "job.partition": (partition, "--partition"),
-        "job.name": (name, "--name"),
-    }
+    flags = opt.job_flags(
+        nodes=nodes,
+        ntasks_per_node=ntasks_per_node,
+        gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus_per_task,
+        mem=mem,
+        time=time,
+        partition=partition,
+        name=name,
+    )
     configs = [
         resolve_config(
             experiment, plan.overrides(i), flags, profile=profile, use_profile=not no_profile
         )
         for i in range(len(plan.tasks))
     ]
-    options = SubmitOptions(command=trailing_command(), dry_run=dry_run, max_parallel=max_parallel)
+    options = SubmitOptions(
+        command=trailing_command(),
+        after=after,
+        dry_run=dry_run or explain,
+        explain=explain,
+        code=code,
+        snapshot=not no_snapshot,
+        max_parallel=max_parallel,
+    )
     result = submit(configs, options, sweep_params=plan.tasks)
-    if dry_run:
+    if options.dry_run:
         sys.stdout.write(result.script.text)
         return
     console = out()
