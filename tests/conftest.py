@@ -9,8 +9,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-# The `slurm_cluster` session fixture: a real 2-node SLURM cluster (tests/cluster/).
-pytest_plugins = ["tests.cluster.fixtures"]
+# `slurm_cluster`: a real 2-node SLURM cluster (tests/cluster/); `mlflow_server`: a real
+# MLflow tracking server over HTTP (tests/mlflow_server.py).
+pytest_plugins = ["tests.cluster.fixtures", "tests.mlflow_server"]
 
 
 @pytest.fixture(autouse=True)

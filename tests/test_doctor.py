@@ -7,7 +7,6 @@ import json
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from stoker.launcher.slurm_cli import CALLS
 from stoker.launcher.tracking import TrackingTarget, resolve_tracking_uri
 from tests.clirun import STOKER, stoker, stoker_in_tty
 from tests.cluster.localslurm import ClusterSettings
+from tests.mlflow_server import Server, free_port
 
 slurm = pytest.mark.slurm
 
@@ -43,12 +43,6 @@ def doctor_json(
     assert all(set(f) == {"check", "status", "detail", "fix"} for f in findings)
     assert all(f["status"] in ("ok", "warn", "fail") for f in findings)
     return {f["check"]: f for f in findings}, result
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # --------------------------------------------------------------------------- real cluster
@@ -371,3 +365,13 @@ def test_gpu_summary_from_nvidia_smi() -> None:
     csv = "NVIDIA H100 80GB HBM3, 550.54.15, 81559 MiB\n" * 8
     assert summarize_gpus(csv) == "8x NVIDIA H100 80GB HBM3 (81559 MiB), driver 550.54.15"
     assert summarize_gpus("") == "nvidia-smi lists no GPU"
+
+
+@slurm
+def test_reachable_mlflow_server_is_ok(
+    slurm_cluster: ClusterSettings, mlflow_server: Server
+) -> None:
+    checks, _ = doctor_json(env={"MLFLOW_TRACKING_URI": mlflow_server.url})
+    mlflow = checks["mlflow"]
+    assert mlflow["status"] == "ok", mlflow
+    assert mlflow_server.url in mlflow["detail"]

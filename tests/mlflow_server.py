@@ -1,0 +1,80 @@
+"""pytest plugin: a real `mlflow server` over HTTP, shared by the tests that need one."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+MLFLOW = str(Path(sys.executable).with_name("mlflow"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Server:
+    url: str
+    db_uri: str
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """`mlflow server` on a free port. `--artifacts-destination` (with artifact serving,
+    on by default in MLflow 3) gives experiments `mlflow-artifacts:/` locations, so
+    clients upload through the server as they would from a compute node."""
+    folder = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    db_uri = f"sqlite:///{folder / 'mlflow.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env["HOME"] = str(folder)
+    log = (folder / "server.log").open("w")
+    command = f"{MLFLOW} server --backend-store-uri {db_uri} --host 127.0.0.1 --port {port}"
+    command += f" --artifacts-destination {folder / 'artifacts'} --workers 1"
+    proc = subprocess.Popen(
+        shlex.split(command),
+        cwd=folder,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: uvicorn runs as a child
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(
+                    f"mlflow server exited:\n{(folder / 'server.log').read_text()}"
+                )
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError("mlflow server did not answer /health within 60 s")
+            time.sleep(0.2)
+        yield Server(url=url, db_uri=db_uri)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
