@@ -195,6 +195,18 @@ class DataConfig(Section):
     """Video frame size [height, width] after resizing."""
     sample_rate: Annotated[int, Field(ge=1000, le=192_000)] = 16_000
     """Audio sample rate in Hz after resampling."""
+    channels: Annotated[int, Field(ge=1, le=8)] = 1
+    """Audio channels after mixing (mean to fewer, repeat to more)."""
+    modalities: list[Literal["video", "audio", "text", "meta"]] = ["video", "audio"]
+    """What each sample yields; the data set must have each in every sample."""
+    clip_offset: Literal["random", "start"] = "random"
+    """Where a clip starts in its sample: random (seeded, resumable) or at 0."""
+    shuffle_shards: Annotated[int, Field(ge=1, le=4096)] = 4
+    """Shards whose samples are shuffled together; more mixes better, reads wider."""
+    prefetch_mb: Annotated[float, Field(gt=0, le=65_536)] = 256
+    """Bytes fetched ahead per rank, split over its workers."""
+    start_method: Literal["forkserver", "spawn"] = "forkserver"
+    """How DataLoader workers start; fork is unsafe with s3fs/gcsfs."""
 
 
 class OptimConfig(Section):

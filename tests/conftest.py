@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 # `slurm_cluster`: a real 2-node SLURM cluster (tests/cluster/); `mlflow_server`: a real
 # MLflow tracking server over HTTP (tests/mlflow_server.py).
-pytest_plugins = ["tests.cluster.fixtures", "tests.mlflow_server"]
+pytest_plugins = ["tests.cluster.fixtures", "tests.mlflow_server", "tests.s3_server"]
 
 
 @pytest.fixture(autouse=True)

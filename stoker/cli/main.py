@@ -10,6 +10,7 @@ import typer
 from stoker import __version__
 from stoker.cli import config as config_cmd
 from stoker.cli import control as control_cmd
+from stoker.cli import data as data_cmd
 from stoker.cli import doctor as doctor_cmd
 from stoker.cli import init as init_cmd
 from stoker.cli import logs as logs_cmd
@@ -62,6 +63,7 @@ app.command("logs")(logs_cmd.logs)
 app.command("why")(why_cmd.why)
 app.command("cancel")(control_cmd.cancel)
 app.command("requeue")(control_cmd.requeue)
+app.add_typer(data_cmd.app, name="data")
 app.command("doctor")(doctor_cmd.doctor)
 
 

@@ -1,0 +1,76 @@
+"""`stoker data inspect`: what a data set holds, from its manifest and indexes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def inspect(
+    url: str = typer.Argument(..., metavar="URL", help="Data set root (folder, s3://, ...)."),
+    frames: int = typer.Option(
+        3, "--frames", help="Write the middle frame of this many samples as PNG (0: none)."
+    ),
+    frames_dir: Path = typer.Option(
+        Path("stoker-frames"), "--frames-dir", help="Folder for the PNG frames."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
+) -> None:
+    """Shards, samples, durations, codecs, sizes and rates of a data set; a few frames as PNG.
+
+    Reads the manifest and every shard index (small files), and the bytes of the
+    samples whose frames it writes; never lists the store.
+
+    Example: stoker data inspect s3://bucket/av --frames 4 --frames-dir /tmp/look
+    """
+    from stoker.cli.output import out, print_json
+    from stoker.data.inspect_dataset import inspect_dataset
+
+    report = inspect_dataset(url, frames=frames, frames_dir=frames_dir if frames else None)
+    if as_json:
+        print_json(report)
+        return
+    _print_report(report, out())
+
+
+def _print_report(r: dict, console: object) -> None:  # type: ignore[type-arg]
+    from rich.table import Table
+
+    def spread(d: dict, unit: str = "", fmt: str = "g") -> str:  # type: ignore[type-arg]
+        if not d:
+            return "-"
+        return " / ".join(f"{d[k]:{fmt}}{unit}" for k in ("min", "median", "max"))
+
+    table = Table(title=f"{r['url']} ({r['format']})", show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("samples", f"{r['samples']} in {r['shards']} shards"),
+        ("size", f"{r['bytes'] / 1e6:.1f} MB"),
+        ("duration", f"{r['duration_s'] / 3600:.2f} h ({r['duration_s']:g} s)"),
+        ("modalities", ", ".join(r["modalities"]) or "-"),
+        ("members", ", ".join(r["fields"]) or "-"),
+        ("sample s (min/median/max)", spread(r["sample_duration_s"], " s")),
+        ("shard MB (min/median/max)", spread(_mb(r["shard_bytes"]), fmt=".1f")),
+        ("video", _fmt_counts(r["video"], ("codecs", "sizes", "fps"))),
+        ("keyframe every (frames)", spread(r["video"]["keyframe_interval"])),
+        ("audio", _fmt_counts(r["audio"], ("codecs", "sample_rates", "channels"))),
+        ("frames written", "\n".join(r["frames_written"]) or "-"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)  # type: ignore[attr-defined]
+
+
+def _mb(spread: dict) -> dict:  # type: ignore[type-arg]
+    return {k: v / 1e6 for k, v in spread.items()}
+
+
+def _fmt_counts(section: dict, keys: tuple[str, ...]) -> str:  # type: ignore[type-arg]
+    if not section["samples"]:
+        return "-"
+    parts = []
+    for key in keys:
+        parts.append(" ".join(f"{k}:{n}" for k, n in section[key].items()))
+    return f"{section['samples']} samples; " + "; ".join(parts)

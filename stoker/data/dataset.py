@@ -1,0 +1,116 @@
+"""Open a data set by URL: read its manifest (and nothing else) from any fsspec
+filesystem, or index plain WebDataset shards that came without one."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from stoker.data.shard_format import (
+    MANIFEST_NAME,
+    Manifest,
+    ShardIndex,
+    join,
+    parse_index,
+    parse_manifest,
+)
+from stoker.errors import StokerError
+
+# One filesystem object per process and URL protocol options: s3fs instances hold
+# an event loop and connection pool, which must not cross a fork (FACTS).
+_FS_LOCK = threading.Lock()
+
+
+@dataclass
+class DataSource:
+    """A data set a loader can read: where it is and what its manifest says."""
+
+    url: str
+    root: str
+    """The root as a path on its filesystem (no protocol)."""
+    manifest: Manifest
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    indexes: dict[int, ShardIndex] | None = None
+    """Indexes built in memory (plain WebDataset shards); None: read them beside the shards."""
+    _fs: Any = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled into DataLoader workers: the filesystem is re-made there.
+        state = dict(self.__dict__)
+        state["_fs"] = None
+        return state
+
+    @property
+    def fs(self) -> Any:
+        with _FS_LOCK:
+            if self._fs is None:
+                from fsspec.core import url_to_fs
+
+                self._fs, _ = url_to_fs(self.url, **self.storage_options)
+            return self._fs
+
+    def shard_path(self, shard: int) -> str:
+        return join(self.root, self.manifest.shards[shard].path)
+
+    def index_path(self, shard: int) -> str:
+        return join(self.root, self.manifest.shards[shard].index)
+
+    def read_index(self, shard: int) -> ShardIndex:
+        """The index of shard number `shard` (one GET; the caller retries)."""
+        if self.indexes is not None:
+            return self.indexes[shard]
+        path = self.index_path(shard)
+        return parse_index(self.fs.cat_file(path), f"{self.url} ({path})")
+
+
+def open_dataset(url: str, storage_options: dict[str, Any] | None = None) -> DataSource:
+    """The data set at `url`: a root holding manifest.json, or plain WebDataset tar
+    shards (one .tar URL, a brace pattern such as `shards-{000..009}.tar`, or a
+    folder of .tar files without a manifest), indexed in memory."""
+    from fsspec.core import url_to_fs
+
+    options = dict(storage_options or {})
+    if url.endswith(".tar") or ("{" in url and "}" in url):
+        from stoker.data.wds_index import index_plain_shards
+
+        return index_plain_shards(url, options)
+    try:
+        fs, root = url_to_fs(url, **options)
+    except (ImportError, ValueError) as exc:
+        raise StokerError(
+            f"data URL {url!r}: {exc}",
+            fix="install the filesystem's package (s3: pip install 'stoker[s3]') or fix the URL",
+        ) from exc
+    root = root.rstrip("/")
+    path = join(root, MANIFEST_NAME)
+    try:
+        raw = fs.cat_file(path)
+    except FileNotFoundError:
+        if _holds_tars(fs, root):
+            from stoker.data.wds_index import index_plain_shards
+
+            return index_plain_shards(url, options)
+        raise StokerError(
+            f"no data set at {url!r}: {MANIFEST_NAME} is missing there",
+            fix="write one with `stoker data pack SRC DST` or `stoker data synth DST`, "
+            "or point at the data set's root folder",
+        ) from None
+    except (OSError, PermissionError) as exc:
+        raise StokerError(
+            f"cannot read {url}/{MANIFEST_NAME}: {exc}",
+            fix="check the URL, credentials (AWS_* variables, storage options) and endpoint",
+        ) from exc
+    manifest = parse_manifest(raw, f"{url.rstrip('/')}/{MANIFEST_NAME}")
+    if manifest.samples == 0:
+        raise StokerError(
+            f"data set {url!r} holds no samples", fix="pack media into it with `stoker data pack`"
+        )
+    return DataSource(url=url, root=root, manifest=manifest, storage_options=options, _fs=fs)
+
+
+def _holds_tars(fs: Any, root: str) -> bool:
+    try:
+        return any(str(p).endswith(".tar") for p in fs.ls(root, detail=False))
+    except (FileNotFoundError, NotADirectoryError, OSError):
+        return False

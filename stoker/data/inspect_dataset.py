@@ -1,0 +1,131 @@
+"""What a data set holds: manifest totals, per-shard and per-sample statistics from
+the indexes, and a few decoded frames written as PNG for a person to look at."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from stoker.data.dataset import DataSource, open_dataset
+from stoker.data.shard_format import SampleEntry
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    return {
+        "min": round(ordered[0], 6),
+        "median": round(statistics.median(ordered), 6),
+        "max": round(ordered[-1], 6),
+        "mean": round(statistics.fmean(ordered), 6),
+    }
+
+
+def _counts(values: list[Any]) -> dict[str, int]:
+    return {str(k): n for k, n in Counter(values).most_common()}
+
+
+def inspect_dataset(
+    url: str,
+    *,
+    frames: int = 3,
+    frames_dir: Path | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Statistics of the data set at `url`; with `frames_dir`, the middle frame of
+    the first `frames` samples written there as PNG (paths in the result)."""
+    source = open_dataset(url, storage_options)
+    manifest = source.manifest
+    entries: list[SampleEntry] = []
+    for shard in range(len(manifest.shards)):
+        entries += source.read_index(shard).samples
+    videos = [e.video for e in entries if e.video is not None]
+    audios = [e.audio for e in entries if e.audio is not None]
+    report: dict[str, Any] = {
+        "url": url,
+        "format": f"{manifest.format} v{manifest.version}",
+        "created_by": manifest.created_by,
+        "shards": len(manifest.shards),
+        "samples": manifest.samples,
+        "bytes": manifest.totals.bytes,
+        "duration_s": manifest.totals.duration_s,
+        "modalities": manifest.modalities,
+        "fields": manifest.fields,
+        "shard_bytes": _spread([float(s.bytes) for s in manifest.shards]),
+        "shard_samples": _spread([float(s.samples) for s in manifest.shards]),
+        "sample_duration_s": _spread([e.duration_s for e in entries]),
+        "video": {
+            "samples": len(videos),
+            "codecs": _counts([v.codec for v in videos]),
+            "sizes": _counts([f"{v.height}x{v.width}" for v in videos]),
+            "fps": _counts([round(v.fps, 3) for v in videos]),
+            "frames": int(sum(v.frames for v in videos)),
+            "keyframe_interval": _spread(
+                [float(v.keyframe_interval) for v in videos if v.keyframe_interval]
+            ),
+        },
+        "audio": {
+            "samples": len(audios),
+            "codecs": _counts([a.codec for a in audios]),
+            "sample_rates": _counts([a.sample_rate for a in audios]),
+            "channels": _counts([a.channels for a in audios]),
+            "seconds": round(sum(a.duration_s for a in audios), 6),
+        },
+        "frames_written": [],
+    }
+    if frames_dir is not None and frames > 0:
+        report["frames_written"] = _write_frames(source, entries[: frames * 4], frames, frames_dir)
+    return report
+
+
+def _write_frames(
+    source: DataSource, entries: list[SampleEntry], count: int, folder: Path
+) -> list[str]:
+    from stoker.data.decode import decode_video
+    from stoker.data.fetch import SampleFetcher
+    from stoker.data.loader_stats import LoaderStats
+    from stoker.data.probe import MediaError
+
+    folder.mkdir(parents=True, exist_ok=True)
+    fetcher = SampleFetcher(source, ("video",), LoaderStats())
+    written: list[str] = []
+    # Entries come from shard 0 onwards; find their shard numbers through the manifest.
+    starts = [0]
+    for s in source.manifest.shards:
+        starts.append(starts[-1] + s.samples)
+    for sample_id, entry in enumerate(entries):
+        if len(written) == count or entry.video is None:
+            continue
+        shard = next(i for i in range(len(starts) - 1) if starts[i + 1] > sample_id)
+        fetched = fetcher.fetch(sample_id, shard, sample_id - starts[shard])
+        try:
+            frame = decode_video(
+                fetched.members[entry.video.field],
+                fps=entry.video.fps,
+                size=None,
+                start_s=entry.video.duration_s / 2,
+                clip_seconds=1 / entry.video.fps,
+                info=entry.video,
+            )[0]
+        except MediaError:
+            continue
+        path = folder / f"{entry.key.replace('/', '_')}.png"
+        path.write_bytes(encode_png(frame.transpose(1, 2, 0)))
+        written.append(str(path))
+    return written
+
+
+def encode_png(rgb: Any) -> bytes:
+    """PNG bytes of an H x W x 3 uint8 array, through FFmpeg's PNG encoder (no PIL)."""
+    import av
+
+    codec = av.CodecContext.create("png", "w")
+    codec.width = rgb.shape[1]
+    codec.height = rgb.shape[0]
+    codec.pix_fmt = "rgb24"
+    packets = codec.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24"))
+    packets += codec.encode(None)
+    return b"".join(bytes(p) for p in packets)

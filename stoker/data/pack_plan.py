@@ -1,0 +1,326 @@
+"""What `stoker data pack` will write, decided once from one listing of SRC.
+
+Files sharing a path without extension form one sample: `clips/a.mp4`,
+`clips/a.flac`, `clips/a.json` and `clips/a.txt` become sample `clips/a`. Its key
+is that path with every '.' replaced by '_' (WebDataset splits member names at
+the first dot; `check_key` allows none). A sample needs one video or one audio
+file; a lone .json or .txt is ignored without a report (it is often a README or
+a side file), as are other extensions.
+
+The plan (DST/pack-plan.json) holds the listing, the options and the samples of
+every shard: samples sorted by key, filled greedily into shards of about
+`--target-shard-mb` by their source size. The media are not read here: shard
+writers probe and decode them in parallel, and report what they cannot read. A
+re-run compares its own listing and options with the saved plan, so it resumes
+exactly the shards the first run would have written, or says what changed.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from stoker.data.shard_format import AUDIO_EXTS, VIDEO_EXTS, check_key, dump, join
+from stoker.errors import StokerError
+
+PLAN_NAME = "pack-plan.json"
+PLAN_FORMAT: Final = "stoker-pack-plan"
+PLAN_VERSION = 1
+SIDECAR_EXTS = ("json", "txt")
+PACKED_EXTS = frozenset(VIDEO_EXTS + AUDIO_EXTS + SIDECAR_EXTS)
+# Per tar member: a 512-byte header (PAX adds one more for long names) and padding.
+_TAR_OVERHEAD = 1024
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PackOptions(_Model):
+    """The options that decide the shards' content: a re-run must repeat them."""
+
+    clip_seconds: float | None = None
+    """Cut samples into clips this long and re-encode them; None copies files as they are."""
+    target_shard_mb: float = 256
+    """Shards are filled up to about this size (MB of source bytes)."""
+
+
+class InputFile(_Model):
+    """One file of the listing: what a re-run compares to see that SRC is unchanged."""
+
+    size: int = Field(ge=0)
+    modified: str = ""
+    """The filesystem's modification stamp, as text; empty where it has none."""
+
+
+class SkippedInput(_Model):
+    """An input left out, with a reason a person can act on."""
+
+    path: str
+    """Relative to SRC."""
+    reason: str
+
+
+class PlannedMember(_Model):
+    path: str
+    """Relative to SRC."""
+    size: int = Field(ge=0)
+
+
+class PlannedSample(_Model):
+    key: str
+    members: dict[str, PlannedMember]
+    """By extension, lower case: {"mp4": ..., "flac": ..., "json": ...}."""
+
+    @property
+    def estimated_bytes(self) -> int:
+        return sum(m.size + _TAR_OVERHEAD for m in self.members.values())
+
+
+class PackPlan(_Model):
+    format: Literal["stoker-pack-plan"] = PLAN_FORMAT
+    version: int = PLAN_VERSION
+    src: str
+    """SRC as given on the first run (for people; a re-run reads its own SRC)."""
+    options: PackOptions
+    inputs: dict[str, InputFile]
+    """Every file with a packed extension under SRC, by path relative to SRC."""
+    skipped: list[SkippedInput]
+    """Inputs left out by the grouping (the writers report unreadable media)."""
+    shards: list[list[PlannedSample]]
+    """Shard number -> its samples, in key order."""
+
+
+@dataclass(frozen=True)
+class Listing:
+    """SRC listed once: the filesystem, the root path on it, and the packed files."""
+
+    fs: Any
+    root: str
+    url: str
+    """The root with its protocol, for worker processes to open it again."""
+    files: dict[str, InputFile]
+
+
+def open_location(url: str) -> tuple[Any, str, str]:
+    """(filesystem, path on it, protocol-qualified URL) of a folder or fsspec URL."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(url)
+    root = root.rstrip("/") or "/"
+    return fs, root, fs.unstrip_protocol(root)
+
+
+def list_inputs(src: str, *, exclude: tuple[Any, str] | None = None) -> Listing:
+    """List SRC once. `exclude` is (fs, root) of a tree to leave out (DST inside SRC)."""
+    fs, root, url = open_location(src)
+    if not fs.exists(root):
+        raise StokerError(
+            f"SRC {src!r} does not exist",
+            fix="give the folder (or fsspec URL, e.g. s3://bucket/prefix) holding the media",
+        )
+    if not fs.isdir(root):
+        raise StokerError(
+            f"SRC {src!r} is a file, not a folder", fix="give the folder that holds the media"
+        )
+    skip_prefix = None
+    if exclude is not None and type(exclude[0]) is type(fs):
+        skip_prefix = exclude[1].rstrip("/") + "/"
+    files: dict[str, InputFile] = {}
+    for path, info in sorted(fs.find(root, detail=True).items()):
+        if info.get("type", "file") != "file" or (skip_prefix and path.startswith(skip_prefix)):
+            continue
+        rel = path[len(root) :].lstrip("/")
+        if _ext(rel) in PACKED_EXTS:
+            files[rel] = InputFile(size=int(info.get("size") or 0), modified=_modified(info))
+    if not any(_ext(rel) not in SIDECAR_EXTS for rel in files):
+        raise StokerError(
+            f"SRC {src!r} holds no media files",
+            fix=f"pack a folder with {', '.join(VIDEO_EXTS)} video or "
+            f"{', '.join(AUDIO_EXTS)} audio files (sub-folders are searched)",
+        )
+    return Listing(fs=fs, root=root, url=url, files=files)
+
+
+def _modified(info: dict[str, Any]) -> str:
+    # Each filesystem names it differently: local mtime, S3 LastModified, GCS updated.
+    for name in ("mtime", "LastModified", "updated", "created"):
+        if info.get(name) is not None:
+            return str(info[name])
+    return ""
+
+
+def _ext(rel: str) -> str:
+    """Lower-case extension of a path; "" when its file name has no dot."""
+    name = posixpath.basename(rel)
+    return name.rsplit(".", 1)[-1].lower() if "." in name else ""
+
+
+def _stem(rel: str) -> str:
+    return rel.rsplit(".", 1)[0]
+
+
+def key_for(stem: str) -> str:
+    """The sample key of a path without extension: dots become '_' (`a.b/c.d` -> `a_b/c_d`)."""
+    return "/".join(part.replace(".", "_") for part in stem.split("/"))
+
+
+def group_samples(files: dict[str, InputFile]) -> tuple[list[PlannedSample], list[SkippedInput]]:
+    """Samples by key, and the files left out with why."""
+    groups: dict[str, list[str]] = {}
+    for rel in sorted(files):
+        groups.setdefault(_stem(rel), []).append(rel)
+    skipped: list[SkippedInput] = []
+    by_key: dict[str, list[tuple[str, dict[str, str]]]] = {}
+    for stem, rels in groups.items():
+        media = [r for r in rels if _ext(r) not in SIDECAR_EXTS]
+        if not media:
+            continue  # a lone .json/.txt: not a sample, not reported
+        problem = _group_problem(stem, rels)
+        if problem:
+            skipped += [SkippedInput(path=r, reason=problem) for r in media]
+            continue
+        by_key.setdefault(key_for(stem), []).append((stem, {_ext(r): r for r in rels}))
+    samples = []
+    for key, entries in sorted(by_key.items()):
+        if len(entries) > 1:
+            names = ", ".join(repr(stem) for stem, _ in entries)
+            reason = (
+                f"{names} all become sample key {key!r} ('.' turns into '_'); rename all but one"
+            )
+            for _, members in entries:
+                skipped += [
+                    SkippedInput(path=r, reason=reason)
+                    for e, r in members.items()
+                    if e not in SIDECAR_EXTS
+                ]
+            continue
+        members = entries[0][1]
+        samples.append(
+            PlannedSample(
+                key=key,
+                members={e: PlannedMember(path=r, size=files[r].size) for e, r in members.items()},
+            )
+        )
+    return samples, sorted(skipped, key=lambda s: s.path)
+
+
+def _group_problem(stem: str, rels: list[str]) -> str | None:
+    exts = [_ext(r) for r in rels]
+    videos = [r for r in rels if _ext(r) in VIDEO_EXTS]
+    audios = [r for r in rels if _ext(r) in AUDIO_EXTS]
+    for kind, same in (("video", videos), ("audio", audios)):
+        if len(same) > 1:
+            names = " and ".join(posixpath.basename(r) for r in same)
+            return f"{names} share one name: a sample holds one {kind} file; rename one"
+    if len(set(exts)) < len(exts):
+        return "two files differ only in the case of their extension; rename one"
+    if not posixpath.basename(stem):
+        return "no file name before the extension"
+    try:
+        check_key(key_for(stem))
+    except StokerError as exc:
+        return f"cannot be a sample key: {exc.message}"
+    return None
+
+
+def assign_shards(samples: list[PlannedSample], target_bytes: int) -> list[list[PlannedSample]]:
+    """Samples in key order, filled greedily into shards of at most `target_bytes` each
+    (a sample larger than that gets a shard of its own)."""
+    shards: list[list[PlannedSample]] = []
+    current: list[PlannedSample] = []
+    size = 0
+    for sample in sorted(samples, key=lambda s: s.key):
+        if current and size + sample.estimated_bytes > target_bytes:
+            shards.append(current)
+            current, size = [], 0
+        current.append(sample)
+        size += sample.estimated_bytes
+    if current:
+        shards.append(current)
+    return shards
+
+
+def make_plan(src: str, listing: Listing, options: PackOptions) -> PackPlan:
+    samples, skipped = group_samples(listing.files)
+    if not samples:
+        reasons = "; ".join(f"{s.path}: {s.reason}" for s in skipped[:3])
+        raise StokerError(
+            f"SRC {src!r}: no media file forms a sample ({reasons})",
+            fix="rename the files named above",
+        )
+    target = max(1, int(options.target_shard_mb * 1_000_000))
+    return PackPlan(
+        src=src,
+        options=options,
+        inputs=listing.files,
+        skipped=skipped,
+        shards=assign_shards(samples, target),
+    )
+
+
+def plan_bytes(plan: PackPlan) -> bytes:
+    return dump(plan)
+
+
+def load_plan(fs: Any, dst_root: str) -> PackPlan | None:
+    """The plan a previous run saved under DST, or None."""
+    path = join(dst_root, PLAN_NAME)
+    if not fs.exists(path):
+        return None
+    try:
+        return PackPlan.model_validate_json(fs.cat_file(path))
+    except ValidationError as exc:
+        raise StokerError(
+            f"{path}: not a plan this stoker reads ({exc.errors()[0]['msg']})",
+            fix="add --restart to discard it and the shards under DST, and pack again",
+        ) from exc
+
+
+def _option_flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _show(value: Any) -> str:
+    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def check_resumable(
+    plan: PackPlan, options: PackOptions, files: dict[str, InputFile], *, where: str
+) -> None:
+    """Raise a StokerError naming what differs between the plan saved in DST `where`
+    and this run."""
+    changed = [
+        f"{_option_flag(name)} {_show(getattr(plan.options, name))} then, "
+        f"{_show(getattr(options, name))} now"
+        for name in PackOptions.model_fields
+        if getattr(plan.options, name) != getattr(options, name)
+    ]
+    if changed:
+        same = " ".join(
+            f"{_option_flag(n)} {_show(getattr(plan.options, n))}"
+            for n in PackOptions.model_fields
+            if getattr(plan.options, n) is not None
+        )
+        raise StokerError(
+            f"{where} was packed with other options ({'; '.join(changed)}; see its {PLAN_NAME})",
+            fix=f"re-run with the same options to resume ({same}), or add --restart "
+            "to discard the shards written so far and pack with the new ones",
+        )
+    if plan.inputs != files:
+        added = sorted(set(files) - set(plan.inputs))
+        removed = sorted(set(plan.inputs) - set(files))
+        modified = sorted(r for r in set(files) & set(plan.inputs) if files[r] != plan.inputs[r])
+        parts = [
+            f"{len(names)} {what} (e.g. {names[0]})"
+            for what, names in (("added", added), ("removed", removed), ("modified", modified))
+            if names
+        ]
+        raise StokerError(
+            f"SRC changed since {where} was planned from it: {', '.join(parts)}",
+            fix="restore SRC to resume, or add --restart to discard the shards written so "
+            "far and pack SRC as it is now",
+        )

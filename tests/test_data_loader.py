@@ -1,0 +1,341 @@
+"""The streaming loader on real encoded media: elastic resume, equal batches per
+rank, bad data, and the same stream from local files, memory:// and s3://."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import numpy as np
+import pytest
+import torch
+
+from stoker.data.fetch import RetryPolicy
+from stoker.data.loader import StreamingLoader
+from stoker.data.shard_format import MANIFEST_NAME, join, parse_index, parse_manifest
+from stoker.data.shard_writer import SampleToWrite, write_shard
+from stoker.data.synth import synth_dataset
+from stoker.errors import StokerError
+from tests.s3_server import S3Server
+
+CLIPS = 40
+PER_SHARD = 7  # 7,7,7,7,7,5: uneven shards on purpose
+BATCH = 8
+AV = {"fps": 8, "size": (32, 32), "clip_seconds": 1.0, "sample_rate": 8000}
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("av") / "set"
+    synth_dataset(
+        str(root),
+        clips=CLIPS,
+        seconds=2.0,
+        size=(32, 32),
+        fps=8,
+        sample_rate=8000,
+        samples_per_shard=PER_SHARD,
+    )
+    return str(root)
+
+
+def all_keys(url: str) -> list[str]:
+    fs, root = fsspec.core.url_to_fs(url)
+    manifest = parse_manifest(fs.cat_file(join(root, MANIFEST_NAME)), url)
+    keys = []
+    for shard in manifest.shards:
+        keys += [s.key for s in parse_index(fs.cat_file(join(root, shard.index)), url).samples]
+    return keys
+
+
+def loader(url: str, **kw: Any) -> StreamingLoader:
+    args: dict[str, Any] = {"batch_size": BATCH, "num_workers": 0, "seed": 7, **AV}
+    args.update(kw)
+    return StreamingLoader(url, **args)
+
+
+def take(it: Any, n: int) -> list[dict[str, Any]]:
+    return [next(it) for _ in range(n)]
+
+
+def rows(batch: dict[str, Any]) -> list[tuple[int, str]]:
+    return list(zip(batch["position"].tolist(), batch["key"], strict=True))
+
+
+def test_batches_hold_decoded_clips_of_the_requested_shape(dataset: str) -> None:
+    batch = next(iter(loader(dataset, modalities=("video", "audio", "text", "meta"))))
+    assert batch["video"].shape == (BATCH, 8, 3, 32, 32) and batch["video"].dtype == torch.uint8
+    assert batch["audio"].shape == (BATCH, 1, 8000) and batch["audio"].dtype == torch.float32
+    assert batch["video"].float().std() > 1  # frames, not zeros
+    assert float(batch["audio"].abs().max()) > 0.01
+    assert len(batch["text"]) == BATCH and all(isinstance(t, str) and t for t in batch["text"])
+    assert [m["clip"] for m in batch["meta"]] == [int(k.split("-")[1]) for k in batch["key"]]
+    assert batch["valid"].all() and batch["skipped"] == []
+
+
+def test_one_pass_is_every_sample_once_and_epochs_reshuffle(dataset: str) -> None:
+    ld = loader(dataset, modalities=("meta",))
+    batches = list(ld.batches(max_batches=2 * CLIPS // BATCH))
+    first = [k for b in batches[: CLIPS // BATCH] for k in b["key"]]
+    second = [k for b in batches[CLIPS // BATCH :] for k in b["key"]]
+    assert sorted(first) == sorted(all_keys(dataset)) == sorted(second)
+    assert first != second  # epoch 1 is another permutation
+    assert ld.state_dict()["epoch"] == 2 and ld.state_dict()["samples_consumed"] == 0
+
+
+def test_resume_on_other_rank_and_worker_counts_continues_the_stream_exactly(
+    dataset: str,
+) -> None:
+    """Consume k batches on 4 ranks x 2 workers, save, resume on 2 ranks x 1 worker
+    and on 8 ranks: the samples seen form exactly one pass, in the order of an
+    uninterrupted single-rank run."""
+    reference = [r for b in loader(dataset).batches(max_batches=CLIPS // BATCH) for r in rows(b)]
+    assert sorted(k for _, k in reference) == sorted(all_keys(dataset))
+
+    k = 2
+    first = [loader(dataset, rank=r, world_size=4, num_workers=2) for r in range(4)]
+    iterators = [iter(ld) for ld in first]  # all ranks' workers start together
+    seen = [take(it, k) for it in iterators]
+    for it in iterators:
+        it.close()
+    states = [ld.state_dict() for ld in first]
+    assert all(s == states[0] for s in states), "every rank must hold the same state"
+    assert states[0]["samples_consumed"] == k * BATCH  # taken, not prefetched
+
+    def stream(per_rank: list[list[dict[str, Any]]]) -> list[tuple[int, str]]:
+        """Global order: batch by batch, rank by rank."""
+        return [r for n in range(len(per_rank[0])) for part in per_rank for r in rows(part[n])]
+
+    before = stream(seen)
+    for world, workers in ((2, 1), (8, 0)):
+        resumed = [
+            loader(dataset, rank=r, world_size=world, num_workers=workers) for r in range(world)
+        ]
+        for ld in resumed:
+            ld.load_state_dict(json.loads(json.dumps(states[0])))  # as a checkpoint stores it
+        rest = [list(ld.batches(max_batches=CLIPS // BATCH - k)) for ld in resumed]
+        whole = before + stream(rest)
+        keys = [key for _, key in whole]
+        assert Counter(keys) == Counter(all_keys(dataset)), f"{world} ranks: not one pass"
+        assert whole == reference, f"{world} ranks x {workers} workers diverged from the stream"
+
+
+def test_every_rank_gets_the_same_number_of_batches_under_gloo(
+    dataset: str, tmp_path: Path
+) -> None:
+    """Uneven shards never hang a job: two real ranks all-reduce once per batch for
+    more than an epoch; a rank short of a batch would block the other."""
+    import torch.multiprocessing as mp
+
+    port = 29500 + os.getpid() % 1000
+    mp.spawn(_gloo_rank, args=(2, port, dataset, str(tmp_path)), nprocs=2, join=True)
+    counts = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert counts[0]["batches"] == counts[1]["batches"] == CLIPS // BATCH + 1
+    assert sorted(counts[0]["positions"] + counts[1]["positions"]) == list(range(CLIPS + BATCH))
+
+
+def _gloo_rank(rank: int, world: int, port: int, dataset: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    ld = StreamingLoader(
+        dataset,
+        batch_size=BATCH,
+        rank=rank,
+        world_size=world,
+        num_workers=1,
+        modalities=("audio",),
+        sample_rate=8000,
+        start_method="spawn",
+    )
+    positions: list[int] = []
+    batches = 0
+    for batch in ld.batches(max_batches=CLIPS // BATCH + 1):
+        total = torch.tensor([float(batch["valid"].sum())])
+        dist.all_reduce(total)
+        assert total.item() == BATCH
+        positions += batch["position"].tolist()
+        batches += 1
+    Path(out, f"rank{rank}.json").write_text(
+        json.dumps({"batches": batches, "positions": positions})
+    )
+    dist.destroy_process_group()
+
+
+def test_state_is_refused_on_another_data_set_or_order(dataset: str, tmp_path: Path) -> None:
+    ld = loader(dataset)
+    next(iter(ld))
+    state = ld.state_dict()
+    other = tmp_path / "other"
+    synth_dataset(str(other), clips=8, seconds=1.0, size=(32, 32), fps=8, sample_rate=8000)
+    with pytest.raises(StokerError, match="another data set"):
+        loader(str(other)).load_state_dict(state)
+    with pytest.raises(StokerError, match="seed=7"):
+        loader(dataset, seed=8).load_state_dict(state)
+    with pytest.raises(StokerError, match="not a StreamingLoader state"):
+        loader(dataset).load_state_dict({"epoch": 0})
+
+
+def test_bad_loader_configs_fail_at_start(dataset: str, tmp_path: Path) -> None:
+    with pytest.raises(StokerError, match="does not split over 3 ranks"):
+        loader(dataset, world_size=3)
+    with pytest.raises(StokerError, match="fork is refused"):
+        loader(dataset, start_method="fork")
+    with pytest.raises(StokerError, match=r"manifest.json is missing"):
+        loader(str(tmp_path / "nothing-here"))
+    # A data set without captions: asking for text fails before any worker starts.
+    plain = tmp_path / "no-text"
+    src = fsspec.filesystem("file")
+    index = parse_index(src.cat_file(join(dataset, "shards/shard-000000.index.json")), "t")
+    tar = src.cat_file(join(dataset, "shards/shard-000000.tar"))
+    samples = []
+    for e in index.samples[:3]:
+        members = {
+            ext: tar[e.members[ext].offset : e.members[ext].offset + e.members[ext].size]
+            for ext in ("mp4", "flac")
+        }
+        samples.append(SampleToWrite(e.key, members, e.video, e.audio))
+    _write_set(plain, [samples])
+    with pytest.raises(StokerError, match=r"asks for text.*has: video, audio"):
+        loader(str(plain), modalities=("video", "text"))
+
+
+def _write_set(root: Path, shards: list[list[SampleToWrite]]) -> None:
+    from stoker.data.shard_format import build_manifest, dump, record_for, shard_file_name
+    from stoker.data.shard_writer import write_json_atomic
+
+    fs = fsspec.filesystem("file")
+    records, indexes = [], []
+    for i, samples in enumerate(shards):
+        path = f"shards/{shard_file_name(i)}"
+        index = write_shard(fs, str(root / path), samples)
+        records.append(record_for(index, path))
+        indexes.append(index)
+    write_json_atomic(fs, str(root / MANIFEST_NAME), dump(build_manifest(records, indexes, "test")))
+
+
+def _samples_of(dataset: str, shard: int) -> list[SampleToWrite]:
+    src = fsspec.filesystem("file")
+    index = parse_index(src.cat_file(join(dataset, f"shards/shard-{shard:06d}.index.json")), "t")
+    tar = src.cat_file(join(dataset, f"shards/shard-{shard:06d}.tar"))
+    out = []
+    for e in index.samples:
+        members = {ext: tar[m.offset : m.offset + m.size] for ext, m in e.members.items()}
+        out.append(SampleToWrite(e.key, members, e.video, e.audio))
+    return out
+
+
+def test_corrupt_media_is_skipped_counted_and_reported(
+    dataset: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A shard holding a truncated mp4 and a garbage flac: exactly those two samples
+    are skipped; their batch keeps its shape with copies, marked not valid."""
+    samples = _samples_of(dataset, 0) + _samples_of(dataset, 1)[:1]  # 8 samples
+    truncated, garbage = samples[2], samples[5]
+    truncated.members["mp4"] = truncated.members["mp4"][: len(truncated.members["mp4"]) // 2]
+    garbage.members["flac"] = b"fLaC" + bytes(
+        np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8)
+    )
+    root = tmp_path / "corrupt"
+    _write_set(root, [samples])
+    bad = {f"shards/shard-000000.tar:{truncated.key}", f"shards/shard-000000.tar:{garbage.key}"}
+
+    with caplog.at_level(logging.WARNING, logger="stoker.data"):
+        ld = loader(str(root))
+        batch = next(iter(ld))
+    assert set(batch["skipped"]) == bad
+    assert batch["video"].shape[0] == BATCH and int((~batch["valid"]).sum()) == 2
+    assert ld.stats().skipped_samples == 2 and ld.stats().samples == BATCH - 2
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert truncated.key in logged and garbage.key in logged
+
+    # The same with worker processes: counters travel back with the batches.
+    ld = loader(str(root), num_workers=2)
+    batches = list(ld.batches(max_batches=2))
+    assert {s for b in batches for s in b["skipped"]} == bad
+    assert ld.stats().skipped_samples == 4  # two passes over the 8 samples
+
+
+def test_a_shard_that_cannot_be_fetched_is_retried_then_skipped(
+    dataset: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "missing"
+    _write_set(root, [_samples_of(dataset, 0), _samples_of(dataset, 1)])
+    (root / "shards" / "shard-000001.tar").unlink()  # listed in the manifest, gone from storage
+    with caplog.at_level(logging.WARNING, logger="stoker.data"):
+        ld = loader(str(root), batch_size=14, retry=RetryPolicy(attempts=3, backoff_s=0.01))
+        batch = next(iter(ld))
+    stats = ld.stats()
+    assert stats.failed_shards == 1 and stats.skipped_samples == PER_SHARD
+    assert stats.fetch_retries >= 2  # the first read of the shard was tried 3 times
+    assert int(batch["valid"].sum()) == PER_SHARD
+    assert all(s.startswith("shards/shard-000001.tar:") for s in batch["skipped"])
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert (
+        len(errors) == 1 and "giving up on shard" in errors[0] and "shard-000001.tar" in errors[0]
+    )
+
+
+def _copy_to(fs_url: str, dataset: str) -> None:
+    fs, root = fsspec.core.url_to_fs(fs_url)
+    for path in Path(dataset).rglob("*"):
+        if path.is_file():
+            fs.pipe_file(join(root, str(path.relative_to(dataset))), path.read_bytes())
+
+
+def _first_batches(url: str, **kw: Any) -> list[dict[str, Any]]:
+    return list(loader(url, **kw).batches(max_batches=3))
+
+
+def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
+    for x, y in zip(a, b, strict=True):
+        assert x["key"] == y["key"] and torch.equal(x["video"], y["video"])
+        assert torch.equal(x["audio"], y["audio"])
+
+
+def test_memory_and_local_give_the_same_stream(dataset: str) -> None:
+    url = "memory://loader-test/set"
+    _copy_to(url, dataset)
+    try:
+        _same(_first_batches(dataset), _first_batches(url))
+        with pytest.raises(StokerError, match="memory:// lives in one process"):
+            loader(url, num_workers=2)
+    finally:
+        fsspec.filesystem("memory").rm("/loader-test", recursive=True)
+
+
+def test_s3_gives_the_same_stream_in_worker_processes(dataset: str, s3_env: S3Server) -> None:
+    """s3fs against a real S3 API server, read from spawned DataLoader workers.
+    (spawn: a forkserver started by an earlier test would not see this test's AWS_*
+    variables; a training process sets them before its first loader.)"""
+    url = f"s3://{s3_env.new_bucket()}/av/set"
+    _copy_to(url, dataset)
+    _same(_first_batches(dataset), _first_batches(url, num_workers=2, start_method="spawn"))
+
+
+def test_the_experiment_file_configures_the_loader(dataset: str, tmp_path: Path) -> None:
+    from stoker.config import resolve_config
+    from stoker.data.loader import loader_from_config
+
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(
+        f"data:\n  url: {dataset}\n  batch_size: 4\n  num_workers: 0\n  fps: 4\n"
+        "  resolution: [16, 24]\n  sample_rate: 8000\n  channels: 2\n"
+        "  modalities: [video, audio, text]\n"
+        "train:\n  seed: 11\n"
+    )
+    config = resolve_config(exp, [], {}).config
+    ld = loader_from_config(config, rank=1, world_size=2)
+    batch = next(iter(ld))
+    assert batch["video"].shape == (2, 4, 3, 16, 24) and batch["audio"].shape == (2, 2, 8000)
+    assert len(batch["text"]) == 2 and ld.state_dict()["seed"] == 11
+    config.data.url = None
+    with pytest.raises(StokerError, match=r"data.url is null"):
+        loader_from_config(config, rank=0, world_size=1)
