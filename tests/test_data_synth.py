@@ -328,3 +328,26 @@ def test_s3_destination_and_overwrite(s3_env: Any) -> None:
         f"{bucket}/toy/shards/shard-000000.tar",
     ]
     assert parse_manifest(fs.cat_file(f"{bucket}/toy/manifest.json"), url) == second
+
+
+def test_files_layout_writes_loose_media_that_pack_reads(tmp_path: Path) -> None:
+    """`--files`: the clips as raw media files, exactly the members the shards would hold."""
+    raw = tmp_path / "raw"
+    result = stoker(
+        "data", "synth", str(raw), "--clips", "3", "--seconds", "1", "--files", "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    names = sorted(p.name for p in raw.iterdir())
+    assert names == sorted(
+        f"clip-{i:06d}.{e}" for i in range(3) for e in ("mp4", "flac", "json", "txt")
+    )
+    assert summary["files"] == 12 and summary["bytes"] == sum(
+        p.stat().st_size for p in raw.iterdir()
+    )
+    shards = tmp_path / "shards"
+    synth_dataset(str(shards), clips=3, seconds=1)
+    with tarfile.open(shards / "shards" / "shard-000000.tar") as tar:
+        for name in names:
+            member = tar.extractfile(name)
+            assert member is not None and member.read() == (raw / name).read_bytes(), name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import sys
@@ -91,3 +92,25 @@ def test_jobs_tour_runs_on_the_cluster(slurm_cluster: ClusterSettings, tmp_path:
         assert result.returncode == 0, f"{command}: {result.stderr}"
         if args[1] == "status":
             assert "stoker-tiny" in result.stdout
+
+
+DATA_TOUR = [
+    line[2:]
+    for block in code_blocks(README, "AV data")
+    for line in block.splitlines()
+    if line.startswith("$ ")
+]
+
+
+def test_data_tour_runs_in_order(tmp_path: Path) -> None:
+    assert len(DATA_TOUR) >= 4
+    outputs = {}
+    for command in DATA_TOUR:
+        args = shlex.split(command)
+        assert args[0] == "stoker"
+        result = stoker(*args[1:], cwd=tmp_path)
+        assert result.returncode == 0, f"{command}: {result.stderr}"
+        outputs[args[2]] = result.stdout
+    packed = json.loads(outputs["pack"].strip().splitlines()[-1])
+    assert packed == {"samples": 32, "shards": 1, "skipped": []}  # 16 clips of 4 s, cut in 2
+    assert "32 in 1 shards" in outputs["inspect"] and "headroom" in outputs["bench"]

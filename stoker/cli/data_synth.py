@@ -33,6 +33,12 @@ def synth(
         1, "--workers", help="Encoder processes; more than 1 pays off from a few hundred clips."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a data set already at DST."),
+    files: bool = typer.Option(
+        False,
+        "--files",
+        help="Write loose media files (clip-000000.mp4, .flac, .json, .txt) instead of "
+        "shards: input for `stoker data pack`.",
+    ),
     as_json: bool = typer.Option(
         False,
         "--json",
@@ -58,6 +64,31 @@ def synth(
 
     height, width = parse_size(size)
     start = time.perf_counter()
+    if files:
+        from stoker.data.synth import synth_media_files
+
+        with ExitStack() as stack:
+            written = synth_media_files(
+                dst,
+                clips=clips,
+                seconds=seconds,
+                size=(height, width),
+                fps=fps,
+                sample_rate=sample_rate,
+                seed=seed,
+                progress=_progress(stack, clips),
+                workers=workers,
+            )
+        summary = {"url": dst, "files": clips * 4, "bytes": written}
+        if as_json:
+            sys.stdout.write(json.dumps(summary) + "\n")
+        else:
+            out().print(
+                f"wrote {clips} clips as {clips * 4} files ({written / 1e6:.1f} MB) to {dst} "
+                f"in {time.perf_counter() - start:.1f} s",
+                markup=False,
+            )
+        return
     with ExitStack() as stack:
         manifest = synth_dataset(
             dst,

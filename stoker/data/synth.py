@@ -316,6 +316,40 @@ def synth_dataset(
     return manifest
 
 
+def synth_media_files(
+    url: str,
+    *,
+    clips: int = 64,
+    seconds: float = 4.0,
+    size: tuple[int, int] = (64, 64),
+    fps: int = 8,
+    sample_rate: int = 16000,
+    seed: int = 0,
+    storage_options: dict[str, Any] | None = None,
+    progress: Callable[[int], None] | None = None,
+    workers: int = 1,
+) -> int:
+    """The same clips as `synth_dataset`, as loose files (`clip-000000.mp4`, `.flac`,
+    `.json`, `.txt`) under `url`: raw media for `stoker data pack`. Returns bytes written."""
+    from fsspec.core import url_to_fs  # type: ignore[import-untyped, unused-ignore]
+
+    params = _check(clips, seconds, size, fps, sample_rate, None, workers, seed)
+    fs, root = url_to_fs(url, **(storage_options or {}))
+    fs.makedirs(root, exist_ok=True)
+    written = 0
+    samples = _samples(params, clips, workers)
+    try:
+        for done, sample in enumerate(samples, start=1):
+            for ext, data in sample.members.items():
+                fs.pipe_file(join(root, f"{sample.key}.{ext}"), data)
+                written += len(data)
+            if progress is not None:
+                progress(done)
+    finally:
+        samples.close()
+    return written
+
+
 def _write_shards(
     fs: Any,
     root: str,
