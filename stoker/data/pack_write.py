@@ -223,7 +223,7 @@ def _video_clips(
     with av.open(io.BytesIO(data), mode="r") as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
-        frames = (f.to_ndarray(format="rgb24") for f in container.decode(stream))
+        frames = (f.to_ndarray(format="rgb24", threads=1) for f in container.decode(stream))
         for _ in range(count):
             chunk = itertools.islice(frames, per_clip)
             first = next(chunk, None)

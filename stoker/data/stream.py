@@ -151,8 +151,6 @@ class StreamDataset(IterableDataset[Sample]):
         else:
             u = 0.0
         start = clip_start(entry.duration_s, clip.clip_seconds, u)
-        if entry.duration_s + 1e-6 < clip.clip_seconds:
-            stats.short_samples += 1
         sample: Sample = {"key": entry.key, "position": position}
         began = time.perf_counter()
         try:
@@ -198,6 +196,8 @@ class StreamDataset(IterableDataset[Sample]):
             return None
         finally:
             stats.decode_s += time.perf_counter() - began
+        if entry.duration_s + 1e-6 < clip.clip_seconds:
+            stats.short_samples += 1  # decoded, padded to the clip length
         if self.transform is not None:
             sample = self.transform(sample)
         stats.samples += 1
