@@ -25,6 +25,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def stop_process_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a server started with start_new_session=True and its children; SIGKILL
+    after 15 s."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 @dataclass
 class Server:
     url: str
@@ -71,10 +82,5 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             time.sleep(0.2)
         yield Server(url=url, db_uri=db_uri)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc)
         log.close()

@@ -3,8 +3,6 @@ pointed at it through the standard AWS_* variables, as a compute node would be."
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mlflow_server import free_port
+from tests.mlflow_server import free_port, stop_process_group
 
 MOTO = str(Path(sys.executable).with_name("moto_server"))
 
@@ -73,12 +71,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
             },
         )
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc)
         log.close()
 
 

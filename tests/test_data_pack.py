@@ -228,6 +228,22 @@ def test_clip_seconds_cuts_short_gop_clips(tmp_path: Path) -> None:
     assert facts["talk_c0001"].audio.duration_s == 2.0
 
 
+def test_clips_keep_a_fractional_frame_rate(tmp_path: Path) -> None:
+    """NTSC's 30000/1001 stays 29.97: rounding to 30 would stretch time by 0.1%."""
+    from fractions import Fraction
+
+    ntsc = Fraction(30000, 1001)
+    frames = [np.full((48, 64, 3), i, dtype=np.uint8) for i in range(90)]
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    write(src, {"ntsc.mp4": encode_h264(frames, fps=ntsc, width=64, height=48)})
+    summary = pack(src, dst, "--clip-seconds", "1", "--workers", "1")
+    assert summary["samples"] == 3 and summary["skipped"] == []
+    for key, clip in read_dataset(dst).items():
+        video = probe_video(clip["mp4"], "mp4")
+        assert video.fps == pytest.approx(float(ntsc), abs=1e-4), key
+        assert video.frames == 30
+
+
 def test_resume_rewrites_only_missing_shards(tmp_path: Path) -> None:
     src, dst = tmp_path / "src", tmp_path / "dst"
     write(src, {f"s{i}.flac": flac(0.5, seed=i) for i in range(8)})

@@ -16,6 +16,7 @@ import itertools
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, TypeVar
 
 from stoker.data.encode import encode_flac, encode_h264
@@ -215,13 +216,14 @@ def _decoded(path: str, cut: Callable[..., Iterator[_T]], *args: Any) -> list[_T
 def _video_clips(
     data: bytes, fps: float, seconds: float, count: int
 ) -> Iterator[tuple[bytes, VideoInfo]]:
-    """Up to `count` whole clips, re-encoded at the nearest whole frame rate."""
+    """Up to `count` whole clips, re-encoded at the source's frame rate."""
     import av
 
     per_clip = max(1, round(seconds * fps))
-    rate = max(1, round(fps))  # encode_h264 takes a whole rate: 29.97 is written as 30
     with av.open(io.BytesIO(data), mode="r") as container:
         stream = container.streams.video[0]
+        # The exact rate (30000/1001 for NTSC's 29.97), not the probe's rounded float.
+        rate = stream.average_rate or Fraction(fps).limit_denominator(1001)
         stream.thread_type = "AUTO"
         frames = (f.to_ndarray(format="rgb24", threads=1) for f in container.decode(stream))
         for _ in range(count):

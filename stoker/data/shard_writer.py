@@ -13,7 +13,7 @@ import io
 import os
 import tarfile
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,23 +124,22 @@ def _is_local(fs: Any) -> bool:
     return protocol in ("file", "local")
 
 
-def _put_atomic(fs: Any, local_file: str, path: str) -> None:
+def _atomic(fs: Any, path: str, write: Callable[[str], None]) -> None:
     # Object stores make each PUT atomic; a local file system needs a rename.
-    if _is_local(fs):
-        tmp = f"{path}.{os.getpid()}.partial"
-        fs.put_file(local_file, tmp)
-        fs.mv(tmp, path)
-    else:
-        fs.put_file(local_file, path)
+    if not _is_local(fs):
+        write(path)
+        return
+    tmp = f"{path}.{os.getpid()}.partial"
+    write(tmp)
+    fs.mv(tmp, path)
+
+
+def _put_atomic(fs: Any, local_file: str, path: str) -> None:
+    _atomic(fs, path, lambda target: fs.put_file(local_file, target))
 
 
 def _pipe_atomic(fs: Any, path: str, data: bytes) -> None:
-    if _is_local(fs):
-        tmp = f"{path}.{os.getpid()}.partial"
-        fs.pipe_file(tmp, data)
-        fs.mv(tmp, path)
-    else:
-        fs.pipe_file(path, data)
+    _atomic(fs, path, lambda target: fs.pipe_file(target, data))
 
 
 def write_json_atomic(fs: Any, path: str, data: bytes) -> None:
