@@ -199,6 +199,17 @@ def test_a_broken_member_in_a_webdataset_shard_is_skipped_and_reported(
     assert sum(int((~b["valid"]).sum()) for b in batches) == 4
     logged = " ".join(r.getMessage() for r in caplog.records)
     assert truncated["__key__"] in logged and garbage["__key__"] in logged
+    # The loader's skips carry the reason indexing found, not a symptom of it.
+    skips = [r.getMessage() for r in caplog.records if "skipping sample" in r.getMessage()]
+    assert len(skips) == 4 and not any("empty file" in m for m in skips)
+    assert all(
+        f"{truncated['__key__']}.mp4: " in m or f"{garbage['__key__']}.flac: " in m for m in skips
+    )
+
+    # A loader that wants video only has no use for the broken flac: that sample decodes.
+    video_only = loader(str(folder), modalities=("video",))
+    seen = [s for b in video_only.batches(max_batches=CLIPS // BATCH) for s in b["skipped"]]
+    assert seen == [f"{folder}/shard-000000.tar:{truncated['__key__']}"]
 
     good = {s["__key__"]: s for s in samples if s is not truncated and s is not garbage}
     for batch in batches:

@@ -163,7 +163,7 @@ class SampleFetcher:
         """The sample's members; raises ShardFailed when its shard cannot be read."""
         entry = self.index(shard).samples[local]
         names = members_for(entry, self.modalities)
-        if not names:
+        if not names or entry.unreadable(self.modalities):  # nothing to read, or no use
             return FetchedSample(sample_id, shard, entry, {})
         spans = [entry.members[n] for n in names]
         start = min(m.offset for m in spans)

@@ -91,6 +91,21 @@ class SampleEntry(_Model):
     """By extension: {"mp4": ..., "flac": ..., "json": ..., "txt": ...}."""
     video: VideoInfo | None = None
     audio: AudioInfo | None = None
+    error: str | None = None
+    """Why the sample cannot be decoded, when indexing already found out (a member of a
+    plain WebDataset shard that failed its probe); the loader skips it with this reason."""
+
+    def unreadable(self, modalities: tuple[str, ...]) -> str | None:
+        """`error` if one of `modalities` needs the member it is about, else None."""
+        if self.error is None:
+            return None
+        for info in (
+            self.video if "video" in modalities else None,
+            self.audio if "audio" in modalities else None,
+        ):
+            if info is not None and info.codec == UNREADABLE:
+                return self.error
+        return None
 
     @property
     def duration_s(self) -> float:
@@ -153,6 +168,9 @@ class Manifest(_Model):
 
 
 MODALITIES = ("video", "audio", "text", "meta")
+
+UNREADABLE = "unreadable"
+"""The codec an index records for a media member that failed its probe (see SampleEntry.error)."""
 
 
 def modalities_of(sample: SampleEntry) -> set[str]:

@@ -154,6 +154,9 @@ class StreamDataset(IterableDataset[Sample]):
         sample: Sample = {"key": entry.key, "position": position}
         began = time.perf_counter()
         try:
+            known = entry.unreadable(clip.modalities)
+            if known is not None:
+                raise MediaError(known)  # found at indexing time; nothing was fetched
             if "video" in clip.modalities:
                 assert entry.video is not None
                 video = decode_video(

@@ -21,6 +21,7 @@ from stoker.data.dataset import DataSource
 from stoker.data.probe import MediaError, probe_member
 from stoker.data.shard_format import (
     AUDIO_EXTS,
+    UNREADABLE,
     VIDEO_EXTS,
     AudioInfo,
     Member,
@@ -34,8 +35,6 @@ from stoker.errors import StokerError
 
 log = logging.getLogger("stoker.data")
 
-UNREADABLE = "unreadable"
-"""The codec recorded for a media member that failed its probe."""
 
 _RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
 _CHOICE = re.compile(r"\{([^{}]*,[^{}]*)\}")
@@ -113,7 +112,9 @@ def index_tar(f: IO[bytes], name: str, source: str) -> ShardIndex:
     samples: dict[str, dict[str, Any]] = {}
     try:
         for key, ext, offset, data in _members(reader):  # type: ignore[arg-type]
-            sample = samples.setdefault(key, {"members": {}, "video": None, "audio": None})
+            sample = samples.setdefault(
+                key, {"members": {}, "video": None, "audio": None, "error": None}
+            )
             sample["members"][ext] = Member(offset=offset, size=len(data))
             if ext not in VIDEO_EXTS and ext not in AUDIO_EXTS:
                 continue
@@ -122,10 +123,10 @@ def index_tar(f: IO[bytes], name: str, source: str) -> ShardIndex:
             except MediaError as exc:
                 # Keep the sample with a stand-in for the member: one bad file must not
                 # drop video (or audio) from every sample's modalities, which would
-                # refuse the whole set. The stand-in's zero bytes make the loader skip
-                # the sample, and name it in batch["skipped"], each time it comes up.
+                # refuse the whole set. The entry's error makes the loader skip the
+                # sample with this reason, and name it in batch["skipped"].
                 log.warning("stoker.data: %s: %s.%s is unreadable: %s", source, key, ext, exc)
-                sample["members"][ext] = Member(offset=offset, size=0)
+                sample["error"] = f"{key}.{ext}: {exc}"
                 info = _unreadable(ext)
             role = "video" if ext in VIDEO_EXTS else "audio"
             held = sample[role]
@@ -139,7 +140,9 @@ def index_tar(f: IO[bytes], name: str, source: str) -> ShardIndex:
             fix="check the shard URL; a partial upload leaves a truncated tar",
         ) from exc
     entries = [
-        SampleEntry(key=key, members=s["members"], video=s["video"], audio=s["audio"])
+        SampleEntry(
+            key=key, members=s["members"], video=s["video"], audio=s["audio"], error=s["error"]
+        )
         for key, s in samples.items()
     ]
     return ShardIndex(
