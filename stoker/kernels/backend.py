@@ -14,11 +14,10 @@ environment variable, then `auto`. The runtime sets it from `model.kernels`.
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.util
 import os
 from collections.abc import Iterator
-from typing import Literal, cast
+from typing import Literal, TypeGuard
 
 import torch
 
@@ -36,14 +35,18 @@ class KernelBackendError(StokerError):
     """A backend was asked for that cannot run here."""
 
 
+def _is_backend(value: str) -> TypeGuard[Backend]:
+    return value in BACKENDS
+
+
 def check_backend(value: str, where: str) -> Backend:
     """`value` as a Backend, or an error that names it and where it came from."""
-    if value not in BACKENDS:
+    if not _is_backend(value):
         raise KernelBackendError(
             f"kernel backend {value!r} from {where} is not one of {', '.join(BACKENDS)}",
             fix=f"set {where} to auto, triton or reference",
         )
-    return cast(Backend, value)
+    return value
 
 
 def set_backend(backend: Backend | None) -> None:
@@ -74,9 +77,12 @@ def use_backend(backend: Backend) -> Iterator[None]:
         _chosen = previous
 
 
-@functools.cache
+# Looked up once (about 1 ms), not per call: resolve() runs inside traced code.
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+
+
 def triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    return _TRITON_INSTALLED
 
 
 def triton_interpreted() -> bool:

@@ -3,6 +3,8 @@ plumbing every kernel shares. Imports no triton."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -39,3 +41,8 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """What the references compute in: fp32 for the 16-bit types, as the
     kernels do, and fp64 for fp64 (the tests' exact reference)."""
     return torch.promote_types(dtype, torch.float32)
+
+
+def apply_function(fn: type[torch.autograd.Function], *args: object) -> Any:
+    """`fn.apply(*args)`; torch leaves `apply` untyped."""
+    return fn.apply(*args)  # type: ignore[no-untyped-call]

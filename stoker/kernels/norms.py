@@ -12,7 +12,13 @@ import torch
 from torch import nn
 
 from stoker.kernels.backend import Backend, resolve
-from stoker.kernels.dispatch import as_rows, compute_dtype, direct_call, needs_grad
+from stoker.kernels.dispatch import (
+    apply_function,
+    as_rows,
+    compute_dtype,
+    direct_call,
+    needs_grad,
+)
 
 # --- reference ---------------------------------------------------------------
 
@@ -90,12 +96,12 @@ def rms_norm_bwd(
     from stoker.kernels.ops import rms_norm as ops
 
     dh, dw, dscale, dshift = ops.rms_norm_bwd(dy, dh_out, h, weight, scale, rstd)
-    empty = h.new_empty(0)
+    # A custom op's outputs may not alias each other: one empty tensor each.
     return (
         dh,
-        empty if dw is None else dw,
-        empty if dscale is None else dscale,
-        empty if dshift is None else dshift,
+        h.new_empty(0) if dw is None else dw,
+        h.new_empty(0) if dscale is None else dscale,
+        h.new_empty(0) if dshift is None else dshift,
     )
 
 
@@ -108,12 +114,11 @@ def _rms_norm_bwd_fake(
     scale: torch.Tensor | None,
     rstd: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    empty = h.new_empty(0)
     return (
         h.new_empty(h.shape),
-        empty if weight is None else torch.empty_like(weight),
-        empty if scale is None else torch.empty_like(scale),
-        empty if scale is None else torch.empty_like(scale),
+        h.new_empty(0) if weight is None else torch.empty_like(weight),
+        h.new_empty(0) if scale is None else torch.empty_like(scale),
+        h.new_empty(0) if scale is None else torch.empty_like(scale),
     )
 
 
@@ -125,7 +130,7 @@ class RMSNormFunction(torch.autograd.Function):
     Returns (y, h); h is empty without a residual."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: torch.autograd.function.FunctionCtx,
         x: torch.Tensor,
         residual: torch.Tensor | None,
@@ -136,7 +141,7 @@ class RMSNormFunction(torch.autograd.Function):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         fwd = ops_rms_norm_fwd if direct_call(x) else rms_norm_fwd
         y, h, rstd = fwd(x, residual, weight, scale, shift, eps)
-        ctx.save_for_backward(x if residual is None else h, weight, scale, rstd)
+        ctx.save_for_backward(x if residual is None else h, weight, scale, rstd)  # type: ignore[arg-type]
         ctx.has_residual = residual is not None  # type: ignore[attr-defined]
         ctx.has_shift = shift is not None  # type: ignore[attr-defined]
         if residual is None:
@@ -144,7 +149,7 @@ class RMSNormFunction(torch.autograd.Function):
         return y, h
 
     @staticmethod
-    def backward(  # type: ignore[override]
+    def backward(
         ctx: torch.autograd.function.FunctionCtx, dy: torch.Tensor, dh_out: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, ...]:
         h, weight, scale, rstd = ctx.saved_tensors  # type: ignore[attr-defined]
@@ -196,7 +201,7 @@ def rms_norm(
     _check_last_dim("weight", weight, x)
     if resolve(backend, x) == "reference":
         return rms_norm_reference(x, weight, eps)[0]
-    y, _ = RMSNormFunction.apply(as_rows(x), None, weight, None, None, eps)
+    y: torch.Tensor = apply_function(RMSNormFunction, as_rows(x), None, weight, None, None, eps)[0]
     return y.view(x.shape)
 
 
@@ -218,7 +223,7 @@ def add_rms_norm(
     _check_last_dim("weight", weight, x)
     if resolve(backend, x) == "reference":
         return rms_norm_reference(x, weight, eps, residual=residual)
-    y, h = RMSNormFunction.apply(as_rows(x), as_rows(residual), weight, None, None, eps)
+    y, h = apply_function(RMSNormFunction, as_rows(x), as_rows(residual), weight, None, None, eps)
     return y.view(x.shape), h.view(x.shape)
 
 
@@ -237,7 +242,9 @@ def modulated_rms_norm(
     _check_last_dim("weight", weight, x)
     if resolve(backend, x) == "reference":
         return rms_norm_reference(x, weight, eps, scale=scale, shift=shift)[0]
-    y, _ = RMSNormFunction.apply(as_rows(x), None, weight, scale, shift, eps)
+    y: torch.Tensor = apply_function(RMSNormFunction, as_rows(x), None, weight, scale, shift, eps)[
+        0
+    ]
     return y.view(x.shape)
 
 

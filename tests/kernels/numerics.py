@@ -64,7 +64,7 @@ def _run(
     diff = [o for o in outs if o.requires_grad]
     if diff:
         torch.autograd.backward(
-            diff, [g.to(o.dtype) for o, g in zip(outs, upstream) if o.requires_grad]
+            diff, [g.to(o.dtype) for o, g in zip(outs, upstream, strict=False) if o.requires_grad]
         )
     grads = {}
     for name in case.grads:

@@ -18,7 +18,9 @@ if ON_GPU:
     SHAPES += [((2, 4096), 1024), ((1, 8192), 3072), ((1, 4096), 4096)]
 
 
-def _x(shape: tuple[int, ...], n: int, dtype: torch.dtype, device: torch.device, **kw) -> torch.Tensor:
+def _x(
+    shape: tuple[int, ...], n: int, dtype: torch.dtype, device: torch.device, **kw
+) -> torch.Tensor:
     gen = torch.Generator().manual_seed(hash((shape, n)) % 2**31)
     return torch.randn(*shape, n, generator=gen, dtype=torch.float64).to(device, dtype)
 
@@ -48,7 +50,7 @@ def test_rms_norm(lead, n, dtype, affine, device):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(("lead", "n"), SHAPES, ids=str)
 def test_add_rms_norm(lead, n, dtype, device):
-    x, r = _x(lead, n, dtype, device), _x(lead + (1,), n, dtype, device)[..., 0, :]
+    x, r = _x(lead, n, dtype, device), _x((*lead, 1), n, dtype, device)[..., 0, :]
     w = 1 + 0.1 * _x((), n, dtype, device)
     case = Case({"x": x, "residual": r, "weight": w}, ("x", "residual", "weight"))
     assert_matches_fp64(add_rms, case)

@@ -49,4 +49,3 @@ def program_slots(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
     return 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-

@@ -119,10 +119,7 @@ def _rms_norm_bwd(
         dy = tl.load(DY + rows[:, None] * N + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
         xhat = h.to(tl.float32) * rstd[:, None]
-        if HAS_WEIGHT:
-            n = xhat * w[None, :]
-        else:
-            n = xhat
+        n = xhat * w[None, :] if HAS_WEIGHT else xhat
         if HAS_MOD:
             dshift += tl.sum(dy, axis=0)
             dscale += tl.sum(dy * n, axis=0)
@@ -213,10 +210,9 @@ def rms_norm_bwd(
     chunks = max(1, min(triton.cdiv(rows_per_batch, block_m), program_slots(h.device) // batches))
     rows_per_chunk = triton.cdiv(rows_per_batch, chunks) if rows_per_batch else 0
     parts = batches * chunks
-    f32 = {"dtype": torch.float32, "device": h.device}
-    dw_part = torch.empty((parts, n), **f32) if weight is not None else rstd
-    dscale_part = torch.empty((parts, n), **f32) if scale is not None else rstd
-    dshift_part = torch.empty((parts, n), **f32) if scale is not None else rstd
+    dw_part = rstd.new_empty((parts, n)) if weight is not None else rstd
+    dscale_part = rstd.new_empty((parts, n)) if scale is not None else rstd
+    dshift_part = rstd.new_empty((parts, n)) if scale is not None else rstd
     if m:
         _rms_norm_bwd[(batches, chunks)](
             dy,
