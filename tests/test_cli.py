@@ -44,6 +44,7 @@ def test_help_lists_the_commands_in_workflow_order() -> None:
         "doctor",
         "config",
         "data",
+        "bench",
     ]
     for command in commands:  # each one's --help works (and is tested for imports elsewhere)
         assert stoker(command, "--help").returncode == 0

@@ -16,6 +16,12 @@ from stoker.kernels.backend import (
     set_backend,
     use_backend,
 )
+from stoker.kernels.cross_entropy_loss import (
+    CrossEntropyLoss,
+    cross_entropy,
+    cross_entropy_reference,
+)
+from stoker.kernels.gated_units import GatedMLP, GeGLU, SwiGLU, geglu, glu, swiglu
 from stoker.kernels.norms import (
     AdaLNRMSNorm,
     AddRMSNorm,
@@ -24,18 +30,39 @@ from stoker.kernels.norms import (
     modulated_rms_norm,
     rms_norm,
 )
+from stoker.kernels.rope import (
+    RoPE,
+    apply_rope,
+    rope_reference,
+    rope_table_1d,
+    rope_table_3d,
+)
 
 __all__ = [
     "BACKENDS",
     "AdaLNRMSNorm",
     "AddRMSNorm",
     "Backend",
+    "CrossEntropyLoss",
+    "GatedMLP",
+    "GeGLU",
     "KernelBackendError",
     "RMSNorm",
+    "RoPE",
+    "SwiGLU",
     "add_rms_norm",
+    "apply_rope",
+    "cross_entropy",
+    "cross_entropy_reference",
+    "geglu",
     "get_backend",
+    "glu",
     "modulated_rms_norm",
     "rms_norm",
+    "rope_reference",
+    "rope_table_1d",
+    "rope_table_3d",
     "set_backend",
+    "swiglu",
     "use_backend",
 ]

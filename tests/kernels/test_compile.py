@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from stoker import kernels
-from stoker.kernels import glu as glu_mod
+from stoker.kernels import gated_units as glu_mod
 from stoker.kernels import norms
 
 

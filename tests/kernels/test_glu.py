@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stoker.kernels import glu as glu_mod
+from stoker.kernels import gated_units as glu_mod
 from tests.kernels.conftest import ON_GPU
 from tests.kernels.numerics import Case, assert_matches_fp64, strided
 
