@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -114,3 +115,11 @@ def test_data_tour_runs_in_order(tmp_path: Path) -> None:
     packed = json.loads(outputs["pack"].strip().splitlines()[-1])
     assert packed == {"samples": 32, "shards": 1, "skipped": []}  # 16 clips of 4 s, cut in 2
     assert "32 in 1 shards" in outputs["inspect"] and "headroom" in outputs["bench"]
+
+
+def test_kernels_example_runs() -> None:
+    (block,) = [b for b in code_blocks(README, "Kernels") if "import torch" in b]
+    result = subprocess.run(
+        [sys.executable, "-c", block], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr

@@ -77,8 +77,15 @@ def use_backend(backend: Backend) -> Iterator[None]:
         _chosen = previous
 
 
+def _find_triton() -> bool:
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # sys.modules["triton"] = None blocks it
+        return False
+
+
 # Looked up once (about 1 ms), not per call: resolve() runs inside traced code.
-_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+_TRITON_INSTALLED = _find_triton()
 
 
 def triton_installed() -> bool:

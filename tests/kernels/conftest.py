@@ -13,8 +13,6 @@ ON_GPU = torch.cuda.is_available()
 if not ON_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-pytest.importorskip("triton", reason="the Triton kernels need the triton package")
-
 
 @pytest.fixture
 def device() -> torch.device:
