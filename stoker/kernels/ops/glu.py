@@ -16,9 +16,11 @@ import triton.language as tl
 from stoker.kernels.ops.launch import warps_for
 
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
-_SQRT_2_OVER_PI = 0.7978845608028654
-_INV_SQRT_2 = 0.7071067811865476
-_INV_SQRT_2PI = 0.3989422804014327
+# Globals a @triton.jit body reads must be constexpr (the GPU compiler refuses
+# plain floats; the interpreter does not check).
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+_INV_SQRT_2 = tl.constexpr(0.7071067811865476)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 # Columns per program: 1024 elements of a and of b (4 KiB in bf16 each).
 _BLOCK = 1024
 
