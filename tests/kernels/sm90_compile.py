@@ -26,11 +26,11 @@ from typing import Any
 os.environ.pop("TRITON_INTERPRET", None)
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.runtime.driver import driver  # noqa: E402
-from triton.runtime.jit import JITFunction  # noqa: E402
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime.driver import driver
+from triton.runtime.jit import JITFunction
 
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -95,7 +95,7 @@ def cases() -> dict[str, Any]:
             w = torch.ones(hidden, **bf16)
             m = torch.randn(4, hidden, **bf16) if mod else None
             r = x.clone() if residual else None
-            _, h, rstd = rms_norm.rms_norm_fwd(x, r, w if not mod else None, m, m, 1e-6)
+            _, _h, rstd = rms_norm.rms_norm_fwd(x, r, w if not mod else None, m, m, 1e-6)
             rms_norm.rms_norm_bwd(x, r, x, w if not mod else None, m, rstd)
 
         return call
@@ -120,7 +120,7 @@ def cases() -> dict[str, Any]:
         def call() -> None:
             x = torch.randn(16, vocab, **bf16)
             t = torch.randint(0, vocab, (16,))
-            loss, lse = cross_entropy.cross_entropy_fwd(x, t, -100, smoothing)
+            _loss, lse = cross_entropy.cross_entropy_fwd(x, t, -100, smoothing)
             cross_entropy.cross_entropy_bwd(torch.ones(16), x, t, lse, -100, smoothing)
 
         return call
