@@ -5,13 +5,34 @@ figures mean something only on a GPU (benchmarks/results/kernels-<gpu>-*.json)."
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from stoker.kernels.bench import cases, run
-from tests.clirun import stoker
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def stoker(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+    """`python -m stoker ARGS` from this checkout: GPU nodes run these tests
+    from a checkout without installing it (PYTHONPATH=.)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "stoker", *args],
+        capture_output=True, text=True, timeout=300, check=False, env=env,
+    )  # fmt: skip
+    if check:
+        assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
 
 SMALL = {"tokens": [64], "hidden": [128], "vocab": [256]}
 
