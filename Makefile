@@ -13,8 +13,7 @@ install-dev:
 
 # Install, then run the default experiment locally.
 run: install
-	$(VENV)/bin/stoker --help
-	$(VENV)/bin/stoker config show
+	$(VENV)/bin/stoker run
 
 # Install everything, start the local SLURM cluster, run the whole suite, lint,
 # stop the cluster (also when tests fail) and keep pytest's exit status.

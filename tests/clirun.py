@@ -13,7 +13,11 @@ STOKER = str(Path(sys.executable).with_name("stoker"))
 
 
 def stoker(
-    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, check: bool = False
+    *args: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    check: bool = False,
+    timeout: float = 120,
 ) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         [STOKER, *args],
@@ -21,7 +25,7 @@ def stoker(
         env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         check=False,
     )
     if check and result.returncode != 0:

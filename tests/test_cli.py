@@ -34,11 +34,13 @@ def test_help_lists_the_commands_in_workflow_order() -> None:
     # typer lists commands in registration order, then command groups (config).
     assert commands == [
         "init",
+        "run",
         "submit",
         "sweep",
         "status",
         "logs",
         "why",
+        "ui",
         "cancel",
         "requeue",
         "doctor",

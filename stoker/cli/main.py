@@ -15,9 +15,11 @@ from stoker.cli import data as data_cmd
 from stoker.cli import doctor as doctor_cmd
 from stoker.cli import init as init_cmd
 from stoker.cli import logs as logs_cmd
+from stoker.cli import run as run_cmd
 from stoker.cli import status as status_cmd
 from stoker.cli import submit as submit_cmd
 from stoker.cli import sweep as sweep_cmd
+from stoker.cli import ui as ui_cmd
 from stoker.cli import why as why_cmd
 
 app = typer.Typer(
@@ -56,12 +58,14 @@ def _root(
 
 # In the order of a user's day: write, check, submit, watch, diagnose, control, probe.
 app.command("init")(init_cmd.init)
+app.command("run")(run_cmd.run)
 app.add_typer(config_cmd.app, name="config")
 app.command("submit")(submit_cmd.submit)
 app.command("sweep")(sweep_cmd.sweep)
 app.command("status")(status_cmd.status)
 app.command("logs")(logs_cmd.logs)
 app.command("why")(why_cmd.why)
+app.command("ui")(ui_cmd.ui)
 app.command("cancel")(control_cmd.cancel)
 app.command("requeue")(control_cmd.requeue)
 app.add_typer(data_cmd.app, name="data")

@@ -1,0 +1,53 @@
+"""`stoker run`: train on this machine, with the same launch as a SLURM job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def run(
+    args: list[str] = typer.Argument(
+        None,
+        metavar="[EXP.yaml] [KEY=VALUE ...]",
+        help="Experiment file (default: the built-in tiny experiment) and overrides.",
+    ),
+    nproc: int = typer.Option(
+        0, "--nproc", min=0, help="Local ranks (default: one per GPU, 2 on a CPU machine)."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help='Print {"job_id", "run_id", "run_dir", "state", ...} last.'
+    ),
+    profile: Path = typer.Option(None, "--profile", help="Site profile to use."),
+    no_profile: bool = typer.Option(False, "--no-profile", help="Use no site profile."),
+) -> None:
+    """Train an experiment here: N local ranks, logs followed, MLflow recorded.
+
+    With no file, trains the built-in tiny audio-video diffusion transformer on
+    a synthetic data set made on first use under $STOKER_HOME. The ranks run as
+    `stoker submit --local` runs them (same variables, run folder and ledger
+    entry), so `stoker status`, `logs` and `why` work on it.
+
+    Examples: stoker run ; stoker run train.steps=50 ; stoker run exp.yaml --nproc 4
+    """
+    import json
+
+    from stoker.cli.config import split_experiment_args
+    from stoker.cli.output import note
+    from stoker.launcher.run_local import run_here
+
+    experiment, overrides = split_experiment_args(args or [])
+    result = run_here(
+        experiment,
+        overrides,
+        nproc=nproc or None,
+        profile=profile,
+        use_profile=not no_profile,
+        say=note,
+        echo=lambda line: print(line, flush=True),
+    )
+    if as_json:
+        print(json.dumps(result.as_json()))
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)

@@ -1,0 +1,147 @@
+"""`stoker run`: submit an experiment to the local backend (the same launch as
+`stoker submit --local`), follow rank 0's log to its end, and say where the
+results are.
+
+The built-in experiment (stoker/runtime/tiny.yaml)
+trains the tiny AV diffusion transformer on a synthetic data set, which is
+written here, before the ranks start, on first use.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from stoker.errors import StokerError
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    job_id: str
+    run_id: str | None
+    run_dir: Path
+    state: str
+    exit_code: int
+    step: int | None
+    loss: float | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "run_id": self.run_id,
+            "run_dir": str(self.run_dir),
+            "state": self.state,
+            "exit_code": self.exit_code,
+            "step": self.step,
+            "loss": self.loss,
+        }
+
+
+def builtin_experiment() -> Path:
+    return Path(str(resources.files("stoker.runtime") / "tiny.yaml"))
+
+
+def default_nproc() -> int:
+    """One rank per GPU; two on a CPU machine (gloo, one core each on 2 cores)."""
+    import torch
+
+    return torch.cuda.device_count() or 2
+
+
+def run_here(
+    experiment: Path | None,
+    overrides: Sequence[str],
+    *,
+    nproc: int | None,
+    profile: Path | None,
+    use_profile: bool,
+    say: Say,
+    echo: Say,
+) -> RunResult:
+    from stoker.config import resolve_config
+    from stoker.launcher.local_backend import cancel_local
+    from stoker.launcher.logs import LogFilter, LogReader, follow, job_state, resolve_job
+    from stoker.launcher.rundir import RunDir
+    from stoker.launcher.status import read_local_state
+    from stoker.launcher.submit import SubmitOptions, submit
+
+    ranks = nproc or default_nproc()
+    gpus = _gpus()
+    if gpus and ranks > gpus:
+        raise StokerError(
+            f"--nproc {ranks} asks for more ranks than this machine's {gpus} GPUs",
+            fix=f"--nproc {gpus} or fewer",
+        )
+    flags = {
+        "job.nodes": (1, "--nproc"),
+        "job.ntasks_per_node": (ranks, "--nproc"),
+        "job.gpus_per_node": (ranks if gpus else 0, "--nproc"),
+    }
+    resolved = resolve_config(
+        experiment or builtin_experiment(),
+        list(overrides),
+        flags,
+        profile=profile,
+        use_profile=use_profile,
+    )
+    if resolved.config.data.url is None:
+        from stoker.runtime.synthetic_data import ensure_synthetic_data
+
+        ensure_synthetic_data(resolved.config.data, progress=say)
+    submitted = submit(resolved, SubmitOptions(local=True))
+    run = RunDir(submitted.run_dir)
+    say(f"job {submitted.job_id}: {ranks} local ranks, run folder {run.path}")
+    target = resolve_job(submitted.job_id)
+    reader = LogReader(run, LogFilter(rank=0, batch=False), echo)
+    try:
+        follow(reader, lambda: job_state(target).ended)
+    except KeyboardInterrupt:
+        cancel_local(run.path)
+        say(f"stopped job {submitted.job_id}")
+        raise
+    local = read_local_state(run)
+    state = local.state if local else "UNKNOWN"
+    code = local.exit_code if local and local.exit_code is not None else 1
+    progress = _progress(run.progress)
+    result = RunResult(
+        submitted.job_id,
+        submitted.run_id,
+        run.path,
+        state,
+        code,
+        progress.get("step"),
+        progress.get("loss"),
+    )
+    _say_where(result, submitted.run_link, say)
+    return result
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _progress(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _say_where(result: RunResult, link: str | None, say: Say) -> None:
+    done = f"at step {result.step}, loss {result.loss:.4f}" if result.loss is not None else ""
+    say(f"job {result.job_id} {result.state.lower()} {done}".rstrip())
+    say(f"run folder: {result.run_dir}")
+    if link:
+        say(f"MLflow: {link}")
+    say("`stoker ui` opens the MLflow UI on this store")
+    if result.exit_code:
+        say(f"`stoker why {result.job_id}` explains the failure")

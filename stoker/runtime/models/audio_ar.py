@@ -1,0 +1,151 @@
+"""The autoregressive audio model (audio_ar): a decoder-only transformer over
+8-bit mu-law audio samples, one token per sample (WaveNet's tokens, a
+transformer's architecture).
+
+Input: audio [B, C, N] -> mono (mean over channels) -> the first S samples,
+S = min(the preset's max_tokens, N) (1024 tokens, 64 ms at 16 kHz, for tiny:
+the loader already picks a random clip, this takes its start) -> mu-law codes
+0..255. The model reads [BOS, c_0 .. c_{S-2}] and predicts c_0 .. c_{S-1}; a
+batch shorter than S is padded, and padded positions are left out of the loss.
+
+Blocks are pre-norm with the residual add fused into each norm
+(stoker.kernels.AddRMSNorm): a block takes (x, residual), the previous
+sublayer's output and the stream before it, and returns its MLP's output and
+the stream; block 0 gets a zero stream, so every block is alike (one compiled
+graph). 1D RoPE, causal attention, SwiGLU, an untied 256-way head, and
+cross-entropy (stoker.kernels.cross_entropy) on next-sample targets.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stoker.kernels import AddRMSNorm, SwiGLU, cross_entropy, rope_table_1d
+from stoker.runtime.models.attention import SelfAttention
+from stoker.runtime.models.mu_law import CLASSES, mu_law_encode
+from stoker.runtime.models.sizes import AudioARSize
+from stoker.runtime.models.training_model import Batch, TrainingModel
+
+BOS = CLASSES
+"""The start token, one past the 256 mu-law codes; the head never predicts it."""
+IGNORE = -100
+
+
+class ARBlock(nn.Module):
+    """Pre-norm block with fused residual adds: (x, residual) -> (mlp out, residual)."""
+
+    def __init__(self, dim: int, heads: int, mlp_hidden: int) -> None:
+        super().__init__()
+        self.attn_norm = AddRMSNorm(dim)
+        self.attn = SelfAttention(dim, heads, causal=True, qk_norm=False)
+        self.mlp_norm = AddRMSNorm(dim)
+        self.mlp = SwiGLU(dim, mlp_hidden)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        h, residual = self.attn_norm(x, residual)
+        # Back to the stream's dtype: under autocast the sublayers return bf16
+        # while the stream stays fp32, and the fused add takes one dtype.
+        x = self.attn(h, cos, sin).to(residual.dtype)
+        h, residual = self.mlp_norm(x, residual)
+        return self.mlp(h).to(residual.dtype), residual
+
+
+class AudioAR(TrainingModel):
+    """Decoder-only transformer over mu-law audio tokens; `samples` is the clip
+    length N of the data (data.clip_seconds x data.sample_rate)."""
+
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
+    def __init__(self, size: AudioARSize, *, samples: int) -> None:
+        super().__init__()
+        if samples < 2:
+            raise ValueError(f"audio of {samples} samples is too short to predict a next sample")
+        self.size = size
+        self.seq_len = min(size.max_tokens, samples)
+        dim = size.dim
+        self.embed = nn.Embedding(CLASSES + 1, dim)
+        self.blocks = nn.ModuleList(
+            ARBlock(dim, size.heads, size.mlp_hidden) for _ in range(size.depth)
+        )
+        self.final_norm = AddRMSNorm(dim)
+        self.head = nn.Linear(dim, CLASSES, bias=False)
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self.init_weights()
+
+        matmuls = [(self.head, self.seq_len)]
+        for block in self.blocks:
+            assert isinstance(block, ARBlock)
+            linears = (block.attn.qkv, block.attn.out, block.mlp.w_in, block.mlp.w_out)
+            matmuls += [(linear, self.seq_len) for linear in linears]
+        self._count_flops(self.seq_len, matmuls, dim)
+
+    def init_weights(self) -> None:
+        """GPT-2's initialisation: N(0, 0.02), the projections back into the
+        residual stream scaled by 1/sqrt(2 * depth); norms 1; RoPE tables rebuilt."""
+        with torch.device("cpu"):  # not meta, when the model is built on meta
+            cos, sin = rope_table_1d(self.seq_len, self.size.dim // self.size.heads)
+        device = self.head.weight.device
+        self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
+        out_std = 0.02 / math.sqrt(2 * self.size.depth)
+        with torch.no_grad():
+            nn.init.normal_(self.embed.weight, std=0.02)
+            nn.init.normal_(self.head.weight, std=0.02)
+            # Walk modules rather than self.blocks: the runtime may have wrapped
+            # the blocks (checkpointing, compile) before calling this.
+            for module in self.modules():
+                if isinstance(module, AddRMSNorm) and module.weight is not None:
+                    nn.init.ones_(module.weight)
+                elif isinstance(module, ARBlock):
+                    nn.init.normal_(module.attn.qkv.weight, std=0.02)
+                    nn.init.normal_(module.attn.out.weight, std=out_std)
+                    nn.init.normal_(module.mlp.w_in.weight, std=0.02)
+                    nn.init.normal_(module.mlp.w_out.weight, std=out_std)
+
+    def tokens(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets), each int64 [B, S]: [BOS, c_0 .. c_{S-2}] and
+        c_0 .. c_{S-1}, targets IGNORE where the clip was padded."""
+        if "audio" not in batch:
+            raise ValueError(
+                f"the batch has {sorted(batch)} but no 'audio'; audio_ar needs "
+                "'audio' in data.modalities"
+            )
+        audio = batch["audio"]
+        if audio.dim() != 3:
+            raise ValueError(
+                f"batch['audio'] has shape {tuple(audio.shape)}; expected [B, channels, samples]"
+            )
+        mono = audio[:, :, : self.seq_len].float().mean(dim=1)
+        codes = mu_law_encode(mono)
+        targets = codes
+        missing = self.seq_len - codes.shape[1]
+        if missing > 0:  # a static shape, not data: torch.compile specialises on it
+            codes = F.pad(codes, (0, missing))
+            targets = F.pad(targets, (0, missing), value=IGNORE)
+        bos = torch.full_like(codes[:, :1], BOS)
+        return torch.cat((bos, codes[:, :-1]), dim=1), targets
+
+    def logits(self, inputs: torch.Tensor) -> torch.Tensor:
+        """[B, S'] tokens (S' <= S) -> [B, S', 256] next-token logits."""
+        seq = inputs.shape[1]
+        cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
+        x = self.embed(inputs)
+        residual = torch.zeros_like(x)
+        for block in self.blocks:
+            x, residual = block(x, residual, cos, sin)
+        h, _ = self.final_norm(x, residual)
+        out: torch.Tensor = self.head(h)
+        return out
+
+    def forward(self, batch: Batch, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Mean next-token cross-entropy (nats) over the non-padded targets.
+        `generator` is unused: this loss draws no noise."""
+        inputs, targets = self.tokens(batch)
+        return cross_entropy(self.logits(inputs), targets, ignore_index=IGNORE)

@@ -1,0 +1,324 @@
+"""The audio-video diffusion transformer (av_dit), trained with flow matching.
+
+Sequence: video is cut into spatiotemporal patches (pt, ph, pw) and audio
+into waveform patches of p samples (all channels in one token); each patch is
+linearly embedded to `dim` and gets a learned modality embedding; the model
+sees one joint sequence [video tokens, audio tokens] with bidirectional
+attention. Either modality may be absent (a data set without it).
+
+Positions: 3D RoPE (t, h, w) for video tokens; audio tokens take the t of
+their start time in video-token time units and h = w = 0 (see
+`av_rope_tables`). Conditioning: adaLN-zero (DiT) on the timestep. Norms are
+RMSNorm, the MLP SwiGLU, with RMSNorm on q and k per head.
+
+Loss: rectified flow (SD3). Per sample t ~ logit-normal(0, 1), noise
+eps ~ N(0, I), x in [-1, 1] (video: uint8 / 127.5 - 1; audio as given),
+x_t = (1 - t) x + t eps; the model predicts the velocity v = eps - x. The loss
+is the mean squared error of v over each modality's values, summed over the
+modalities: each modality weighs 1 whatever its token count, so the 40 audio
+tokens of a 1 s clip count as much as its 256 video tokens. At initialisation
+the model predicts v = 0 exactly (adaLN-zero and a zero output layer), so the
+first loss is E|eps - x|^2 = 1 + E[x^2] per modality.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stoker.kernels import AdaLNRMSNorm, RMSNorm, SwiGLU, rope_table_1d, rope_table_3d
+from stoker.kernels.rope import default_sections
+from stoker.runtime.models.attention import SelfAttention
+from stoker.runtime.models.patches import patchify_audio, patchify_video
+from stoker.runtime.models.sizes import AVDiTSize
+from stoker.runtime.models.training_model import Batch, TrainingModel
+
+VIDEO_CHANNELS = 3
+TIMESTEP_FREQUENCIES = 256
+"""Width of the sinusoidal timestep embedding (DiT's frequency_embedding_size)."""
+TIMESTEP_SCALE = 1000.0
+"""t in [0, 1] is embedded as t * 1000, the range DiT's frequencies were chosen for."""
+
+
+def timestep_embedding(t: torch.Tensor, width: int = TIMESTEP_FREQUENCIES) -> torch.Tensor:
+    """[B] timesteps in [0, 1] -> [B, width] fp32 sinusoids (cos half, sin half)."""
+    half = width // 2
+    freqs = torch.exp(
+        -math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / half
+    )
+    angles = (t.float() * TIMESTEP_SCALE)[:, None] * freqs[None, :]
+    return torch.cat((angles.cos(), angles.sin()), dim=-1)
+
+
+def av_rope_tables(
+    head_dim: int,
+    video_grid: tuple[int, int, int] | None,
+    audio_tokens: int,
+    audio_token_period: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 (cos, sin) [S, head_dim / 2] on the CPU for [video tokens, audio tokens].
+
+    Video: rope_table_3d over the (T/pt, H/ph, W/pw) grid. Audio token j starts
+    at j * audio_token_period in video-token time units (j * p * fps / (sr * pt));
+    its t section is that fractional t and its h and w sections angle 0. So an
+    audio token and the video tokens of the same moment share their t angle:
+    attention sees their time difference the way it sees two frames'.
+    Without video, audio tokens take plain 1D RoPE over their index, all pairs."""
+    with torch.device("cpu"):  # not meta, when the model is built on meta
+        cos: list[torch.Tensor] = []
+        sin: list[torch.Tensor] = []
+        if video_grid is not None:
+            c, s = rope_table_3d(video_grid, head_dim)
+            cos.append(c)
+            sin.append(s)
+        if audio_tokens and video_grid is None:
+            c, s = rope_table_1d(audio_tokens, head_dim)
+            cos.append(c)
+            sin.append(s)
+        elif audio_tokens:
+            pairs_t, pairs_h, pairs_w = default_sections(head_dim)
+            t = torch.arange(audio_tokens, dtype=torch.float64) * audio_token_period
+            zero = torch.zeros(audio_tokens, dtype=torch.float64)
+            sections = [
+                rope_table_1d(t, 2 * pairs_t),
+                rope_table_1d(zero, 2 * pairs_h),
+                rope_table_1d(zero, 2 * pairs_w),
+            ]
+            cos.append(torch.cat([c for c, _ in sections], dim=1))
+            sin.append(torch.cat([s for _, s in sections], dim=1))
+        return torch.cat(cos), torch.cat(sin)
+
+
+class TimestepEmbedder(nn.Module):
+    """t -> sinusoids -> Linear -> SiLU -> Linear: the conditioning vector c."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(TIMESTEP_FREQUENCIES, dim)
+        self.fc2 = nn.Linear(dim, dim)
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        # In the weights' dtype: bf16 weights without autocast (FSDP2's param_dtype).
+        sinusoids = timestep_embedding(t).to(self.fc1.weight.dtype)
+        out: torch.Tensor = self.fc2(F.silu(self.fc1(sinusoids)))
+        return out
+
+
+class DiTBlock(nn.Module):
+    """adaLN-zero block: x += gate * attn(norm(x) * (1 + scale) + shift), then
+    the same with the MLP; shift / scale / gate come from the conditioning, one
+    vector per sample, and are zero at initialisation (the block is the identity)."""
+
+    def __init__(self, dim: int, heads: int, mlp_hidden: int) -> None:
+        super().__init__()
+        self.modulation = nn.Linear(dim, 6 * dim)
+        self.attn_norm = AdaLNRMSNorm(dim)
+        self.attn = SelfAttention(dim, heads, causal=False, qk_norm=True)
+        self.mlp_norm = AdaLNRMSNorm(dim)
+        self.mlp = SwiGLU(dim, mlp_hidden)
+
+    def forward(
+        self, x: torch.Tensor, cond: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        """x [B, S, dim]; cond [B, dim], the SiLU of the conditioning vector."""
+        # One dtype for the norm kernel's x, scale and shift (autocast makes the
+        # modulation bf16 while the residual stream stays fp32).
+        mod = self.modulation(cond).to(x.dtype)
+        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = mod.chunk(6, dim=-1)
+        x = x + gate_a[:, None] * self.attn(self.attn_norm(x, scale_a, shift_a), cos, sin)
+        x = x + gate_m[:, None] * self.mlp(self.mlp_norm(x, scale_m, shift_m))
+        return x
+
+
+class AVDiT(TrainingModel):
+    """The audio-video DiT for one data geometry.
+
+    video: (frames, height, width) of every clip, or None without video;
+    audio: (channels, samples), or None without audio; fps and sample_rate
+    place audio tokens in time against the video tokens."""
+
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
+    def __init__(
+        self,
+        size: AVDiTSize,
+        *,
+        video: tuple[int, int, int] | None,
+        audio: tuple[int, int] | None,
+        fps: float,
+        sample_rate: int,
+    ) -> None:
+        super().__init__()
+        if video is None and audio is None:
+            raise ValueError("an av_dit needs video, audio or both; it was given neither")
+        self.size, self.video, self.audio = size, video, audio
+        dim = size.dim
+        pt, ph, pw = size.video_patch
+        self.video_grid: tuple[int, int, int] | None = None
+        self.video_tokens = self.audio_tokens = 0
+        if video is not None:
+            frames, height, width = video
+            if frames % pt or height % ph or width % pw:
+                raise ValueError(
+                    f"video {video} (frames, height, width) does not divide into patches "
+                    f"{size.video_patch}"
+                )
+            self.video_grid = (frames // pt, height // ph, width // pw)
+            self.video_tokens = math.prod(self.video_grid)
+            self.video_embed = nn.Linear(pt * ph * pw * VIDEO_CHANNELS, dim)
+            self.video_out = nn.Linear(dim, pt * ph * pw * VIDEO_CHANNELS)
+            self.video_modality = nn.Parameter(torch.zeros(dim))
+        if audio is not None:
+            channels, samples = audio
+            if samples % size.audio_patch:
+                raise ValueError(
+                    f"audio of {samples} samples does not divide into patches of {size.audio_patch}"
+                )
+            self.audio_tokens = samples // size.audio_patch
+            self.audio_embed = nn.Linear(channels * size.audio_patch, dim)
+            self.audio_out = nn.Linear(dim, channels * size.audio_patch)
+            self.audio_modality = nn.Parameter(torch.zeros(dim))
+        # Audio token j starts at sample j * p: time j * p / sr s, frame j * p * fps / sr.
+        self.audio_token_period = size.audio_patch * fps / (sample_rate * pt)
+
+        self.t_embed = TimestepEmbedder(dim)
+        self.blocks = nn.ModuleList(
+            DiTBlock(dim, size.heads, size.mlp_hidden) for _ in range(size.depth)
+        )
+        self.final_modulation = nn.Linear(dim, 2 * dim)
+        self.final_norm = AdaLNRMSNorm(dim)
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self.init_weights()
+
+        tokens = self.video_tokens + self.audio_tokens
+        matmuls: list[tuple[nn.Linear, int]] = [
+            (self.t_embed.fc1, 1),
+            (self.t_embed.fc2, 1),
+            (self.final_modulation, 1),
+        ]
+        for block in self.blocks:
+            assert isinstance(block, DiTBlock)
+            matmuls += [(block.modulation, 1), (block.attn.qkv, tokens), (block.attn.out, tokens)]
+            matmuls += [(block.mlp.w_in, tokens), (block.mlp.w_out, tokens)]
+        if video is not None:
+            matmuls += [(self.video_embed, self.video_tokens), (self.video_out, self.video_tokens)]
+        if audio is not None:
+            matmuls += [(self.audio_embed, self.audio_tokens), (self.audio_out, self.audio_tokens)]
+        self._count_flops(tokens, matmuls, dim)
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return (("video",) if self.video else ()) + (("audio",) if self.audio else ())
+
+    def init_weights(self) -> None:
+        """DiT's initialisation: xavier-uniform linears, zero biases; zero
+        adaLN modulation and output layers (adaLN-zero); RoPE tables rebuilt."""
+        device = self.final_modulation.weight.device
+        cos, sin = av_rope_tables(
+            self.size.dim // self.size.heads,
+            self.video_grid,
+            self.audio_tokens,
+            self.audio_token_period,
+        )
+        self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
+        with torch.no_grad():
+            for module in self.modules():
+                if isinstance(module, nn.Linear):
+                    nn.init.xavier_uniform_(module.weight)
+                    if module.bias is not None:
+                        nn.init.zeros_(module.bias)
+                elif isinstance(module, RMSNorm) and module.weight is not None:
+                    nn.init.ones_(module.weight)
+            for linear in (self.t_embed.fc1, self.t_embed.fc2):
+                nn.init.normal_(linear.weight, std=0.02)
+            zeroed = [self.final_modulation, *self._output_layers()]
+            # Walk modules rather than self.blocks: the runtime may have wrapped
+            # the blocks (checkpointing, compile) before calling this.
+            zeroed += [m.modulation for m in self.modules() if isinstance(m, DiTBlock)]
+            for linear in zeroed:
+                nn.init.zeros_(linear.weight)
+                nn.init.zeros_(linear.bias)
+            for name in self.modalities:
+                nn.init.normal_(getattr(self, f"{name}_modality"), std=0.02)
+
+    def _output_layers(self) -> list[nn.Linear]:
+        return [getattr(self, f"{name}_out") for name in self.modalities]
+
+    def clean_tokens(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """The batch as fp32 patch tokens in [-1, 1], per modality."""
+        missing = [name for name in self.modalities if name not in batch]
+        if missing:
+            raise ValueError(
+                f"the batch has {sorted(batch)} but this av_dit was built for "
+                f"{list(self.modalities)} (data.modalities) and lacks {missing}; build the "
+                "model from the same data config as the loader"
+            )
+        tokens = {}
+        if self.video is not None:
+            video = batch["video"]
+            expected = (*self.video[:1], VIDEO_CHANNELS, *self.video[1:])
+            if tuple(video.shape[1:]) != expected:
+                raise ValueError(
+                    f"batch['video'] has shape {tuple(video.shape)}; this av_dit was built for "
+                    f"[B, {', '.join(map(str, expected))}] (data.clip_seconds x data.fps, "
+                    "data.resolution)"
+                )
+            tokens["video"] = patchify_video(video.float() / 127.5 - 1.0, self.size.video_patch)
+        if self.audio is not None:
+            audio = batch["audio"]
+            if tuple(audio.shape[1:]) != self.audio:
+                raise ValueError(
+                    f"batch['audio'] has shape {tuple(audio.shape)}; this av_dit was built for "
+                    f"[B, {self.audio[0]}, {self.audio[1]}] (data.channels, "
+                    "data.clip_seconds x data.sample_rate)"
+                )
+            tokens["audio"] = patchify_audio(audio.float(), self.size.audio_patch)
+        return tokens
+
+    def velocity(self, x_t: dict[str, torch.Tensor], t: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Predicted v per modality, in the tokens' layout, for noisy tokens at t [B]."""
+        parts = []
+        for name in self.modalities:
+            embed: nn.Linear = getattr(self, f"{name}_embed")
+            tokens = x_t[name].to(embed.weight.dtype)
+            parts.append(embed(tokens) + getattr(self, f"{name}_modality"))
+        x = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+        cond = F.silu(self.t_embed(t))
+        for block in self.blocks:
+            x = block(x, cond, self.rope_cos, self.rope_sin)
+        shift, scale = self.final_modulation(cond).to(x.dtype).chunk(2, dim=-1)
+        x = self.final_norm(x, scale, shift)
+        out = {}
+        if self.video is not None:
+            out["video"] = self.video_out(x[:, : self.video_tokens])
+        if self.audio is not None:
+            out["audio"] = self.audio_out(x[:, self.video_tokens :])
+        return out
+
+    def noised(
+        self, clean: dict[str, torch.Tensor], generator: torch.Generator | None = None
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[str, torch.Tensor]]:
+        """(x_t, t, v): noisy tokens, timesteps [B] ~ logit-normal(0, 1) and the
+        velocity targets eps - x, drawing t first, then each modality's noise."""
+        first = next(iter(clean.values()))
+        size, device = first.shape[0], first.device
+        t = torch.sigmoid(torch.randn(size, device=device, generator=generator))
+        weight = t[:, None, None]
+        x_t, target = {}, {}
+        for name, x in clean.items():
+            noise = torch.randn(x.shape, device=device, generator=generator)
+            x_t[name] = (1 - weight) * x + weight * noise
+            target[name] = noise - x
+        return x_t, t, target
+
+    def forward(self, batch: Batch, generator: torch.Generator | None = None) -> torch.Tensor:
+        """The flow-matching loss of a batch (see the module docstring)."""
+        x_t, t, target = self.noised(self.clean_tokens(batch), generator)
+        predicted = self.velocity(x_t, t)
+        losses = [F.mse_loss(predicted[name].float(), target[name]) for name in self.modalities]
+        return torch.stack(losses).sum()

@@ -1,0 +1,58 @@
+"""The data set behind `data.url: null`: a synthetic AV set (stoker.data.synth:
+bouncing shapes with tones that follow them) made on first use under
+$STOKER_HOME/data/, one per frame size, fps and sample rate, and reused after.
+
+Made once even when many ranks or `stoker run` calls start together: the first
+holds a lock file while it writes into a temporary folder, then renames it into
+place; the others wait on the lock and find it done. On a cluster, STOKER_HOME
+must be on a filesystem the nodes share (as the run folders are).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from stoker.config import DataConfig
+from stoker.home import stoker_home
+
+CLIPS = 256
+# Clips twice the training clip (at least 2 s): random offsets then vary.
+MIN_SECONDS = 2.0
+
+
+def synthetic_data_path(data: DataConfig) -> Path:
+    height, width = data.resolution
+    name = f"synth-{height}x{width}-{data.fps}fps-{data.sample_rate}hz-{CLIPS}"
+    return stoker_home() / "data" / name
+
+
+def ensure_synthetic_data(data: DataConfig, progress: Callable[[str], None] | None = None) -> Path:
+    """The synthetic data set for these data settings, written if missing."""
+    from stoker.data.synth import synth_dataset
+
+    path = synthetic_data_path(data)
+    if (path / "manifest.json").is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (path / "manifest.json").is_file():
+            return path  # another process made it while this one waited
+        if progress:
+            progress(f"writing a synthetic data set ({CLIPS} clips) to {path} (first use)")
+        tmp = path.with_name(path.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        synth_dataset(
+            str(tmp),
+            clips=CLIPS,
+            seconds=max(MIN_SECONDS, 2 * data.clip_seconds),
+            size=(data.resolution[0], data.resolution[1]),
+            fps=data.fps,
+            sample_rate=data.sample_rate,
+            workers=2,
+        )
+        tmp.rename(path)
+    return path

@@ -1,0 +1,118 @@
+"""Which MLflow run this job writes, and who writes it.
+
+Global rank 0 logs metrics into the run `stoker submit` pre-created
+(MLFLOW_RUN_ID), or, started without one (torchrun by hand), into a run it
+creates. The store is MLFLOW_TRACKING_URI, else tracking.uri, else the
+embedded sqlite default (stoker/launcher/tracking.py). Local rank 0 of every
+node samples that node's CPU, memory and GPUs into the same run. Other ranks
+write nothing.
+
+If the store cannot be reached at start, training goes on: metrics are spooled
+in the run folder (mlflow-spool-<rank>.jsonl) and replayed when it answers.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stoker.config import ExperimentConfig
+from stoker.runtime.dist_env import DistEnv
+
+
+class Tracking:
+    """The trainer's metrics sink: a RunLogger on global rank 0, nothing elsewhere."""
+
+    def __init__(self, logger: Any | None, sampler: Any | None, run_id: str | None) -> None:
+        self.logger, self.sampler, self.run_id = logger, sampler, run_id
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        if self.logger is not None:
+            self.logger.log_metrics(metrics, step)
+
+    def close(self, status: str | None) -> None:
+        """status None: the job exits to be requeued; the run stays RUNNING."""
+        if self.sampler is not None:
+            self.sampler.stop()
+        if self.logger is not None:
+            self.logger.close(status)
+
+
+def _tags(env: DistEnv, device: torch.device) -> dict[str, str]:
+    tags = {
+        "stoker.world_size": str(env.world_size),
+        "stoker.nodes": str(env.num_nodes),
+        "stoker.device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "stoker.torch": torch.__version__,
+    }
+    for name, value in os.environ.items():
+        if name in ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_PARTITION", "SLURM_JOB_NODELIST",
+                    "SLURM_RESTART_COUNT", "SLURM_CLUSTER_NAME", "SLURM_JOB_ACCOUNT"):  # fmt: skip
+            tags["slurm." + name.removeprefix("SLURM_").lower()] = value
+    return tags
+
+
+def config_params(cfg: ExperimentConfig) -> dict[str, str]:
+    """Every config leaf as `section.key` -> text, as `stoker submit` logs them."""
+    params: dict[str, str] = {}
+    for section, values in cfg.model_dump(by_alias=True).items():
+        for key, value in values.items():
+            if isinstance(value, list | tuple):
+                text = ",".join(map(str, value))
+            else:
+                text = "null" if value is None else str(value)
+            params[f"{section}.{key}"] = text
+    return params
+
+
+def open_tracking(
+    cfg: ExperimentConfig, env: DistEnv, device: torch.device, run_dir: Path, config_path: Path
+) -> Tracking:
+    if not (env.is_main or env.is_node_main):
+        return Tracking(None, None, os.environ.get("MLFLOW_RUN_ID"))
+    from stoker.launcher.tracking import resolve_tracking_uri
+    from stoker.runtime.run_logger import RunLogger, SystemSampler, ensure_run
+
+    target = resolve_tracking_uri(cfg.tracking.uri)
+    run_id = os.environ.get("MLFLOW_RUN_ID")
+    if not run_id:
+        if not env.is_main:
+            return Tracking(None, None, None)
+        run_id = ensure_run(
+            target.uri,
+            cfg.tracking.experiment,
+            cfg.tracking.run_name or cfg.job.name,
+            config_params(cfg),
+            dict(cfg.tracking.tags),
+        )
+    logger = RunLogger(target.uri, run_id, run_dir / f"mlflow-spool-{env.rank}.jsonl")
+    logger.start()
+    if env.is_main:
+        logger.set_tags(_tags(env, device))
+    sampler = SystemSampler(logger, node=socket.gethostname())
+    sampler.start()
+    if not env.is_main:
+        # Other nodes' local rank 0: system metrics only.
+        return Tracking(_SystemOnly(logger), sampler, run_id)
+    print(f"MLflow run {run_id} in {target.uri}", file=sys.stderr, flush=True)
+    return Tracking(logger, sampler, run_id)
+
+
+class _SystemOnly:
+    """A node's logger used only by its SystemSampler; the trainer's metrics
+    come from global rank 0 alone."""
+
+    def __init__(self, logger: Any) -> None:
+        self._logger = logger
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        pass
+
+    def close(self, status: str | None) -> None:
+        # Other nodes never end the run: global rank 0 does.
+        self._logger.close(None)

@@ -1,0 +1,79 @@
+"""The training entry point, as the SLURM template, `stoker submit --local` and
+`stoker run` start it in every rank:
+
+    python -m stoker.runtime.train --config RUN_DIR/config.yaml
+
+One process per GPU (or CPU rank). It reads where it stands from the
+launcher's variables (stoker/runtime/dist_env.py), builds, trains, closes, and
+exits 0 when done, 75 (requeue) after saving on a stop request, 143 when
+terminated, 1 on an error.
+
+With torchrun instead of the launcher:
+
+    torchrun --nproc-per-node 2 -m stoker.runtime.train --config exp-frozen.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from stoker.errors import StokerError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stoker.runtime.train")
+    parser.add_argument("--config", required=True, type=Path, help="the frozen experiment YAML")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from stoker.config import load_frozen
+    from stoker.launcher.protocol import ENV_RUN_DIR
+    from stoker.runtime import dist_env
+    from stoker.runtime.tracking_setup import open_tracking
+    from stoker.runtime.trainer import Trainer
+
+    cfg = load_frozen(args.config)
+    env = dist_env.detect()
+    device = dist_env.device_for(env)
+    if device.type == "cpu":
+        torch.set_num_threads(dist_env.cpu_threads(env))
+    dist_env.init_process_group(env, device)
+    run_dir = Path(os.environ.get(ENV_RUN_DIR) or args.config.resolve().parent)
+    tracking = open_tracking(cfg, env, device, run_dir, args.config)
+    status = "FAILED"
+    try:
+        mesh = dist_env.data_parallel_mesh(env, device)
+        trainer = Trainer(
+            cfg,
+            env,
+            device,
+            run_dir=run_dir,
+            sink=tracking,
+            mesh=mesh,
+            mlflow_run_id=tracking.run_id,
+        )
+        trainer.build()
+        outcome = trainer.train()
+        status = outcome.status
+        if env.is_main:
+            print(f"{outcome.status.lower()} at step {outcome.step}", flush=True)
+        return outcome.exit_code
+    except StokerError as exc:
+        print(f"stoker: rank {env.rank}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except BaseException:
+        traceback.print_exc()
+        raise
+    finally:
+        tracking.close(None if status == "REQUEUE" else status)
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,325 @@
+"""The training loop: build, then steps until done or told to stop.
+
+    for each optimizer step:
+        take grad_accum micro-batches from the loader         (data wait)
+        forward + backward each, bf16 autocast                (fwd+bwd)
+        clip the global gradient norm; one all-reduce of
+          [non-finite?, stop wanted?] over the ranks           (the step's only sync)
+        optimizer and schedule step, unless non-finite         (optimizer)
+        every log_every steps: reduce the window's metrics on the device, log
+        on a stop request: save, exit EXIT_REQUEUE (75)
+
+Losses and norms stay on the device between log steps; the flags all-reduce is
+the one host sync per step (a skipped step must be decided on every rank).
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+
+from stoker.config import ExperimentConfig
+from stoker.errors import StokerError
+from stoker.launcher.protocol import EXIT_REQUEUE
+from stoker.runtime import resume_state
+from stoker.runtime.dist_env import DistEnv
+from stoker.runtime.optim import build_optimizer, build_scheduler
+from stoker.runtime.parallelize import parallelize
+from stoker.runtime.progress import Progress
+from stoker.runtime.stop_request import StopRequest
+
+# A step whose loss or gradient norm is not finite is skipped; this many in a
+# row means the run has diverged and stops (FAILED) instead of burning hours.
+MAX_NONFINITE_IN_ROW = 5
+EXIT_TERMINATED = 128 + 15
+
+
+class MetricsSink(Protocol):
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+
+
+class NullSink:
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        pass
+
+
+@dataclass
+class Window:
+    """What accumulates between two log steps, on the device where it can."""
+
+    steps: int = 0
+    samples: int = 0
+    loss_sum: torch.Tensor | None = None
+    grad_norm_max: torch.Tensor | None = None
+    data_s: float = 0.0
+    fwd_bwd_s: float = 0.0
+    optim_s: float = 0.0
+    skipped_steps: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    status: str  # FINISHED, FAILED, KILLED, or REQUEUE (the run goes on)
+    step: int
+
+
+class Trainer:
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        env: DistEnv,
+        device: torch.device,
+        *,
+        run_dir: Path,
+        sink: MetricsSink | None = None,
+        mesh: DeviceMesh | None = None,
+        mlflow_run_id: str | None = None,
+    ) -> None:
+        self.cfg, self.env, self.device, self.mesh = cfg, env, device, mesh
+        self.run_dir = run_dir
+        self.sink: MetricsSink = sink or NullSink()
+        self.mlflow_run_id = mlflow_run_id
+        self.stop = StopRequest()
+        root = cfg.checkpoint.root
+        self.checkpoint_root = Path(root) if root else run_dir / "checkpoints"
+        accum = cfg.train.grad_accum
+        if cfg.data.batch_size % (accum * env.world_size):
+            raise StokerError(
+                f"data.batch_size {cfg.data.batch_size} does not split into train.grad_accum "
+                f"{accum} micro-batches over {env.world_size} ranks",
+                fix=f"use a data.batch_size that is a multiple of {accum * env.world_size}",
+            )
+        self.micro_batch = cfg.data.batch_size // accum  # global, per loader batch
+
+    # --- build -------------------------------------------------------------------
+
+    def build(self) -> None:
+        from stoker.data.loader import loader_from_config
+        from stoker.kernels import set_backend
+        from stoker.runtime.models import build_model
+
+        cfg = self.cfg
+        set_backend(cfg.model.kernels)
+        # Same seed on every rank: identical initial weights before sharding.
+        torch.manual_seed(cfg.train.seed)
+        model = build_model(cfg.model, cfg.data).to(self.device)
+        self.model: Any = parallelize(model, cfg.train, self.mesh, self.device)
+        self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
+        # Noise and timesteps differ per rank, from the trainer's own generator:
+        # libraries that draw from the global RNG (a DataLoader iterator takes
+        # its base seed from it) would otherwise shift the noise on a resume.
+        torch.manual_seed(cfg.train.seed * 100_003 + self.env.rank)
+        self.noise = torch.Generator(device=self.device)
+        self.noise.manual_seed(cfg.train.seed * 100_003 + self.env.rank)
+        url = cfg.data.url
+        if url is None:
+            from stoker.runtime.synthetic_data import ensure_synthetic_data
+
+            say = print if self.env.is_main else None
+            url = str(ensure_synthetic_data(cfg.data, progress=say))
+        micro_cfg = cfg.model_copy(
+            update={
+                "data": cfg.data.model_copy(update={"batch_size": self.micro_batch, "url": url})
+            }
+        )
+        self.loader = loader_from_config(
+            micro_cfg, rank=self.env.rank, world_size=self.env.world_size
+        )
+        self.tokens_per_sample = int(model.tokens_per_sample())
+        self.flops_per_sample = float(model.flops_per_sample())
+        self.start_step = 0
+        state = resume_state.load_latest(
+            self.checkpoint_root,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            rank=self.env.rank,
+            noise=self.noise,
+        )
+        if state is not None:
+            self.start_step = state.step
+            if state.loader is not None:
+                self.loader.load_state_dict(state.loader)
+            if self.env.is_main:
+                print(f"resumed from {self.checkpoint_root}/step-{state.step}", flush=True)
+
+    # --- the loop ------------------------------------------------------------------
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        if self.cfg.train.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return nullcontext()
+
+    def _batches(self) -> Iterator[dict[str, Any]]:
+        for batch in self.loader.batches():
+            yield {
+                k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                for k, v in batch.items()
+            }
+
+    def train(self) -> Outcome:
+        cfg, env = self.cfg, self.env
+        total = cfg.train.steps
+        accum = cfg.train.grad_accum
+        self.stop.install()
+        progress = Progress(total, self.start_step) if env.is_main else None
+        batches = self._batches()
+        window = Window()
+        bad_in_row = 0
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip is not None else math.inf
+        step = self.start_step
+        try:
+            while step < total:
+                t0 = time.perf_counter()
+                micro = [next(batches) for _ in range(accum)]
+                t1 = time.perf_counter()
+                loss_sum = torch.zeros((), device=self.device)
+                for index, batch in enumerate(micro):
+                    if hasattr(self.model, "set_requires_gradient_sync"):
+                        # FSDP2: reduce-scatter gradients on the last micro-batch only.
+                        self.model.set_requires_gradient_sync(index == accum - 1)
+                    with self.autocast():
+                        loss = self.model.loss(batch, self.noise) / accum
+                    loss.backward()
+                    loss_sum += loss.detach().float()
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+                if hasattr(grad_norm, "full_tensor"):
+                    grad_norm = grad_norm.full_tensor()
+                flags = torch.stack(
+                    [
+                        (~torch.isfinite(loss_sum) | ~torch.isfinite(grad_norm)).float(),
+                        torch.tensor(float(self.stop.wanted()), device=self.device),
+                    ]
+                )
+                if env.distributed:
+                    torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+                nonfinite, stop_wanted = (bool(v) for v in flags.tolist())  # the sync
+                t2 = time.perf_counter()
+                if nonfinite:
+                    bad_in_row += 1
+                    window.skipped_steps += 1
+                    if env.is_main:
+                        print(f"step {step + 1}: non-finite loss or gradient, skipped", flush=True)
+                    if bad_in_row >= MAX_NONFINITE_IN_ROW:
+                        raise StokerError(
+                            f"{bad_in_row} steps in a row had a non-finite loss or gradient "
+                            f"(last at step {step + 1}): training diverged",
+                            fix="lower optim.lr, raise optim.warmup_steps, or set "
+                            "optim.grad_clip; check the data with `stoker data inspect`",
+                        )
+                else:
+                    bad_in_row = 0
+                    self.optimizer.step()
+                    self.scheduler.step()
+                    window.loss_sum = (
+                        loss_sum if window.loss_sum is None else window.loss_sum + loss_sum
+                    )
+                    norm = grad_norm.detach().float()
+                    window.grad_norm_max = (
+                        norm
+                        if window.grad_norm_max is None
+                        else torch.maximum(window.grad_norm_max, norm)
+                    )
+                self.optimizer.zero_grad(set_to_none=True)
+                step += 1
+                t3 = time.perf_counter()
+                window.steps += 1
+                window.samples += cfg.data.batch_size
+                window.data_s += t1 - t0
+                window.fwd_bwd_s += t2 - t1
+                window.optim_s += t3 - t2
+                if step % cfg.train.log_every == 0 or step == total or stop_wanted:
+                    metrics = self._reduce(window)
+                    self.sink.log_metrics(metrics, step)
+                    if progress is not None:
+                        progress.update(step, metrics)
+                    window = Window()
+                if stop_wanted:
+                    self.save(step)
+                    if self.stop.terminated:
+                        return Outcome(EXIT_TERMINATED, "KILLED", step)
+                    return Outcome(EXIT_REQUEUE, "REQUEUE", step)
+                every = cfg.checkpoint.every
+                if every and step % every == 0 and step < total:
+                    self.save(step)
+            self.save(step)
+            return Outcome(0, "FINISHED", step)
+        finally:
+            if progress is not None:
+                progress.close()
+
+    def _reduce(self, window: Window) -> dict[str, float]:
+        """The window's metrics, averaged over ranks (one all-reduce)."""
+        env = self.env
+        good = window.steps - window.skipped_steps
+        stats = torch.stack(
+            [
+                window.loss_sum
+                if window.loss_sum is not None
+                else torch.zeros((), device=self.device),
+                window.grad_norm_max
+                if window.grad_norm_max is not None
+                else torch.zeros((), device=self.device),
+            ]
+        ).float()
+        if env.distributed:
+            torch.distributed.all_reduce(stats)
+            stats /= env.world_size
+        loss_sum, grad_norm = stats.tolist()
+        elapsed = time.perf_counter() - window.started
+        samples_per_s = window.samples / elapsed / env.world_size  # per GPU (rank)
+        metrics: dict[str, float] = {
+            "loss": loss_sum / good if good else math.nan,
+            "grad_norm": grad_norm,
+            "lr": float(self.scheduler.get_last_lr()[0]),
+            "throughput/samples_per_s": samples_per_s,
+            "throughput/tokens_per_s": samples_per_s * self.tokens_per_sample,
+            "time/step_s": elapsed / window.steps,
+            "time/data_wait_s": window.data_s / window.steps,
+            "time/fwd_bwd_s": window.fwd_bwd_s / window.steps,
+            "time/optimizer_s": window.optim_s / window.steps,
+            "steps/skipped_nonfinite": float(window.skipped_steps),
+        }
+        from stoker.runtime.models.flops import peak_flops
+
+        peak = peak_flops(self.device)
+        if peak:
+            metrics["mfu"] = samples_per_s * self.flops_per_sample / peak
+        if self.device.type == "cuda":
+            metrics["memory/peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
+        else:
+            metrics["memory/peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+        # The loader's counters are cumulative (this rank, since this start).
+        for name in ("skipped_samples", "short_samples", "fetch_retries", "failed_shards"):
+            metrics[f"data/{name}"] = float(getattr(self.loader.stats(), name))
+        return metrics
+
+    def save(self, step: int) -> Path:
+        state = resume_state.TrainState(step, self.loader.state_dict(), self.mlflow_run_id)
+        folder = resume_state.save(
+            self.checkpoint_root,
+            state,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            rank=self.env.rank,
+            noise=self.noise,
+        )
+        if self.env.distributed:
+            torch.distributed.barrier()
+        if self.env.is_main:
+            resume_state.prune(self.checkpoint_root, self.cfg.checkpoint.keep_last)
+        return folder

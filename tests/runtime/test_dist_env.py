@@ -1,0 +1,52 @@
+"""Where a rank stands, from the launcher's, torchrun's or SLURM's variables."""
+
+from __future__ import annotations
+
+import pytest
+
+from stoker.errors import StokerError
+from stoker.runtime.dist_env import DistEnv, detect
+
+
+def test_one_process_without_variables() -> None:
+    assert detect({}) == DistEnv(0, 1, 0, 1, 0, 1, "single")
+
+
+def test_stoker_launcher_variables_on_two_nodes() -> None:
+    # What base.sbatch.j2 exports for task 3 of --nodes 2 --ntasks-per-node 2.
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "NODE_RANK": "1",
+           "SLURM_NNODES": "2", "SLURM_PROCID": "3", "SLURM_NTASKS": "4"}  # fmt: skip
+    got = detect(env)
+    assert got == DistEnv(3, 4, 1, 2, 1, 2, "torchrun")
+    assert not got.is_main and not got.is_node_main and got.distributed
+
+
+def test_torchrun_variables() -> None:
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+           "GROUP_RANK": "1"}  # fmt: skip
+    assert detect(env) == DistEnv(5, 8, 1, 4, 1, 2, "torchrun")
+
+
+def test_slurm_variables_alone() -> None:
+    env = {"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0",
+           "SLURM_NODEID": "1", "SLURM_NNODES": "2"}  # fmt: skip
+    assert detect(env) == DistEnv(2, 4, 0, 2, 1, 2, "slurm")
+
+
+def test_uneven_nodes_shard_over_the_whole_world() -> None:
+    env = {"RANK": "1", "WORLD_SIZE": "3", "LOCAL_RANK": "1", "SLURM_NNODES": "2"}
+    got = detect(env)
+    assert (got.local_world_size, got.num_nodes) == (3, 1)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"RANK": "4", "WORLD_SIZE": "4"}, "rank 4 is outside a world of 4"),
+        ({"RANK": "x", "WORLD_SIZE": "4"}, "RANK='x' is not an integer"),
+        ({"RANK": "0"}, "WORLD_SIZE is not set"),
+    ],
+)
+def test_bad_variables_are_named(env: dict[str, str], message: str) -> None:
+    with pytest.raises(StokerError, match=message):
+        detect(env)

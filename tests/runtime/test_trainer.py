@@ -1,0 +1,99 @@
+"""The training loop on the real data loader and the tiny model, one CPU
+process: a stop request saves and exits for a requeue, the next start resumes
+where it stopped and gives the same losses as an uninterrupted run; a run of
+non-finite losses aborts with a clear error."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from stoker.config import ExperimentConfig, resolve_config
+from stoker.data.synth import synth_dataset
+from stoker.errors import StokerError
+from stoker.launcher.protocol import EXIT_REQUEUE
+from stoker.runtime.dist_env import detect
+from stoker.runtime.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def data_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = str(tmp_path_factory.mktemp("data") / "synth")
+    synth_dataset(url, clips=16, seconds=2.0, size=(64, 64), fps=8)
+    return url
+
+
+def _config(tmp_path: Path, data_url: str, steps: int) -> ExperimentConfig:
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({
+        "data": {"url": data_url, "batch_size": 4, "num_workers": 0},
+        "train": {"steps": steps, "log_every": 1, "seed": 3},
+        "optim": {"warmup_steps": 2},
+        "checkpoint": {"every": 0, "keep_last": 2},
+    }))  # fmt: skip
+    return resolve_config(exp, use_profile=False).config
+
+
+class Recorder:
+    """The trainer's metrics sink; can ask for a stop at a given step."""
+
+    def __init__(self, stop_file: Path | None = None, stop_at: int | None = None) -> None:
+        self.losses: dict[int, float] = {}
+        self.stop_file, self.stop_at = stop_file, stop_at
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.losses[step] = metrics["loss"]
+        if step == self.stop_at and self.stop_file is not None:
+            self.stop_file.touch()
+
+
+def _trainer(cfg: ExperimentConfig, run_dir: Path, sink: Recorder) -> Trainer:
+    trainer = Trainer(cfg, detect({}), torch.device("cpu"), run_dir=run_dir, sink=sink)
+    trainer.build()
+    return trainer
+
+
+def test_stop_saves_exits_for_requeue_and_resumes_exactly(
+    tmp_path: Path, data_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _config(tmp_path, data_url, steps=6)
+    stop_file = tmp_path / "stop-requested"
+    monkeypatch.setenv("STOKER_STOP_FILE", str(stop_file))
+
+    # The stop file appears after step 3: step 4 is finished, then saved.
+    first = Recorder(stop_file, stop_at=3)
+    outcome = _trainer(cfg, tmp_path / "run", first).train()
+    assert (outcome.exit_code, outcome.status, outcome.step) == (EXIT_REQUEUE, "REQUEUE", 4)
+    assert (tmp_path / "run" / "checkpoints" / "step-4" / ".metadata").is_file()
+
+    stop_file.unlink()
+    second = Recorder()
+    trainer = _trainer(cfg, tmp_path / "run", second)
+    assert trainer.start_step == 4
+    outcome = trainer.train()
+    assert (outcome.exit_code, outcome.status, outcome.step) == (0, "FINISHED", 6)
+    assert sorted(second.losses) == [5, 6]
+
+    straight = Recorder()
+    _trainer(cfg, tmp_path / "straight", straight).train()
+    assert straight.losses == {**first.losses, **second.losses}
+
+
+def test_non_finite_losses_skip_then_abort(tmp_path: Path, data_url: str) -> None:
+    cfg = _config(tmp_path, data_url, steps=20)
+    sink = Recorder()
+    trainer = _trainer(cfg, tmp_path / "run", sink)
+    weights = [p.detach().clone() for p in trainer.model.parameters()]
+    real_loss = trainer.model.loss
+    trainer.model.loss = lambda batch, noise: real_loss(batch, noise) * math.nan
+    with pytest.raises(StokerError, match="5 steps in a row had a non-finite loss") as err:
+        trainer.train()
+    assert "optim.lr" in str(err.value)
+    # Skipped steps never touched the weights.
+    for before, after in zip(weights, trainer.model.parameters(), strict=True):
+        assert torch.equal(before, after)
+    assert all(math.isnan(v) for v in sink.losses.values())
