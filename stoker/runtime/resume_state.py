@@ -30,21 +30,17 @@ class TrainState:
     mlflow_run_id: str | None = None
 
 
-def _rng_state(noise: torch.Generator | None) -> dict[str, Any]:
+def _rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
-    if noise is not None:
-        state["noise"] = noise.get_state()
     return state
 
 
-def _set_rng_state(state: dict[str, Any], noise: torch.Generator | None) -> None:
+def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["cpu"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
-    if noise is not None and "noise" in state:
-        noise.set_state(state["noise"])
 
 
 def step_dirs(root: Path) -> list[tuple[int, Path]]:
@@ -67,11 +63,8 @@ def save(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     *,
     rank: int,
-    noise: torch.Generator | None = None,
 ) -> Path:
-    """Save on every rank (a collective); returns the folder. `noise`: the
-    trainer's own generator (diffusion noise and timesteps), saved with the
-    global RNG streams."""
+    """Save on every rank (a collective); returns the folder."""
     from torch.distributed.checkpoint import state_dict_saver
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -80,7 +73,7 @@ def save(
     # RNG streams differ per rank and are not DCP-shardable: one small file
     # each, written before DCP's .metadata marks the folder complete.
     (folder / "rng").mkdir(exist_ok=True)
-    torch.save(_rng_state(noise), folder / "rng" / f"rank-{rank}.pt")
+    torch.save(_rng_state(), folder / "rng" / f"rank-{rank}.pt")
     model_state, optim_state = get_state_dict(model, optimizer)
     # The small non-tensor state as one JSON string: DCP stores it as one
     # object, where a nested dict would become keys that change with content.
@@ -105,7 +98,6 @@ def load_latest(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     *,
     rank: int,
-    noise: torch.Generator | None = None,
 ) -> TrainState | None:
     """Load the newest complete checkpoint under root into the model and
     optimizer (resharded onto this world size by DCP); None when there is none."""
@@ -126,7 +118,7 @@ def load_latest(
     scheduler.load_state_dict(train["scheduler"])
     rng = folder / "rng" / f"rank-{rank}.pt"
     if rng.is_file():  # absent when resuming on more ranks than saved
-        _set_rng_state(torch.load(rng, weights_only=True), noise)
+        _set_rng_state(torch.load(rng, weights_only=True))
     return TrainState(int(train["step"]), train["loader"], train.get("mlflow_run_id"))
 
 

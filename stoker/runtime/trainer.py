@@ -117,12 +117,7 @@ class Trainer:
         self.model: Any = parallelize(model, cfg.train, self.mesh, self.device)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
-        # Noise and timesteps differ per rank, from the trainer's own generator:
-        # libraries that draw from the global RNG (a DataLoader iterator takes
-        # its base seed from it) would otherwise shift the noise on a resume.
         torch.manual_seed(cfg.train.seed * 100_003 + self.env.rank)
-        self.noise = torch.Generator(device=self.device)
-        self.noise.manual_seed(cfg.train.seed * 100_003 + self.env.rank)
         url = cfg.data.url
         if url is None:
             from stoker.runtime.synthetic_data import ensure_synthetic_data
@@ -139,6 +134,7 @@ class Trainer:
         )
         self.tokens_per_sample = int(model.tokens_per_sample())
         self.flops_per_sample = float(model.flops_per_sample())
+        self._generators: list[torch.Generator] = []
         self.start_step = 0
         state = resume_state.load_latest(
             self.checkpoint_root,
@@ -146,7 +142,6 @@ class Trainer:
             self.optimizer,
             self.scheduler,
             rank=self.env.rank,
-            noise=self.noise,
         )
         if state is not None:
             self.start_step = state.step
@@ -168,6 +163,22 @@ class Trainer:
                 k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
                 for k, v in batch.items()
             }
+
+    def noise_for(self, batch: dict[str, Any]) -> list[torch.Generator]:
+        """One generator per sample, seeded by (train.seed, the sample's stream
+        position): a sample's diffusion noise and timestep are the same whatever
+        the number of ranks, workers or restarts, as its data is (the loader's
+        order is a function of the seed and position too). So a resumed run
+        repeats an uninterrupted one, and 4 ranks repeat 1 with the same global
+        batch. Libraries drawing from the global RNG (a DataLoader iterator
+        takes its seed from it) cannot shift it."""
+        positions = batch["position"].tolist()
+        while len(self._generators) < len(positions):
+            self._generators.append(torch.Generator(device=self.device))
+        seed = self.cfg.train.seed
+        for generator, position in zip(self._generators, positions, strict=False):
+            generator.manual_seed((seed * 1_000_003 + int(position)) % 2**63)
+        return self._generators[: len(positions)]
 
     def train(self) -> Outcome:
         cfg, env = self.cfg, self.env
@@ -192,7 +203,7 @@ class Trainer:
                         # FSDP2: reduce-scatter gradients on the last micro-batch only.
                         self.model.set_requires_gradient_sync(index == accum - 1)
                     with self.autocast():
-                        loss = self.model.loss(batch, self.noise) / accum
+                        loss = self.model.loss(batch, self.noise_for(batch)) / accum
                     loss.backward()
                     loss_sum += loss.detach().float()
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
@@ -316,7 +327,6 @@ class Trainer:
             self.optimizer,
             self.scheduler,
             rank=self.env.rank,
-            noise=self.noise,
         )
         if self.env.distributed:
             torch.distributed.barrier()

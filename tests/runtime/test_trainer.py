@@ -97,3 +97,21 @@ def test_non_finite_losses_skip_then_abort(tmp_path: Path, data_url: str) -> Non
     for before, after in zip(weights, trainer.model.parameters(), strict=True):
         assert torch.equal(before, after)
     assert all(math.isnan(v) for v in sink.losses.values())
+
+
+def test_a_samples_noise_does_not_depend_on_its_batch(tmp_path: Path, data_url: str) -> None:
+    """Per-sample generators keyed by stream position: the loss of a batch
+    equals the mean of its halves' losses, as 2 ranks would split it."""
+    cfg = _config(tmp_path, data_url, steps=1)
+    trainer = _trainer(cfg, tmp_path / "run", Recorder())
+    batch = next(trainer._batches())
+    with torch.no_grad():
+        whole = trainer.model.loss(batch, trainer.noise_for(batch))
+        halves = [
+            trainer.model.loss(part, trainer.noise_for(part))
+            for part in (
+                {k: v[:2] if isinstance(v, torch.Tensor) else v for k, v in batch.items()},
+                {k: v[2:] if isinstance(v, torch.Tensor) else v for k, v in batch.items()},
+            )
+        ]
+    torch.testing.assert_close(whole, torch.stack(halves).mean(), rtol=1e-6, atol=1e-7)

@@ -28,7 +28,7 @@ from stoker.kernels import AddRMSNorm, SwiGLU, cross_entropy, rope_table_1d
 from stoker.runtime.models.attention import SelfAttention
 from stoker.runtime.models.mu_law import CLASSES, mu_law_encode
 from stoker.runtime.models.sizes import AudioARSize
-from stoker.runtime.models.training_model import Batch, TrainingModel
+from stoker.runtime.models.training_model import Batch, Noise, TrainingModel
 
 BOS = CLASSES
 """The start token, one past the 256 mu-law codes; the head never predicts it."""
@@ -144,7 +144,7 @@ class AudioAR(TrainingModel):
         out: torch.Tensor = self.head(h)
         return out
 
-    def forward(self, batch: Batch, generator: torch.Generator | None = None) -> torch.Tensor:
+    def forward(self, batch: Batch, generator: Noise = None) -> torch.Tensor:
         """Mean next-token cross-entropy (nats) over the non-padded targets.
         `generator` is unused: this loss draws no noise."""
         inputs, targets = self.tokens(batch)

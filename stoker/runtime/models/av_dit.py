@@ -34,13 +34,23 @@ from stoker.kernels.rope import default_sections
 from stoker.runtime.models.attention import SelfAttention
 from stoker.runtime.models.patches import patchify_audio, patchify_video
 from stoker.runtime.models.sizes import AVDiTSize
-from stoker.runtime.models.training_model import Batch, TrainingModel
+from stoker.runtime.models.training_model import Batch, Noise, TrainingModel
 
 VIDEO_CHANNELS = 3
 TIMESTEP_FREQUENCIES = 256
 """Width of the sinusoidal timestep embedding (DiT's frequency_embedding_size)."""
 TIMESTEP_SCALE = 1000.0
 """t in [0, 1] is embedded as t * 1000, the range DiT's frequencies were chosen for."""
+
+
+def _randn(shape: tuple[int, ...], device: torch.device, generator: Noise) -> torch.Tensor:
+    """Standard normal noise of `shape` from one generator, or one row per
+    sample from each sample's generator."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.randn(shape, device=device, generator=generator)
+    if len(generator) != shape[0]:
+        raise ValueError(f"{len(generator)} generators for a batch of {shape[0]} samples")
+    return torch.stack([torch.randn(shape[1:], device=device, generator=g) for g in generator])
 
 
 def timestep_embedding(t: torch.Tensor, width: int = TIMESTEP_FREQUENCIES) -> torch.Tensor:
@@ -301,22 +311,24 @@ class AVDiT(TrainingModel):
         return out
 
     def noised(
-        self, clean: dict[str, torch.Tensor], generator: torch.Generator | None = None
+        self, clean: dict[str, torch.Tensor], generator: Noise = None
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[str, torch.Tensor]]:
         """(x_t, t, v): noisy tokens, timesteps [B] ~ logit-normal(0, 1) and the
-        velocity targets eps - x, drawing t first, then each modality's noise."""
+        velocity targets eps - x, drawing t first, then each modality's noise.
+        `generator`: one for the batch, or one per sample (then a sample's
+        noise depends on its own generator only, not on the batch it is in)."""
         first = next(iter(clean.values()))
         size, device = first.shape[0], first.device
-        t = torch.sigmoid(torch.randn(size, device=device, generator=generator))
+        t = torch.sigmoid(_randn((size,), device, generator))
         weight = t[:, None, None]
         x_t, target = {}, {}
         for name, x in clean.items():
-            noise = torch.randn(x.shape, device=device, generator=generator)
+            noise = _randn(tuple(x.shape), device, generator)
             x_t[name] = (1 - weight) * x + weight * noise
             target[name] = noise - x
         return x_t, t, target
 
-    def forward(self, batch: Batch, generator: torch.Generator | None = None) -> torch.Tensor:
+    def forward(self, batch: Batch, generator: Noise = None) -> torch.Tensor:
         """The flow-matching loss of a batch (see the module docstring)."""
         x_t, t, target = self.noised(self.clean_tokens(batch), generator)
         predicted = self.velocity(x_t, t)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -12,6 +12,9 @@ from stoker.runtime.models.flops import attention_flops, matmul_flops
 Batch = Mapping[str, torch.Tensor]
 """A batch from the data loader: "video" uint8 [B, T, 3, H, W], "audio" float32
 [B, C, N], and keys a model ignores ("text", "meta", ...)."""
+Noise = torch.Generator | Sequence[torch.Generator] | None
+"""What draws a loss's noise: one generator for the batch, one per sample, or
+None (the global RNG of the batch's device)."""
 
 
 class TrainingModel(nn.Module):
@@ -41,10 +44,10 @@ class TrainingModel(nn.Module):
             matmul_flops(linear.weight.numel(), rows) for linear, rows in matmuls
         ) + attention_flops(len(self.blocks), dim, tokens)
 
-    def loss(self, batch: Batch, generator: torch.Generator | None = None) -> torch.Tensor:
+    def loss(self, batch: Batch, generator: Noise = None) -> torch.Tensor:
         """The training loss of one batch, an fp32 scalar. `generator` (on the
-        batch's device) draws the noise where the loss needs any; None uses the
-        global RNG of that device."""
+        batch's device; one, or one per sample) draws the noise where the loss
+        needs any; None uses the global RNG of that device."""
         out: torch.Tensor = self(batch, generator)
         return out
 
