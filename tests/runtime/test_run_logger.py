@@ -1,0 +1,389 @@
+"""RunLogger against a real `mlflow server` that the tests stop and restart (same port,
+same sqlite store), and against a sqlite store opened directly."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import types
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stoker.runtime.run_logger import RunLogger, SystemSampler, ensure_run
+from tests.mlflow_server import MLFLOW, free_port, stop_process_group
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class RestartableServer:
+    """`mlflow server` on a fixed port and sqlite file, so a test can stop it and start
+    it again where the clients expect it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.db_uri = f"sqlite:///{folder / 'mlflow.db'}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+        env["HOME"] = str(self.folder)
+        command = (
+            f"{MLFLOW} server --backend-store-uri {self.db_uri} --host 127.0.0.1 "
+            f"--port {self.port} --artifacts-destination {self.folder / 'artifacts'} --workers 1"
+        )
+        with (self.folder / "server.log").open("a") as log:
+            self.proc = subprocess.Popen(
+                shlex.split(command),
+                cwd=self.folder,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError((self.folder / "server.log").read_text())
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "mlflow server did not answer within 60 s"
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process_group(self.proc)
+            self.proc = None
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RestartableServer]:
+    instance = RestartableServer(tmp_path_factory.mktemp("run-logger-server"))
+    instance.start()
+    try:
+        yield instance
+    finally:
+        instance.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: RestartableServer) -> Any:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=server.url)
+
+
+@pytest.fixture(autouse=True)
+def mlflow_http_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RunLogger.start() sets MLflow's HTTP retry defaults in os.environ: undo that after
+    each test (set-then-delete makes monkeypatch restore "unset")."""
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.setenv(name, "0")
+        monkeypatch.delenv(name)
+
+
+def new_run(client: Any) -> str:
+    """A run as `stoker submit` leaves it: SCHEDULED."""
+    found = client.get_experiment_by_name("run-logger")
+    experiment_id = found.experiment_id if found else client.create_experiment("run-logger")
+    run_id = str(client.create_run(experiment_id).info.run_id)
+    client.update_run(run_id, status="SCHEDULED")
+    return run_id
+
+
+def steps_of(client: Any, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+def assert_each_step_once(client: Any, run_id: str, keys: list[str], steps: range) -> None:
+    for key in keys:
+        logged = steps_of(client, run_id, key)
+        repeated = {s: n for s, n in Counter(logged).items() if n > 1}
+        assert not repeated, f"{key}: steps logged more than once: {repeated}"
+        assert logged == list(steps), f"{key}: missing {sorted(set(steps) - set(logged))[:20]}"
+
+
+def test_store_outage_does_not_stop_training_and_loses_nothing(
+    server: RestartableServer, client: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    run_id = new_run(client)
+    spool = tmp_path / "spool.jsonl"
+    logger = RunLogger(server.url, run_id, spool, flush_interval_s=0.2, retry_max_s=1.0)
+    logger.start()
+    assert client.get_run(run_id).info.status == "RUNNING"
+
+    back = threading.Event()
+    durations: list[float] = []
+    last_step = [0]
+
+    def train() -> None:
+        step, after_back = 0, 0
+        while after_back < 40:  # some steps go straight to the store once it is back
+            started = time.perf_counter()
+            logger.log_metrics({"loss": 1.0 / (step + 1), "lr": 3e-4, "grad_norm": step}, step)
+            durations.append(time.perf_counter() - started)
+            last_step[0] = step
+            step += 1
+            after_back += back.is_set()
+            time.sleep(0.01)
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    time.sleep(0.6)
+    server.stop()  # mid-run, possibly mid-request
+    time.sleep(1.0)
+    server.start()
+    back.set()
+    trainer.join()
+    logger.close("FINISHED")
+
+    # The trainer never waited on the store.
+    with capfd.disabled():
+        print(f"\nlongest log_metrics call: {max(durations) * 1e3:.2f} ms of {len(durations)}")
+    assert max(durations) < 0.020
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert_each_step_once(client, run_id, ["loss", "lr", "grad_norm"], range(last_step[0] + 1))
+    stats = logger.stats()
+    assert (stats.queued, stats.spooled, logger.pending()) == (0, 0, 0)
+    assert stats.outages == 1
+    assert spool.read_text() == ""
+    err = capfd.readouterr().err
+    assert err.count("does not answer") == 1, err
+    assert f"{server.url}" in err and str(spool) in err
+    (back_line,) = [line for line in err.splitlines() if "answers again" in line]
+    assert int(back_line.split("replayed ")[1].split()[0]) > 0, back_line
+
+
+def test_requeued_job_logs_every_step_once_and_params_again(
+    server: RestartableServer, client: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    run_id = new_run(client)
+    spool = tmp_path / "spool.jsonl"
+    note = tmp_path / "note.txt"
+    note.write_text("attempt 1\n")
+
+    first = RunLogger(server.url, run_id, spool, flush_interval_s=0.1)
+    first.start()
+    first.log_params({"lr": 3e-4, "model": "dit-s"})
+    first.set_tags({"stoker.attempt": "1"})
+    first.log_artifact(note, "notes")
+    for step in range(31):
+        loss = math.nan if step == 7 else float(step)  # the trainer's business, logged as is
+        first.log_metrics({"loss": loss, "acc": step / 100}, step)
+    first.close(None)
+    assert client.get_run(run_id).info.status == "RUNNING"
+
+    # Attempt 2 resumes from the checkpoint at step 20: steps 20..30 come again.
+    second = RunLogger(server.url, run_id, spool, flush_interval_s=0.1)
+    second.start()
+    second.log_params({"lr": 3e-4, "model": "dit-s"})  # equal values: no error
+    second.log_params({"lr": 1e-3})  # another value: a warning, no exception
+    second.log_params({"lr": 1e-3})
+    second.set_tags({"stoker.attempt": "2"})
+    for step in range(20, 51):
+        second.log_metrics({"loss": 1000.0 + step, "acc": step / 100}, step)
+    second.close("FINISHED")
+
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert_each_step_once(client, run_id, ["loss", "acc"], range(51))
+    loss_at = {m.step: m.value for m in client.get_metric_history(run_id, "loss")}
+    assert math.isnan(loss_at[7])
+    assert loss_at[25] == 25.0  # the first value of a step wins
+    assert loss_at[40] == 1040.0
+    assert run.data.params == {"lr": "0.0003", "model": "dit-s"}
+    assert run.data.tags["stoker.attempt"] == "2"
+    assert [a.path for a in client.list_artifacts(run_id, "notes")] == ["notes/note.txt"]
+    assert second.stats().dropped == 2 * 11
+    err = capfd.readouterr().err
+    assert err.count("param 'lr'") == 1, err
+
+
+CRASHING_JOB = """
+import sys, time
+from pathlib import Path
+from stoker.runtime.run_logger import RunLogger
+
+url, run_id, spool = sys.argv[1:]
+logger = RunLogger(url, run_id, Path(spool), flush_interval_s=0.1, retry_max_s=0.5)
+logger.start()
+logger.log_params({"seed": 1})
+for step in range(40):
+    logger.log_metrics({"loss": float(step), "tokens": 2.0 * step}, step)
+deadline = time.monotonic() + 30
+while logger.stats().spooled < 80 and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("spooled", logger.stats().spooled, flush=True)
+time.sleep(600)  # killed here, as SLURM kills a job: no close()
+"""
+
+
+def test_job_killed_while_the_store_is_down_is_replayed_by_the_next_attempt(
+    server: RestartableServer, client: Any, tmp_path: Path
+) -> None:
+    run_id = new_run(client)
+    spool = tmp_path / "spool.jsonl"
+    # The dead attempt's store is down: nothing listens at its URL. (Stopping and
+    # restarting the server would cost another start, 6 to 20 s here; the client sees
+    # the same refused connection, and the URL may change between attempts anyway.)
+    down_url = f"http://127.0.0.1:{free_port()}"
+    job = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(CRASHING_JOB), down_url, run_id, str(spool)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert job.stdout is not None
+    line = job.stdout.readline()
+    job.send_signal(signal.SIGKILL)
+    _, stderr = job.communicate(timeout=10)
+    assert line.split() == ["spooled", "80"], stderr
+    assert "does not answer" in stderr
+    records = [json.loads(line) for line in spool.read_text().splitlines()]
+    assert sum(len(r.get("m", ())) for r in records) == 80
+    assert {r["run"] for r in records} == {run_id}
+
+    second = RunLogger(server.url, run_id, spool, flush_interval_s=0.1)
+    second.start()  # replays the dead attempt's spool
+    assert spool.read_text() == ""
+    assert second.stats().sent == 80
+    assert steps_of(client, run_id, "loss") == list(range(40))
+    for step in range(30, 60):  # resumed from a checkpoint at step 30
+        second.log_metrics({"loss": float(step), "tokens": 2.0 * step}, step)
+    second.close("FINISHED")
+    assert_each_step_once(client, run_id, ["loss", "tokens"], range(60))
+    run = client.get_run(run_id)
+    assert (run.info.status, run.data.params) == ("FINISHED", {"seed": "1"})
+
+
+def test_close_keeps_what_the_store_did_not_take_in_the_spool(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    down_url = f"http://127.0.0.1:{free_port()}"
+    spool = tmp_path / "spool.jsonl"
+    logger = RunLogger(down_url, "0" * 32, spool, flush_interval_s=0.1, retry_max_s=0.2)
+    logger.start()  # the store does not answer: not an error
+    for step in range(10):
+        logger.log_metrics({"loss": float(step)}, step)
+    started = time.monotonic()
+    logger.close("FINISHED", timeout_s=0.5)
+    assert time.monotonic() - started < 3
+    assert logger.stats().spooled == logger.pending() == 10
+    assert sum(len(json.loads(line)["m"]) for line in spool.read_text().splitlines()) == 10
+    err = capfd.readouterr().err
+    assert "10 points stay in" in err and str(spool) in err and "not FINISHED" in err, err
+
+
+def test_sqlite_store(server: RestartableServer, tmp_path: Path) -> None:
+    # The server's own sqlite file, opened directly as a job on a shared filesystem
+    # would: a fresh store's schema takes 5 to 8 s to create here.
+    uri = server.db_uri
+    run_id = ensure_run(uri, "local", "first", {"lr": 0.1}, {"stoker.command": "run"})
+    logger = RunLogger(uri, run_id, tmp_path / "spool.jsonl", flush_interval_s=0.1)
+    logger.start()
+    logger.log_params({"lr": 0.1, "steps": 100})
+    for step in range(100):
+        logger.log_metrics({"loss": 1.0 / (step + 1)}, step)
+    logger.close("FINISHED")
+
+    from mlflow.tracking import MlflowClient
+
+    store = MlflowClient(tracking_uri=uri)
+    run = store.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params == {"lr": "0.1", "steps": "100"}
+    assert run.data.tags["stoker.command"] == "run"
+    assert_each_step_once(store, run_id, ["loss"], range(100))
+
+
+def test_import_does_not_import_mlflow() -> None:
+    code = "import sys, stoker.runtime.run_logger; print('mlflow' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"
+
+
+def test_system_sampler_logs_this_node(
+    server: RestartableServer, client: Any, tmp_path: Path
+) -> None:
+    run_id = new_run(client)
+    logger = RunLogger(server.url, run_id, tmp_path / "spool.jsonl", flush_interval_s=0.1)
+    logger.start()
+    sampler = SystemSampler(logger, interval_s=0.4, node="node-a")
+    sampler.start()
+    keys = ["system/node-a/cpu_percent", "system/node-a/memory_gb"]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        if all(client.get_metric_history(run_id, key) for key in keys):
+            break
+    sampler.stop()
+    logger.close("FINISHED")
+    cpu = client.get_metric_history(run_id, keys[0])
+    memory = client.get_metric_history(run_id, keys[1])
+    assert cpu and memory
+    assert all(0.0 <= m.value <= 100.0 for m in cpu)
+    assert all(m.value > 0.0 for m in memory)
+
+
+def test_system_sampler_reads_the_visible_gpus_through_nvml(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No GPU here: a stand-in pynvml with four boards, of which the job sees 3 and 1."""
+    calls: list[str] = []
+
+    def handle(index: int) -> dict[str, int]:
+        return {"index": index}
+
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: calls.append("init"),
+        nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlDeviceGetCount=lambda: 4,
+        nvmlDeviceGetHandleByIndex=handle,
+        nvmlDeviceGetHandleByUUID=lambda uuid: handle(9),
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=10 * h["index"]),
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=h["index"] * 10**9),
+        nvmlDeviceGetPowerUsage=lambda h: 100_000 + h["index"],  # milliwatts
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1,GPU-abc")
+    logger = RunLogger("http://127.0.0.1:1", "0" * 32, tmp_path / "spool.jsonl")
+    sampler = SystemSampler(logger, interval_s=3600, node="n1")
+    sampler.start()
+    time.sleep(0.1)  # CPU percent is a difference of /proc/stat readings
+    values = sampler.sample()
+    sampler.stop()
+    assert calls == ["init", "shutdown"]
+    gpu = {k.removeprefix("system/n1/"): v for k, v in values.items() if "/gpu" in k}
+    assert gpu == {
+        "gpu0/utilization": 30.0,
+        "gpu0/memory_gb": 3.0,
+        "gpu0/power_w": 100.003,
+        "gpu1/utilization": 10.0,
+        "gpu1/memory_gb": 1.0,
+        "gpu1/power_w": 100.001,
+        "gpu2/utilization": 90.0,
+        "gpu2/memory_gb": 9.0,
+        "gpu2/power_w": 100.009,
+    }
+    assert {"system/n1/cpu_percent", "system/n1/memory_gb"} <= set(values)
