@@ -148,10 +148,10 @@ def test_refused_request_shows_slurm_reason_and_leaves_nothing(
     assert Ledger().list() == []
 
 
-def test_no_command_and_no_runtime_is_a_clear_error(tmp_path: Path) -> None:
+def test_no_command_runs_the_training_runtime(tmp_path: Path) -> None:
     result = stoker("submit", "--dry-run", cwd=tmp_path)
-    assert result.returncode == 2
-    assert "pass the command each task runs after `--`" in result.stderr
+    assert result.returncode == 0, result.stderr
+    assert f'{sys.executable} -m stoker.runtime.train --config "$STOKER_CONFIG"' in result.stdout
 
 
 def count_job(tmp_path: Path, steps: int, pause: float, *args: str) -> tuple[dict, Path]:

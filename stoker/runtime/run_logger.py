@@ -743,6 +743,7 @@ class SystemSampler:
 
     def start(self) -> None:
         self._origin = self.logger.run_start_s or time.time()
+        self._last_step = -1
         try:
             import importlib
 
@@ -757,9 +758,12 @@ class SystemSampler:
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop sampling, with one last sample: a run shorter than the
+        interval still records its node."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+            self._log_sample()
         if self._nvml is not None:
             with contextlib.suppress(Exception):  # NVMLError: the sampler is done either way
                 self._nvml.nvmlShutdown()
@@ -792,16 +796,18 @@ class SystemSampler:
         return float(nvml.nvmlDeviceGetPowerUsage(handle)) / 1000.0  # milliwatts
 
     def _loop(self) -> None:
-        last_step = -1
         while not self._stop.wait(self.interval_s):
-            step = int(time.time() - self._origin)
-            if step <= last_step:
-                continue
-            last_step = step
-            try:
-                self.logger.log_metrics(self.sample(), step)
-            except Exception as exc:  # a sampler must never stop training
-                self._say_once("sample", f"system metrics of {self.node} failed: {exc}")
+            self._log_sample()
+
+    def _log_sample(self) -> None:
+        step = int(time.time() - self._origin)
+        if step <= self._last_step:
+            return
+        self._last_step = step
+        try:
+            self.logger.log_metrics(self.sample(), step)
+        except Exception as exc:  # a sampler must never stop training
+            self._say_once("sample", f"system metrics of {self.node} failed: {exc}")
 
     def _cpu_percent(self) -> float | None:
         if self._psutil is not None:

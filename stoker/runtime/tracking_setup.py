@@ -94,7 +94,8 @@ def open_tracking(
     logger.start()
     if env.is_main:
         logger.set_tags(_tags(env, device))
-    sampler = SystemSampler(logger, node=socket.gethostname())
+    # SLURMD_NODENAME: the node as SLURM names it (several slurmd may share a host).
+    sampler = SystemSampler(logger, node=os.environ.get("SLURMD_NODENAME") or socket.gethostname())
     sampler.start()
     if not env.is_main:
         # Other nodes' local rank 0: system metrics only.
