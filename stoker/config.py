@@ -183,6 +183,8 @@ class DataConfig(Section):
 
     url: str | None = None
     """fsspec URL of a packed data set (file://, s3://, ...); null uses synthetic data."""
+    eval_url: str | None = None
+    """Held-out data set for train.eval_every; null: a second synthetic set with url null."""
     batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = 8
     """Global batch size: samples per optimizer step across all ranks."""
     num_workers: Annotated[int, Field(ge=0, le=256)] = 2
@@ -248,6 +250,17 @@ class TrainConfig(Section):
     """Log metrics every this many steps."""
     eval_every: Annotated[int, Field(ge=0)] = 0
     """Evaluate on the held-out split every this many steps; 0 never."""
+    eval_batches: Annotated[int, Field(ge=1, le=100_000)] = 4
+    """Batches of the held-out split per evaluation (the same ones each time)."""
+    profile_steps: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] | None = None
+    """[first, last]: record a torch.profiler trace of these steps; null never."""
+
+    @field_validator("profile_steps")
+    @classmethod
+    def _check_profile_steps(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and value[1] < value[0]:
+            raise ValueError("use [first, last] with first <= last, e.g. [10, 15]")
+        return value
 
 
 class CheckpointConfig(Section):

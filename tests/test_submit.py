@@ -218,3 +218,12 @@ def test_stoker_requeue_restarts_without_the_hold(
     assert wait_final(job_id, 120) == "COMPLETED"
     assert [int(s) for s in state.read_text().split()] == list(range(1, 13))
     assert "restart=1" in (Path(job["run_dir"]) / "attempts").read_text()
+
+
+def test_evaluation_without_a_held_out_set_is_refused(tmp_path: Path) -> None:
+    result = stoker(
+        "submit", "--dry-run", "data.url=/data/av", "train.eval_every=100", cwd=tmp_path
+    )
+    assert result.returncode == 2
+    assert "train.eval_every=100 (override train.eval_every=100)" in result.stderr
+    assert "data.eval_url" in result.stderr and "no held-out data set" in result.stderr

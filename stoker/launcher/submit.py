@@ -338,6 +338,7 @@ def _spec(
             fix="give a job id such as 1234 or 1234_5, several joined with ':'",
         )
     check_stop_grace(base)
+    check_eval_data(base)
     return LaunchSpec(
         resolved=base,
         run_dir=run_dir.path,
@@ -383,6 +384,20 @@ def check_stop_grace(resolved: ResolvedConfig) -> None:
             "the job would be told to save and stop as soon as it starts",
             fix=f"set job.stop_grace below {limit} s (a step plus a checkpoint), "
             f"e.g. job.stop_grace={max(10, limit // 3)}, or give the job more time",
+        )
+
+
+def check_eval_data(resolved: ResolvedConfig) -> None:
+    """Evaluation needs a held-out set: given (data.eval_url), or made with the
+    synthetic training set (data.url null)."""
+    cfg = resolved.config
+    if cfg.train.eval_every and cfg.data.url is not None and cfg.data.eval_url is None:
+        raise StokerError(
+            f"train.eval_every={cfg.train.eval_every} "
+            f"({resolved.source_of(('train', 'eval_every'))}) but data.eval_url is null: "
+            f"there is no held-out data set to evaluate on",
+            fix="set data.eval_url to a held-out data set (packed like data.url), "
+            "or train.eval_every=0",
         )
 
 

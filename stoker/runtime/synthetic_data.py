@@ -23,17 +23,27 @@ CLIPS = 256
 MIN_SECONDS = 2.0
 
 
-def synthetic_data_path(data: DataConfig) -> Path:
+# The held-out split: other clips (another seed), fewer of them.
+SPLITS = {"train": (0, CLIPS), "eval": (1, 32)}
+
+
+def synthetic_data_path(data: DataConfig, split: str = "train") -> Path:
     height, width = data.resolution
-    name = f"synth-{height}x{width}-{data.fps}fps-{data.sample_rate}hz-{CLIPS}"
+    _, clips = SPLITS[split]
+    suffix = "" if split == "train" else f"-{split}"
+    name = f"synth-{height}x{width}-{data.fps}fps-{data.sample_rate}hz-{clips}{suffix}"
     return stoker_home() / "data" / name
 
 
-def ensure_synthetic_data(data: DataConfig, progress: Callable[[str], None] | None = None) -> Path:
-    """The synthetic data set for these data settings, written if missing."""
+def ensure_synthetic_data(
+    data: DataConfig, progress: Callable[[str], None] | None = None, *, split: str = "train"
+) -> Path:
+    """The synthetic data set (`split` train or eval) for these data
+    settings, written if missing."""
     from stoker.data.synth import synth_dataset
 
-    path = synthetic_data_path(data)
+    path = synthetic_data_path(data, split)
+    seed, clips = SPLITS[split]
     if (path / "manifest.json").is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -42,12 +52,13 @@ def ensure_synthetic_data(data: DataConfig, progress: Callable[[str], None] | No
         if (path / "manifest.json").is_file():
             return path  # another process made it while this one waited
         if progress:
-            progress(f"writing a synthetic data set ({CLIPS} clips) to {path} (first use)")
+            progress(f"writing a synthetic data set ({clips} clips) to {path} (first use)")
         tmp = path.with_name(path.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
         synth_dataset(
             str(tmp),
-            clips=CLIPS,
+            clips=clips,
+            seed=seed,
             seconds=max(MIN_SECONDS, 2 * data.clip_seconds),
             size=(data.resolution[0], data.resolution[1]),
             fps=data.fps,

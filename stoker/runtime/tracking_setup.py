@@ -35,6 +35,10 @@ class Tracking:
         if self.logger is not None:
             self.logger.log_metrics(metrics, step)
 
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        if self.logger is not None:
+            self.logger.log_artifact(path, artifact_path)
+
     def close(self, status: str | None) -> None:
         """status None: the job exits to be requeued; the run stays RUNNING."""
         if self.sampler is not None:
@@ -112,6 +116,9 @@ class _SystemOnly:
         self._logger = logger
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        pass
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         pass
 
     def close(self, status: str | None) -> None:

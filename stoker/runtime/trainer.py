@@ -34,6 +34,7 @@ from stoker.runtime import resume_state
 from stoker.runtime.dist_env import DistEnv
 from stoker.runtime.optim import build_optimizer, build_scheduler
 from stoker.runtime.parallelize import parallelize
+from stoker.runtime.profiling import StepProfiler
 from stoker.runtime.progress import Progress
 from stoker.runtime.stop_request import StopRequest
 
@@ -132,6 +133,7 @@ class Trainer:
         self.loader = loader_from_config(
             micro_cfg, rank=self.env.rank, world_size=self.env.world_size
         )
+        self.eval_loader = self._eval_loader(micro_cfg) if cfg.train.eval_every else None
         self.tokens_per_sample = int(model.tokens_per_sample())
         self.flops_per_sample = float(model.flops_per_sample())
         self._generators: list[torch.Generator] = []
@@ -150,6 +152,50 @@ class Trainer:
             if self.env.is_main:
                 print(f"resumed from {self.checkpoint_root}/step-{state.step}", flush=True)
 
+    def _eval_loader(self, micro_cfg: ExperimentConfig) -> Any:
+        """The held-out split's loader: clips from their start, the same
+        batches every evaluation (its position is reset each time)."""
+        from stoker.data.loader import loader_from_config
+
+        url = self.cfg.data.eval_url
+        if url is None:
+            if self.cfg.data.url is not None:
+                raise StokerError(
+                    "train.eval_every is set but data.eval_url is null: no held-out data set",
+                    fix="set data.eval_url to a held-out data set, or train.eval_every=0",
+                )
+            from stoker.runtime.synthetic_data import ensure_synthetic_data
+
+            say = print if self.env.is_main else None
+            url = str(ensure_synthetic_data(self.cfg.data, say, split="eval"))
+        data = micro_cfg.data.model_copy(update={"url": url, "clip_offset": "start"})
+        return loader_from_config(
+            micro_cfg.model_copy(update={"data": data}),
+            rank=self.env.rank,
+            world_size=self.env.world_size,
+        )
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss over train.eval_batches held-out batches, over all ranks;
+        each sample's noise is keyed by its position, so evaluations compare."""
+        assert self.eval_loader is not None
+        self.model.eval()
+        self.eval_loader.position = 0
+        total = torch.zeros((), device=self.device)
+        count = 0
+        for batch in self.eval_loader.batches(max_batches=self.cfg.train.eval_batches):
+            batch = self._to_device(batch)
+            with self.autocast():
+                total += self.model.loss(batch, self.noise_for(batch)).float()
+            count += 1
+        self.model.train()
+        stats = torch.stack([total, torch.tensor(float(count), device=self.device)])
+        if self.env.distributed:
+            torch.distributed.all_reduce(stats)
+        loss_sum, batches = stats.tolist()
+        return float(loss_sum / max(batches, 1.0))
+
     # --- the loop ------------------------------------------------------------------
 
     def autocast(self) -> AbstractContextManager[Any]:
@@ -157,12 +203,15 @@ class Trainer:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return nullcontext()
 
+    def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return {
+            k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+            for k, v in batch.items()
+        }
+
     def _batches(self) -> Iterator[dict[str, Any]]:
         for batch in self.loader.batches():
-            yield {
-                k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
-                for k, v in batch.items()
-            }
+            yield self._to_device(batch)
 
     def noise_for(self, batch: dict[str, Any]) -> list[torch.Generator]:
         """One generator per sample, seeded by (train.seed, the sample's stream
@@ -187,6 +236,8 @@ class Trainer:
         self.stop.install()
         progress = Progress(total, self.start_step) if env.is_main else None
         batches = self._batches()
+        profiler = StepProfiler(cfg.train.profile_steps, self.run_dir, self.env.rank, self.device)
+        phase = profiler.phase
         window = Window()
         bad_in_row = 0
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -194,17 +245,20 @@ class Trainer:
         step = self.start_step
         try:
             while step < total:
+                profiler.before_step(step + 1)
                 t0 = time.perf_counter()
-                micro = [next(batches) for _ in range(accum)]
+                with phase("data"):
+                    micro = [next(batches) for _ in range(accum)]
                 t1 = time.perf_counter()
                 loss_sum = torch.zeros((), device=self.device)
                 for index, batch in enumerate(micro):
                     if hasattr(self.model, "set_requires_gradient_sync"):
                         # FSDP2: reduce-scatter gradients on the last micro-batch only.
                         self.model.set_requires_gradient_sync(index == accum - 1)
-                    with self.autocast():
+                    with phase("forward"), self.autocast():
                         loss = self.model.loss(batch, self.noise_for(batch)) / accum
-                    loss.backward()
+                    with phase("backward"):
+                        loss.backward()
                     loss_sum += loss.detach().float()
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
                 if hasattr(grad_norm, "full_tensor"):
@@ -233,8 +287,9 @@ class Trainer:
                         )
                 else:
                     bad_in_row = 0
-                    self.optimizer.step()
-                    self.scheduler.step()
+                    with phase("optimizer"):
+                        self.optimizer.step()
+                        self.scheduler.step()
                     window.loss_sum = (
                         loss_sum if window.loss_sum is None else window.loss_sum + loss_sum
                     )
@@ -252,8 +307,13 @@ class Trainer:
                 window.data_s += t1 - t0
                 window.fwd_bwd_s += t2 - t1
                 window.optim_s += t3 - t2
+                profiler.after_step(step)
                 if step % cfg.train.log_every == 0 or step == total or stop_wanted:
                     metrics = self._reduce(window)
+                    if self.eval_loader is not None and (
+                        step % cfg.train.eval_every == 0 or step == total
+                    ):
+                        metrics["eval/loss"] = self.evaluate()
                     self.sink.log_metrics(metrics, step)
                     if progress is not None:
                         progress.update(step, metrics)
@@ -269,6 +329,9 @@ class Trainer:
             self.save(step)
             return Outcome(0, "FINISHED", step)
         finally:
+            for path in profiler.close():
+                if env.is_main and hasattr(self.sink, "log_artifact"):
+                    self.sink.log_artifact(path, "profile")
             if progress is not None:
                 progress.close()
 

@@ -27,7 +27,7 @@ def data_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     return url
 
 
-def _config(tmp_path: Path, data_url: str, steps: int) -> ExperimentConfig:
+def _config(tmp_path: Path, data_url: str, steps: int, *overrides: str) -> ExperimentConfig:
     exp = tmp_path / "exp.yaml"
     exp.write_text(yaml.safe_dump({
         "data": {"url": data_url, "batch_size": 4, "num_workers": 0},
@@ -35,7 +35,7 @@ def _config(tmp_path: Path, data_url: str, steps: int) -> ExperimentConfig:
         "optim": {"warmup_steps": 2},
         "checkpoint": {"every": 0, "keep_last": 2},
     }))  # fmt: skip
-    return resolve_config(exp, use_profile=False).config
+    return resolve_config(exp, list(overrides), use_profile=False).config
 
 
 class Recorder:
@@ -43,12 +43,18 @@ class Recorder:
 
     def __init__(self, stop_file: Path | None = None, stop_at: int | None = None) -> None:
         self.losses: dict[int, float] = {}
+        self.metrics: dict[int, dict[str, float]] = {}
+        self.artifacts: list[tuple[Path, str | None]] = []
         self.stop_file, self.stop_at = stop_file, stop_at
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self.losses[step] = metrics["loss"]
+        self.metrics[step] = metrics
         if step == self.stop_at and self.stop_file is not None:
             self.stop_file.touch()
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        self.artifacts.append((path, artifact_path))
 
 
 def _trainer(cfg: ExperimentConfig, run_dir: Path, sink: Recorder) -> Trainer:
@@ -115,3 +121,25 @@ def test_a_samples_noise_does_not_depend_on_its_batch(tmp_path: Path, data_url: 
             )
         ]
     torch.testing.assert_close(whole, torch.stack(halves).mean(), rtol=1e-6, atol=1e-7)
+
+
+def test_profile_and_held_out_evaluation(tmp_path: Path, data_url: str) -> None:
+    cfg = _config(tmp_path, data_url, 4, "train.profile_steps=[2,3]", "train.eval_every=2",
+                  "train.eval_batches=2", f"data.eval_url={data_url}")  # fmt: skip
+    sink = Recorder()
+    trainer = _trainer(cfg, tmp_path / "run", sink)
+    before = trainer.evaluate()
+    assert trainer.evaluate() == before  # the same batches and noise each time
+    trainer.train()
+    assert sorted(s for s, m in sink.metrics.items() if "eval/loss" in m) == [2, 4]
+    assert sink.metrics[4]["eval/loss"] < before  # it learned something
+    profile = tmp_path / "run" / "profile"
+    trace = (profile / "trace-rank0.json").read_text()
+    for phase in ("stoker/data", "stoker/forward", "stoker/backward", "stoker/optimizer"):
+        assert phase in trace, phase
+    assert "aten::" in (profile / "key-averages-rank0.txt").read_text()
+    assert sorted(p.name for p, _ in sink.artifacts) == [
+        "key-averages-rank0.txt",
+        "trace-rank0.json",
+    ]
+    assert {a for _, a in sink.artifacts} == {"profile"}
