@@ -36,6 +36,24 @@ def stop_process_group(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
+    """Until `url`/health answers 200; AssertionError with the log if the process
+    exits or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"{proc.args!r} exited:\n{log.read_text()}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{url}/health did not answer within {timeout} s")
+        time.sleep(0.2)
+
+
 @dataclass
 class Server:
     url: str
@@ -65,22 +83,43 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(
-                    f"mlflow server exited:\n{(folder / 'server.log').read_text()}"
-                )
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError("mlflow server did not answer /health within 60 s")
-            time.sleep(0.2)
+        wait_healthy(url, proc, folder / "server.log")
         yield Server(url=url, db_uri=db_uri)
     finally:
         stop_process_group(proc)
         log.close()
+
+
+class RestartableServer:
+    """`mlflow server` on a fixed port and sqlite file, so a test can stop it and start
+    it again where the clients expect it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.db_uri = f"sqlite:///{folder / 'mlflow.db'}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+        env["HOME"] = str(self.folder)
+        command = (
+            f"{MLFLOW} server --backend-store-uri {self.db_uri} --host 127.0.0.1 "
+            f"--port {self.port} --artifacts-destination {self.folder / 'artifacts'} --workers 1"
+        )
+        with (self.folder / "server.log").open("a") as log:
+            self.proc = subprocess.Popen(
+                shlex.split(command),
+                cwd=self.folder,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        wait_healthy(self.url, self.proc, self.folder / "server.log")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process_group(self.proc)
+            self.proc = None

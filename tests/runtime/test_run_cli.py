@@ -44,32 +44,22 @@ def test_stoker_run_trains_the_builtin_experiment(isolated_home: Path) -> None:
 def test_stoker_ui_serves_the_embedded_store(isolated_home: Path) -> None:
     import os
     import subprocess
-    import time
-    import urllib.request
 
     from tests.clirun import STOKER
-    from tests.mlflow_server import free_port, stop_process_group
+    from tests.mlflow_server import free_port, stop_process_group, wait_healthy
 
     port = free_port()
-    proc = subprocess.Popen(
-        [STOKER, "ui", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env=os.environ.copy(),
-    )
+    log = isolated_home / "ui.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [STOKER, "ui", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=os.environ.copy(),
+        )
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "stoker ui did not serve within 90 s"
-            time.sleep(0.5)
+        wait_healthy(f"http://127.0.0.1:{port}", proc, log, timeout=90)
     finally:
         stop_process_group(proc)  # type: ignore[arg-type]
 

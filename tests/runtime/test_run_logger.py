@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -14,7 +12,6 @@ import textwrap
 import threading
 import time
 import types
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,55 +20,9 @@ from typing import Any
 import pytest
 
 from stoker.runtime.run_logger import RunLogger, SystemSampler, ensure_run
-from tests.mlflow_server import MLFLOW, free_port, stop_process_group
+from tests.mlflow_server import RestartableServer, free_port
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-class RestartableServer:
-    """`mlflow server` on a fixed port and sqlite file, so a test can stop it and start
-    it again where the clients expect it."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.db_uri = f"sqlite:///{folder / 'mlflow.db'}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-        env["HOME"] = str(self.folder)
-        command = (
-            f"{MLFLOW} server --backend-store-uri {self.db_uri} --host 127.0.0.1 "
-            f"--port {self.port} --artifacts-destination {self.folder / 'artifacts'} --workers 1"
-        )
-        with (self.folder / "server.log").open("a") as log:
-            self.proc = subprocess.Popen(
-                shlex.split(command),
-                cwd=self.folder,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + 60
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError((self.folder / "server.log").read_text())
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "mlflow server did not answer within 60 s"
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process_group(self.proc)
-            self.proc = None
 
 
 @pytest.fixture(scope="module")
