@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from stoker.cli import bench_kernels
+from stoker.cli import bench_kernels, bench_step
 
 app = typer.Typer(
     help="Benchmarks: Triton kernels against torch eager, torch.compile and Liger-Kernel.",
@@ -12,3 +12,4 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 app.command("kernels")(bench_kernels.kernels)
+app.command("step")(bench_step.step)

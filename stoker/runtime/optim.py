@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from stoker.config import OptimConfig
+if TYPE_CHECKING:  # pydantic stays optional for the benchmarks on GPU nodes
+    from stoker.config import OptimConfig
+
 
 MIN_LR_FRACTION = 0.1
 

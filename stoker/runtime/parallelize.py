@@ -7,13 +7,14 @@ nn.ModuleList): those are the units that are recomputed, compiled and sharded.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from stoker.config import TrainConfig
+if TYPE_CHECKING:  # pydantic stays optional for the benchmarks on GPU nodes
+    from stoker.config import TrainConfig
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:

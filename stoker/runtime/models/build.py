@@ -10,12 +10,15 @@ do not is refused here, before a job spends anything, with the values to use.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-from stoker.config import DataConfig, ModelConfig
 from stoker.runtime.models.audio_ar import AudioAR
 from stoker.runtime.models.av_dit import AVDiT
 from stoker.runtime.models.sizes import audio_ar_size, av_dit_size
 from stoker.runtime.models.training_model import TrainingModel
+
+if TYPE_CHECKING:  # pydantic stays optional for the benchmarks on GPU nodes
+    from stoker.config import DataConfig, ModelConfig
 
 
 def clip_frames(data: DataConfig) -> int:
