@@ -143,3 +143,19 @@ def test_profile_and_held_out_evaluation(tmp_path: Path, data_url: str) -> None:
         "trace-rank0.json",
     ]
     assert {a for _, a in sink.artifacts} == {"profile"}
+
+
+def test_activation_checkpointing_recomputes_the_same_step(tmp_path: Path, data_url: str) -> None:
+    """Recomputed activations are the saved ones: selective and full
+    checkpointing train to the same losses as none (CPU, fp32)."""
+    losses = {}
+    for mode in ("none", "selective", "full"):
+        cfg = _config(tmp_path, data_url, 3, f"train.activation_checkpointing={mode}",
+                      "train.precision=fp32")  # fmt: skip
+        sink = Recorder()
+        trainer = _trainer(cfg, tmp_path / mode, sink)
+        wrapped = sum("CheckpointWrapper" in type(b).__name__ for b in trainer.model.blocks)
+        assert wrapped == {"none": 0, "selective": 2, "full": 4}[mode]
+        trainer.train()
+        losses[mode] = sink.losses
+    assert losses["none"] == losses["selective"] == losses["full"]
