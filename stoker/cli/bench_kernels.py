@@ -72,20 +72,13 @@ def kernels(
         raise StokerError(f"--dtype {dtype!r} is not one of bf16, fp16, fp32", fix="--dtype bf16")
     import torch
 
+    from stoker.cli.bench_device import parse_device
     from stoker.cli.output import out as console
     from stoker.cli.output import print_json
     from stoker.kernels.bench import cases, run
 
     chosen = list(cases.CASES) if names == "all" else _names(names)
-    if device == "auto":
-        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        try:
-            dev = torch.device(device)
-        except RuntimeError as exc:
-            raise StokerError(f"--device {device!r}: {exc}", fix="--device cuda or cpu") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise StokerError(f"--device {device} but torch sees no CUDA GPU", fix="--device cpu")
+    dev = parse_device(device)
     progress = None if as_json else (lambda row: console().print(run.format_row(row), markup=False))
     try:
         result = run.run(

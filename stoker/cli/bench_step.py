@@ -74,21 +74,13 @@ def step(
 
     names = [v.strip() for v in variants.split(",") if v.strip()]
     frame = _resolution(resolution)
-    import torch
 
+    from stoker.cli.bench_device import parse_device
     from stoker.cli.output import out as console
     from stoker.cli.output import print_json
     from stoker.runtime import bench_step
 
-    if device == "auto":
-        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        try:
-            dev = torch.device(device)
-        except RuntimeError as exc:
-            raise StokerError(f"--device {device!r}: {exc}", fix="--device cuda or cpu") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise StokerError(f"--device {device} but torch sees no CUDA GPU", fix="--device cpu")
+    dev = parse_device(device)
     progress = (
         None if as_json else (lambda row: console().print(bench_step.format_row(row), markup=False))
     )
