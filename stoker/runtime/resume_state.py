@@ -10,9 +10,12 @@ asynchronous saves, verified commits, retention and object stores.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,15 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["cpu"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+@contextlib.contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """DCP warns on every save and load without a process group ("assuming
+    the intent is to save in a single process"): one process is intended here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def step_dirs(root: Path) -> list[tuple[int, Path]]:
@@ -85,9 +97,12 @@ def save(
             "scheduler": scheduler.state_dict(),
         }
     )
-    state_dict_saver.save(
-        {"model": model_state, "optim": optim_state, "train": train}, checkpoint_id=str(folder)
-    )
+    with _single_process_quiet():
+        state_dict_saver.save(
+            {"model": model_state, "optim": optim_state, "train": train},
+            checkpoint_id=str(folder),
+            no_dist=not torch.distributed.is_initialized(),
+        )
     return folder
 
 
@@ -110,7 +125,10 @@ def load_latest(
     _, folder = found[0]
     model_state, optim_state = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_state, "optim": optim_state, "train": ""}
-    state_dict_loader.load(state, checkpoint_id=str(folder))
+    with _single_process_quiet():
+        state_dict_loader.load(
+            state, checkpoint_id=str(folder), no_dist=not torch.distributed.is_initialized()
+        )
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
