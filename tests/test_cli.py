@@ -47,6 +47,7 @@ def test_help_lists_the_commands_in_workflow_order() -> None:
         "config",
         "data",
         "bench",
+        "ckpt",
     ]
     for command in commands:  # each one's --help works (and is tested for imports elsewhere)
         assert stoker(command, "--help").returncode == 0

@@ -9,6 +9,7 @@ import typer
 
 from stoker import __version__
 from stoker.cli import bench as bench_cmd
+from stoker.cli import ckpt as ckpt_cmd
 from stoker.cli import config as config_cmd
 from stoker.cli import control as control_cmd
 from stoker.cli import data as data_cmd
@@ -70,6 +71,7 @@ app.command("cancel")(control_cmd.cancel)
 app.command("requeue")(control_cmd.requeue)
 app.add_typer(data_cmd.app, name="data")
 app.add_typer(bench_cmd.app, name="bench")
+app.add_typer(ckpt_cmd.app, name="ckpt")
 app.command("doctor")(doctor_cmd.doctor)
 
 
