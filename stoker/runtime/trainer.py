@@ -203,9 +203,15 @@ class Trainer:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return nullcontext()
 
+    # Stay on the host: noise_for reads them, and reading them back from a GPU
+    # would add a host sync to every micro-batch.
+    _HOST_KEYS = frozenset({"position"})
+
     def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
         return {
-            k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+            k: v.to(self.device, non_blocking=True)
+            if isinstance(v, torch.Tensor) and k not in self._HOST_KEYS
+            else v
             for k, v in batch.items()
         }
 
@@ -377,8 +383,9 @@ class Trainer:
         else:
             metrics["memory/peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
         # The loader's counters are cumulative (this rank, since this start).
+        loader_stats = self.loader.stats()
         for name in ("skipped_samples", "short_samples", "fetch_retries", "failed_shards"):
-            metrics[f"data/{name}"] = float(getattr(self.loader.stats(), name))
+            metrics[f"data/{name}"] = float(getattr(loader_stats, name))
         return metrics
 
     def save(self, step: int) -> Path:

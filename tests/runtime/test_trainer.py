@@ -159,3 +159,13 @@ def test_activation_checkpointing_recomputes_the_same_step(tmp_path: Path, data_
         trainer.train()
         losses[mode] = sink.losses
     assert losses["none"] == losses["selective"] == losses["full"]
+
+
+def test_stream_positions_stay_on_the_host(tmp_path: Path, data_url: str) -> None:
+    """noise_for reads the positions: on a GPU, moving them there would cost a
+    device-to-host sync per micro-batch."""
+    cfg = _config(tmp_path, data_url, steps=1)
+    trainer = _trainer(cfg, tmp_path / "run", Recorder())
+    trainer.device = torch.device("meta")  # any device other than the host's
+    batch = trainer._to_device({"position": torch.arange(4), "audio": torch.zeros(4, 1, 8)})
+    assert batch["position"].device.type == "cpu" and batch["audio"].device.type == "meta"
