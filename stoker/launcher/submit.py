@@ -28,6 +28,7 @@ from stoker.launcher.render import RenderedScript, Shell, render_sbatch
 from stoker.launcher.rundir import RunDir, new_run_dir, runs_root
 from stoker.launcher.slurm_cli import run_slurm
 from stoker.launcher.spec import LaunchSpec
+from stoker.launcher.tracking import config_params
 
 # `--after 123`, `--after 123_4`, `--after 123:456` (all must succeed).
 _AFTER = re.compile(r"^\d+(_\d+)?(:\d+(_\d+)?)*$")
@@ -222,7 +223,7 @@ def _submit_in(
         children = [
             tracking.ChildSpec(
                 run_name=f"{run_name}-{i}",
-                params=_params(cfg),
+                params=config_params(cfg),
                 tags={
                     **tags,
                     "stoker.run_dir": str(folders[i].path),
@@ -250,7 +251,7 @@ def _submit_in(
             target,
             experiment=base.config.tracking.experiment,
             run_name=run_name,
-            params=_params(base),
+            params=config_params(base),
             tags=tags,
             artifacts={"config.yaml": frozen[0]},
         )
@@ -399,17 +400,6 @@ def check_eval_data(resolved: ResolvedConfig) -> None:
             fix="set data.eval_url to a held-out data set (packed like data.url), "
             "or train.eval_every=0",
         )
-
-
-def _params(resolved: ResolvedConfig) -> dict[str, str]:
-    """MLflow params: every config leaf as `section.key`."""
-    return {row.key: _param_text(row.value) for row in resolved.rows()}
-
-
-def _param_text(value: Any) -> str:
-    if isinstance(value, list | tuple):
-        return ",".join(map(str, value))
-    return "null" if value is None else str(value)
 
 
 def preflight(script: Path) -> None:

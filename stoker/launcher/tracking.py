@@ -34,10 +34,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stoker.errors import StokerError
 from stoker.home import stoker_home
+
+if TYPE_CHECKING:
+    from stoker.config import ResolvedConfig
 
 ParamValue = str | int | float
 
@@ -224,6 +227,18 @@ def _check_key(kind: str, key: str) -> None:
 
 def _cut(value: str, limit: int) -> str:
     return value if len(value) <= limit else value[: limit - len(_TRUNCATED)] + _TRUNCATED
+
+
+def config_params(resolved: ResolvedConfig) -> dict[str, str]:
+    """MLflow params: every config leaf as `section.key` (free mappings such as
+    job.env key by key), as `stoker submit` and the runtime log them."""
+    return {row.key: _param_text(row.value) for row in resolved.rows()}
+
+
+def _param_text(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value))
+    return "null" if value is None else str(value)
 
 
 def _prepare_params(params: Mapping[str, ParamValue]) -> tuple[dict[str, str], tuple[str, ...]]:

@@ -61,25 +61,13 @@ def _tags(env: DistEnv, device: torch.device) -> dict[str, str]:
     return tags
 
 
-def config_params(cfg: ExperimentConfig) -> dict[str, str]:
-    """Every config leaf as `section.key` -> text, as `stoker submit` logs them."""
-    params: dict[str, str] = {}
-    for section, values in cfg.model_dump(by_alias=True).items():
-        for key, value in values.items():
-            if isinstance(value, list | tuple):
-                text = ",".join(map(str, value))
-            else:
-                text = "null" if value is None else str(value)
-            params[f"{section}.{key}"] = text
-    return params
-
-
 def open_tracking(
     cfg: ExperimentConfig, env: DistEnv, device: torch.device, run_dir: Path, config_path: Path
 ) -> Tracking:
     if not (env.is_main or env.is_node_main):
         return Tracking(None, None, os.environ.get("MLFLOW_RUN_ID"))
-    from stoker.launcher.tracking import resolve_tracking_uri
+    from stoker.config import resolve_config
+    from stoker.launcher.tracking import config_params, resolve_tracking_uri
     from stoker.runtime.run_logger import RunLogger, SystemSampler, ensure_run
 
     target = resolve_tracking_uri(cfg.tracking.uri)
@@ -91,7 +79,7 @@ def open_tracking(
             target.uri,
             cfg.tracking.experiment,
             cfg.tracking.run_name or cfg.job.name,
-            config_params(cfg),
+            config_params(resolve_config(config_path, use_profile=False)),
             dict(cfg.tracking.tags),
         )
     logger = RunLogger(target.uri, run_id, run_dir / f"mlflow-spool-{env.rank}.jsonl")
