@@ -103,3 +103,10 @@ def test_bad_options_name_the_value(tmp_path: Path) -> None:
 
 def test_device_slug_names_the_gpu() -> None:
     assert run.device_slug(torch.device("cpu")) == "cpu"
+    names = {
+        "NVIDIA H100 80GB HBM3": "h100",
+        "NVIDIA H200": "h200",
+        "NVIDIA A100-SXM4-80GB": "a100",
+        "NVIDIA GeForce RTX 4090": "nvidia-geforce-rtx-4090",
+    }
+    assert {name: run.slug_of_name(name) for name in names} == names

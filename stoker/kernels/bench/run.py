@@ -41,9 +41,14 @@ def device_slug(device: torch.device) -> str:
     """'h100', 'h200', ... from the GPU's name; 'cpu' without one."""
     if device.type != "cuda":
         return "cpu"
-    name = torch.cuda.get_device_name(device).lower()
-    found = re.search(r"\b([a-z]\d{2,4}[a-z]?)\b", name)
-    return found.group(1) if found else re.sub(r"[^a-z0-9]+", "-", name).strip("-")
+    return slug_of_name(torch.cuda.get_device_name(device))
+
+
+def slug_of_name(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100'; a name without a model number -> its words."""
+    lowered = name.lower()
+    found = re.search(r"\b([a-z]\d{2,4}[a-z]?)\b", lowered)
+    return found.group(1) if found else re.sub(r"[^a-z0-9]+", "-", lowered).strip("-")
 
 
 def device_name(device: torch.device) -> str:
