@@ -276,6 +276,10 @@ class CheckpointConfig(Section):
     """Also keep every checkpoint whose step is a multiple of this; null keeps none extra."""
     async_save: bool = Field(default=True, alias="async")
     """Save in the background while training goes on."""
+    verify: Literal["quick", "full"] = "full"
+    """Check before resuming: file sizes (quick), or also every sha256, split over ranks (full)."""
+    upload_final: bool = False
+    """At the end, upload the consolidated final weights to MLflow as a logged model."""
 
 
 class TrackingConfig(Section):
@@ -596,3 +600,18 @@ def write_frozen(resolved: ResolvedConfig, path: Path) -> Path:
 def load_frozen(path: Path) -> ExperimentConfig:
     """Read a frozen config as a job does: no profile, no overrides, strict validation."""
     return resolve_config(path, use_profile=False).config
+
+
+# The sections that decide what a checkpoint holds; job resources, tracking and
+# checkpoint placement can change between a save and a resume.
+_STATE_SECTIONS = ("model", "data", "train", "optim")
+
+
+def config_hash(cfg: ExperimentConfig) -> str:
+    """A short hash of the config sections a checkpoint's state depends on
+    (recorded in COMMIT.json, to tell which config wrote a checkpoint)."""
+    import hashlib
+    import json
+
+    data = cfg.model_dump(mode="json", by_alias=True, include=set(_STATE_SECTIONS))
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

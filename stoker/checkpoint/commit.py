@@ -11,6 +11,7 @@ Works on any fsspec URL (local paths, s3://); imports no torch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -134,6 +135,12 @@ def _torch_version() -> str:
         return "unknown"
 
 
+def _known_sha(known: dict[str, tuple[int, str]], rel: str, size: int) -> str | None:
+    """The writer's hash, if it hashed a file of this very size."""
+    entry = known.get(rel)
+    return entry[1] if entry is not None and entry[0] == size else None
+
+
 def write_commit(
     folder_url: str,
     *,
@@ -142,9 +149,14 @@ def write_commit(
     mesh: dict[str, Any] | None = None,
     config_hash: str | None = None,
     extra: dict[str, Any] | None = None,
+    known: dict[str, tuple[int, str]] | None = None,
     fs_options: dict[str, Any] | None = None,
 ) -> Commit:
-    """Hash every file of a finished DCP save and write COMMIT.json (coordinator only)."""
+    """Hash every file of a finished DCP save and write COMMIT.json (coordinator only).
+
+    `known`: (size, sha256) by relative path, as the ranks that wrote the files
+    hashed them (hash_files); a file whose size differs, or that is not in it,
+    is hashed here."""
     fs, folder = _open(folder_url, fs_options)
     if not fs.isdir(folder):
         raise StokerError(
@@ -158,9 +170,12 @@ def write_commit(
             fix="commit only after every rank's save has returned (the coordinator "
             "writes .metadata last)",
         )
+    known = known or {}
     entries = tuple(
-        FileEntry(rel, size, _sha256(fs, f"{folder}/{rel}")) for rel, size in sorted(sizes.items())
-    )
+        FileEntry(rel, size, sha if (sha := _known_sha(known, rel, size)) else
+                  _sha256(fs, f"{folder}/{rel}"))
+        for rel, size in sorted(sizes.items())
+    )  # fmt: skip
     commit = Commit(
         step=step,
         world_size=world_size,
@@ -180,6 +195,25 @@ def write_commit(
     else:
         fs.pipe_file(target, commit.to_json().encode())
     return commit
+
+
+def hash_files(
+    folder_url: str, names: list[str], *, fs_options: dict[str, Any] | None = None
+) -> dict[str, tuple[int, str]]:
+    """(size, sha256) of these files of the folder (relative paths): each rank
+    hashes what it wrote, so the coordinator does not read every shard back."""
+    fs, folder = _open(folder_url, fs_options)
+    out = {}
+    for rel in names:
+        path = f"{folder}/{rel}"
+        out[rel] = (int(fs.size(path)), _sha256(fs, path))
+    return out
+
+
+def file_names(folder_url: str, *, fs_options: dict[str, Any] | None = None) -> list[str]:
+    """Relative paths of the folder's files, COMMIT.json left out."""
+    fs, folder = _open(folder_url, fs_options)
+    return sorted(_files(fs, folder)) if fs.isdir(folder) else []
 
 
 def _parse(raw: bytes, where: str) -> Commit:
@@ -218,6 +252,9 @@ def read_commit(folder_url: str, *, fs_options: dict[str, Any] | None = None) ->
     """The folder's commit record; None when it has none."""
     fs, folder = _open(folder_url, fs_options)
     target = f"{folder}/{COMMIT_NAME}"
+    # A cached listing of the folder from before the commit would answer "not
+    # found" (s3fs sizes the object from it): this clears the path and its parents.
+    fs.invalidate_cache(target)
     try:
         raw = fs.cat_file(target)
     except FileNotFoundError:
@@ -265,7 +302,19 @@ def step_of(url: str) -> int | None:
 
 def exists(url: str, *, fs_options: dict[str, Any] | None = None) -> bool:
     fs, path = _open(url, fs_options)
+    fs.invalidate_cache(path)  # what the store holds now, not a listing cached before
     return bool(fs.exists(path))
+
+
+def remove(url: str, *, fs_options: dict[str, Any] | None = None) -> None:
+    """Delete a checkpoint folder, its COMMIT.json first: a deletion cut short
+    leaves an uncommitted folder, never a committed one with files missing."""
+    fs, folder = _open(url, fs_options)
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm_file(f"{folder}/{COMMIT_NAME}")
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm(folder, recursive=True)
+    fs.invalidate_cache(folder)
 
 
 def list_checkpoints(root_url: str, *, fs_options: dict[str, Any] | None = None) -> list[Row]:
@@ -290,6 +339,46 @@ def list_checkpoints(root_url: str, *, fs_options: dict[str, Any] | None = None)
     return sorted(rows, key=lambda r: r.step, reverse=True)
 
 
+def check_files(
+    folder_url: str, entries: list[FileEntry], *, fs_options: dict[str, Any] | None = None
+) -> list[Problem]:
+    """sha256 of these files of a committed folder against their entries (a
+    share of a full verification; see Checkpointer, where ranks split it)."""
+    fs, folder = _open(folder_url, fs_options)
+    problems = []
+    for entry in entries:
+        try:
+            sha = _sha256(fs, f"{folder}/{entry.path}")
+        except FileNotFoundError:
+            problems.append(Problem(entry.path, f"{entry.path}: missing"))
+            continue
+        if sha != entry.sha256:
+            problems.append(
+                Problem(entry.path, f"{entry.path}: sha256 {sha} != {entry.sha256} in COMMIT.json")
+            )
+    return problems
+
+
+def first_good(
+    rows: list[Row],
+    check: Callable[[Row], list[Problem]],
+    warn: Callable[[str], None],
+) -> Row | None:
+    """The first row (newest first) that `check` passes; one warning per newer
+    broken one, naming the step it falls back to."""
+    broken: list[tuple[int, Problem]] = []
+    for row in rows:
+        problems = check(row)
+        if not problems:
+            for step, problem in broken:
+                warn(f"falling back to step-{row.step}: step-{step} is broken: {problem}")
+            return row
+        broken.append((row.step, problems[0]))
+    for step, problem in broken:
+        warn(f"no checkpoint verifies, starting fresh: step-{step} is broken: {problem}")
+    return None
+
+
 def newest_verified(
     root_url: str,
     *,
@@ -298,14 +387,9 @@ def newest_verified(
     fs_options: dict[str, Any] | None = None,
 ) -> tuple[int, str] | None:
     """(step, URL) of the newest checkpoint that verifies; one warning per newer broken one."""
-    broken: list[tuple[int, Problem]] = []
-    for row in list_checkpoints(root_url, fs_options=fs_options):
-        problems = verify(row.path, full=full, fs_options=fs_options)
-        if not problems:
-            for step, problem in broken:
-                warn(f"falling back to step-{row.step}: step-{step} is broken: {problem}")
-            return row.step, row.path
-        broken.append((row.step, problems[0]))
-    for step, problem in broken:
-        warn(f"no checkpoint verifies, starting fresh: step-{step} is broken: {problem}")
-    return None
+    row = first_good(
+        list_checkpoints(root_url, fs_options=fs_options),
+        lambda r: verify(r.path, full=full, fs_options=fs_options),
+        warn,
+    )
+    return (row.step, row.path) if row else None

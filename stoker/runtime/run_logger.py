@@ -30,6 +30,37 @@ at `start()` and again each time the store answers after an outage, from the run
 latest metrics (MLflow keeps, per key, the point with the highest step). The first
 value logged for a (key, step) wins.
 
+Checkpoints (from the checkpoint code, on global rank 0, once `step-<N>` is committed):
+
+    logger.log_checkpoint(step, "s3://bucket/run/step-1000", bytes=n, blocking_s=1.2,
+                          background_s=40.0)
+    logger.log_final_model(Path("final"), step=step)   # uploads the folder's files
+
+`log_checkpoint` logs the metrics `checkpoint/bytes`, `checkpoint/blocking_s`,
+`checkpoint/background_s` and `checkpoint/bytes_per_s` (bytes / (blocking_s +
+background_s): the save from its start to its commit) at `step`, and registers an
+MLflow external logged model `step-<N>` (source run: this run; params step, uri, bytes; tags
+`stoker.checkpoint.step`, `stoker.checkpoint.uri`, `mlflow.model.isExternal`; the same
+metrics as model metrics; a run output at `step`). Nothing of the checkpoint is
+uploaded: MLflow records where it is. `log_final_model` creates a logged model from
+the run whose artifacts are the files of a folder, uploaded when the thread sends it.
+Both go through the queue and the spool like the rest, and a model is created once:
+before creating one, the thread looks for a model of this run with that name (a spool
+replayed twice, a create the store took as the connection broke) and completes it if
+it is still PENDING, or skips it if READY.
+
+The records of the queue and of the spool, one JSON object per spool line:
+
+    {"run": id, "m": [[key, value, ms, step], ...], "p": {key: value}, "t": {key: value}}
+    {"run": id, "a": [local_path, artifact_path]}           one artifact upload
+    {"run": id, "lm": {"name", "step", "params", "tags", "metrics", "dir"}}
+                                                            one logged model
+    (`log_checkpoint` queues "m" and "lm" in one record; the model metrics are then
+    the points the run takes, so that a point dropped by the step rule does not come
+    back as a model metric.) "dir" is None for an external model, else the folder
+    whose files are uploaded. A record with none of these keys (a later version's
+    kind) is skipped.
+
 mlflow is imported by `start()`, never at module import (1 to 2.7 s here).
 """
 
@@ -79,8 +110,14 @@ HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TI
 # Extra seconds close() waits for a store call already under way.
 CLOSE_GRACE_S = 1.0
 
-# One queue entry, one spool line: {"run": id, "m": [[key, value, ms, step], ...],
-# "p": {key: value}, "t": {key: value}} or {"run": id, "a": [local_path, artifact_path]}.
+# The tag MLflow's create_external_model sets (mlflow/utils/mlflow_tags.py).
+EXTERNAL_MODEL_TAG = "mlflow.model.isExternal"
+# What MLflow refuses in a logged model's name (mlflow/utils/validation.py); a quote would
+# also break the search filter that keeps models exactly once.
+_BAD_MODEL_NAME_CHARS = ("/", ":", ".", "%", '"', "'")
+MAX_MODEL_NAME = 500
+
+# One queue entry, one spool line; the kinds are in the module docstring.
 _Record = dict[str, Any]
 
 
@@ -100,16 +137,20 @@ class RunLoggerStats:
     """The longest `log_metrics` call, in seconds."""
     outages: int
     """Times the store stopped answering."""
+    models: int = 0
+    """Logged models this logger created (or completed) in the store."""
 
 
 @dataclass
 class _Batch:
-    """What one store call sends: a log_batch, or one artifact upload."""
+    """What one store call sends: a log_batch, one artifact upload, or one logged model
+    (a few calls)."""
 
     metrics: list[list[Any]] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     artifact: list[str | None] | None = None
+    model: dict[str, Any] | None = None
     chars: int = 0
 
     @property
@@ -117,7 +158,7 @@ class _Batch:
         return len(self.metrics)
 
     def empty(self) -> bool:
-        return not (self.metrics or self.params or self.tags or self.artifact)
+        return not (self.metrics or self.params or self.tags or self.artifact or self.model)
 
     def full(self, chars: int) -> bool:
         entities = len(self.metrics) + len(self.params) + len(self.tags)
@@ -126,6 +167,8 @@ class _Batch:
     def record(self, run_id: str) -> _Record:
         if self.artifact is not None:
             return {"run": run_id, "a": self.artifact}
+        if self.model is not None:
+            return {"run": run_id, "lm": self.model}
         record: _Record = {"run": run_id}
         if self.metrics:
             record["m"] = self.metrics
@@ -142,6 +185,15 @@ class _StoreDown(Exception):
 
 def _warn(message: str) -> None:
     print(f"stoker: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _check_model_name(name: str) -> None:
+    if not name or len(name) > MAX_MODEL_NAME or any(c in name for c in _BAD_MODEL_NAME_CHARS):
+        raise StokerError(
+            f"{name!r} is not a name MLflow takes for a logged model",
+            fix=f"use 1 to {MAX_MODEL_NAME} characters without any of "
+            f"{' '.join(_BAD_MODEL_NAME_CHARS)}",
+        )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -206,6 +258,7 @@ class RunLogger:
         self._inflight: list[_Batch] = []
         self._abandoned = False
         self._client: Any = None
+        self._experiment_id: str | None = None
         self._connected = False
         self._marked_running = False
         self._in_outage = False
@@ -219,6 +272,7 @@ class RunLogger:
         self._spooled = 0
         self._sent = 0
         self._dropped = 0
+        self._models = 0
         self._outages = 0
 
         self._wake = threading.Event()
@@ -300,6 +354,62 @@ class RunLogger:
             {"run": self.run_id, "a": [str(Path(local_path).absolute()), artifact_path]}, 0
         )
 
+    def log_checkpoint(
+        self, step: int, uri: str, *, bytes: int, blocking_s: float, background_s: float
+    ) -> None:
+        """Enqueue the record of checkpoint `step-<step>`, committed at `uri`, and return:
+        the `checkpoint/*` metrics at `step`, and an external logged model `step-<step>`
+        (see the module docstring). `bytes`: its size; `blocking_s`: how long training
+        waited for it; `background_s`: how long the rest of the save took. Never raises."""
+        try:
+            step = int(step)
+            size = int(bytes)
+            values = {
+                "checkpoint/bytes": float(size),
+                "checkpoint/blocking_s": float(blocking_s),
+                "checkpoint/background_s": float(background_s),
+            }
+            seconds = float(blocking_s) + float(background_s)  # the save, start to commit
+            if seconds > 0:
+                values["checkpoint/bytes_per_s"] = size / seconds
+            stamp = int(time.time() * 1000)
+            points = [[key, value, stamp, step] for key, value in values.items()]
+            model = {
+                "name": f"step-{step}",
+                "step": step,
+                "params": {
+                    "step": str(step),
+                    "uri": _cut(str(uri), MAX_PARAM_VALUE),
+                    "bytes": str(size),
+                },
+                "tags": {
+                    EXTERNAL_MODEL_TAG: "true",
+                    "stoker.checkpoint.step": str(step),
+                    "stoker.checkpoint.uri": _cut(str(uri), MAX_TAG_VALUE),
+                },
+                "metrics": points,
+                "dir": None,
+            }
+            self._enqueue({"run": self.run_id, "m": points, "lm": model}, len(points))
+        except Exception as exc:  # a record must never stop training
+            _warn(f"checkpoint step-{step} is not recorded in MLflow: {_first_line(exc)}")
+
+    def log_final_model(self, local_dir: Path, *, step: int, name: str = "final") -> None:
+        """Enqueue a logged model `name` of this run whose artifacts are the files of
+        `local_dir` (param `step`), and return. The files are read when the thread
+        uploads them, maybe after an outage or in the next attempt: leave them in place.
+        Raises StokerError for a name MLflow refuses; nothing else."""
+        _check_model_name(name)
+        model = {
+            "name": name,
+            "step": int(step),
+            "params": {"step": str(int(step))},
+            "tags": {},
+            "metrics": [],
+            "dir": str(Path(local_dir).absolute()),
+        }
+        self._enqueue({"run": self.run_id, "lm": model}, 0)
+
     def close(self, status: Status | None, timeout_s: float = 30.0) -> None:
         """Send what can be sent within `timeout_s`, then set the run's terminal
         status, unless `status` is None (a job about to be requeued: the next attempt
@@ -345,6 +455,7 @@ class RunLogger:
             dropped=self._dropped,
             longest_log_s=self._longest_log_s,
             outages=self._outages,
+            models=self._models,
         )
 
     # --- the training thread's side --------------------------------------------------
@@ -429,6 +540,7 @@ class RunLogger:
                     f"MLflow run {self.run_id} in {self.tracking_uri} is deleted",
                     fix="restore it (`mlflow runs restore --run-id ...`) or log into another run",
                 )
+            self._experiment_id = str(run.info.experiment_id)
             maxes = {m.key: int(m.step) for m in run.to_proto().data.metrics}
             params = dict(run.data.params)
             if not self._marked_running:
@@ -506,6 +618,9 @@ class RunLogger:
         """One store call. Raises _StoreDown where retrying may help; drops the batch
         with a warning (once per kind of error) where the store refused it."""
         try:
+            if batch.model is not None:
+                self._send_model(batch)
+                return
             if batch.artifact is not None:
                 local, artifact_path = batch.artifact
                 path = Path(str(local))
@@ -533,16 +648,91 @@ class RunLogger:
             return
         self._sent += batch.points
 
+    def _send_model(self, batch: _Batch) -> None:
+        """Create the logged model of `batch.model`, or complete the one of this run with
+        that name that a call cut short left PENDING; a READY one was sent before.
+        The calls in order: create (PENDING, params, tags), upload (the folder's files,
+        or the MLmodel file that makes an external model registrable), model metrics,
+        run output, READY."""
+        from mlflow.entities import LoggedModelOutput, Metric
+
+        model = cast(dict[str, Any], batch.model)
+        name, local = str(model["name"]), model.get("dir")
+        if local is not None and not Path(local).is_dir():
+            self._refused(batch, f"folder {local} no longer exists")
+            return
+        found = self._find_model(name)
+        if found is not None and str(found.status) == "READY":
+            return
+        if found is None:
+            found = self._client.create_logged_model(
+                experiment_id=self._experiment_id,
+                name=name,
+                source_run_id=self.run_id,
+                tags=model.get("tags") or None,
+                params=model.get("params") or None,
+            )
+            linked = False
+        else:
+            outputs = getattr(self._client.get_run(self.run_id).outputs, "model_outputs", None)
+            linked = any(output.model_id == found.model_id for output in outputs or ())
+        model_id = found.model_id
+        if local is None:
+            self._upload_external_spec(found)
+        else:
+            self._client.log_model_artifacts(model_id, str(local))
+        if model.get("metrics"):
+            # The run's own points again (same key, value, time, step): MLflow keeps one
+            # row per run point and adds the model's, as its own log_model does.
+            self._client.log_batch(
+                self.run_id,
+                metrics=[
+                    Metric(k, v, ts, step, model_id=model_id) for k, v, ts, step in model["metrics"]
+                ],
+                synchronous=True,
+            )
+        if not linked:
+            self._client.log_outputs(
+                self.run_id, [LoggedModelOutput(model_id, step=int(model["step"]))]
+            )
+        self._client.finalize_logged_model(model_id, "READY")
+        self._models += 1
+
+    def _find_model(self, name: str) -> Any:
+        """This run's logged model `name` (READY first), or None."""
+        found = list(
+            self._client.search_logged_models(
+                [self._experiment_id],
+                filter_string=f"source_run_id = '{self.run_id}' AND name = '{name}'",
+                max_results=50,
+            )
+        )
+        ready = [m for m in found if str(m.status) == "READY"]
+        return (ready or found or [None])[0]
+
+    def _upload_external_spec(self, model: Any) -> None:
+        """The MLmodel file mlflow.create_external_model writes: it says the artifacts
+        live elsewhere, and lets the model be registered in the Model Registry."""
+        import tempfile
+
+        from mlflow.models.model import MLMODEL_FILE_NAME
+        from mlflow.models.utils import get_external_mlflow_model_spec
+
+        with tempfile.TemporaryDirectory(prefix="stoker-mlmodel-") as folder:
+            get_external_mlflow_model_spec(model).save(os.path.join(folder, MLMODEL_FILE_NAME))
+            self._client.log_model_artifacts(model.model_id, folder)
+
     def _refused(self, batch: _Batch, reason: str) -> None:
         self._dropped += batch.points
         kind = reason[:80]
         if kind not in self._warned_errors:
             self._warned_errors.add(kind)
-            what = (
-                f"artifact {batch.artifact[0]}"
-                if batch.artifact is not None
-                else f"{batch.points} points, {len(batch.params)} params, {len(batch.tags)} tags"
-            )
+            if batch.model is not None:
+                what = f"logged model {batch.model['name']!r}"
+            elif batch.artifact is not None:
+                what = f"artifact {batch.artifact[0]}"
+            else:
+                what = f"{batch.points} points, {len(batch.params)} params, {len(batch.tags)} tags"
             _warn(
                 f"MLflow store {self.tracking_uri} refused {what} for run {self.run_id}: "
                 f"{reason}; dropped (later errors like this one are not reported)"
@@ -559,11 +749,13 @@ class RunLogger:
                     batch = _Batch()
                 yield _Batch(artifact=list(record["a"]))
                 continue
+            taken: set[tuple[str, int]] = set()
             for key, value, stamp, step in record.get("m", ()):
                 if step <= self._maxes.get(key, -1):
                     self._dropped += 1
                     continue
                 self._maxes[key] = step
+                taken.add((key, step))
                 if len(batch.metrics) >= self._batch_points or batch.full(len(key) + 40):
                     yield batch
                     batch = _Batch()
@@ -598,6 +790,16 @@ class RunLogger:
                     batch = _Batch()
                 batch.tags[key] = value
                 batch.chars += size
+            if "lm" in record:
+                model = dict(record["lm"])
+                if "m" in record:  # as logged: model metrics for the points the run takes
+                    model["metrics"] = [
+                        p for p in model.get("metrics", ()) if (p[0], p[3]) in taken
+                    ]
+                if not batch.empty():  # the run's points go first
+                    yield batch
+                    batch = _Batch()
+                yield _Batch(model=model)
         if not batch.empty():
             yield batch
 

@@ -39,6 +39,22 @@ class Tracking:
         if self.logger is not None:
             self.logger.log_artifact(path, artifact_path)
 
+    def log_checkpoint(
+        self, step: int, uri: str, *, bytes: int, blocking_s: float, background_s: float
+    ) -> None:
+        """Checkpoint `step-<step>` is committed at `uri`: its metrics and an external
+        logged model (RunLogger.log_checkpoint). Never raises."""
+        if self.logger is not None:
+            self.logger.log_checkpoint(
+                step, uri, bytes=bytes, blocking_s=blocking_s, background_s=background_s
+            )
+
+    def log_final_model(self, local_dir: Path, *, step: int, name: str = "final") -> None:
+        """A logged model whose artifacts are the files of `local_dir`, uploaded in the
+        background (RunLogger.log_final_model)."""
+        if self.logger is not None:
+            self.logger.log_final_model(local_dir, step=step, name=name)
+
     def close(self, status: str | None) -> None:
         """status None: the job exits to be requeued; the run stays RUNNING."""
         if self.sampler is not None:
@@ -107,6 +123,14 @@ class _SystemOnly:
         pass
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        pass
+
+    def log_checkpoint(
+        self, step: int, uri: str, *, bytes: int, blocking_s: float, background_s: float
+    ) -> None:
+        pass
+
+    def log_final_model(self, local_dir: Path, *, step: int, name: str = "final") -> None:
         pass
 
     def close(self, status: str | None) -> None:

@@ -27,10 +27,11 @@ from typing import Any, Protocol
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
-from stoker.config import ExperimentConfig
+from stoker.checkpoint.checkpointer import Checkpointer, SaveRecord, save_metrics
+from stoker.checkpoint.train_state import TrainState
+from stoker.config import ExperimentConfig, config_hash
 from stoker.errors import StokerError
 from stoker.launcher.protocol import EXIT_REQUEUE
-from stoker.runtime import resume_state
 from stoker.runtime.dist_env import DistEnv
 from stoker.runtime.optim import build_optimizer, build_scheduler
 from stoker.runtime.parallelize import parallelize
@@ -92,8 +93,7 @@ class Trainer:
         self.sink: MetricsSink = sink or NullSink()
         self.mlflow_run_id = mlflow_run_id
         self.stop = StopRequest()
-        root = cfg.checkpoint.root
-        self.checkpoint_root = Path(root) if root else run_dir / "checkpoints"
+        self.checkpoint_root = cfg.checkpoint.root or str(run_dir / "checkpoints")
         accum = cfg.train.grad_accum
         if cfg.data.batch_size % (accum * env.world_size):
             raise StokerError(
@@ -138,19 +138,46 @@ class Trainer:
         self.flops_per_sample = float(model.flops_per_sample())
         self._generators: list[torch.Generator] = []
         self.start_step = 0
-        state = resume_state.load_latest(
-            self.checkpoint_root,
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            rank=self.env.rank,
-        )
+        self.checkpointer = self._checkpointer()
+        state = self.checkpointer.load_latest(self.model, self.optimizer, self.scheduler)
         if state is not None:
             self.start_step = state.step
             if state.loader is not None:
                 self.loader.load_state_dict(state.loader)
             if self.env.is_main:
                 print(f"resumed from {self.checkpoint_root}/step-{state.step}", flush=True)
+
+    def _checkpointer(self) -> Checkpointer:
+        ckpt = self.cfg.checkpoint
+        mesh = None
+        if self.mesh is not None:
+            mesh = {"dims": list(self.mesh.mesh_dim_names or ()), "shape": list(self.mesh.shape)}
+        return Checkpointer(
+            self.checkpoint_root,
+            rank=self.env.rank,
+            world_size=self.env.world_size,
+            async_save=ckpt.async_save,
+            keep_last=ckpt.keep_last,
+            keep_every=ckpt.keep_every,
+            mesh=mesh,
+            config_hash=config_hash(self.cfg),
+            full_verify_on_load=ckpt.verify == "full",
+            on_commit=self._report_save if self.env.is_main else None,
+        )
+
+    def _report_save(self, record: SaveRecord) -> None:
+        """Called from the checkpoint thread when a save has committed."""
+        log_checkpoint = getattr(self.sink, "log_checkpoint", None)
+        if log_checkpoint is not None:
+            log_checkpoint(
+                record.step,
+                record.url,
+                bytes=record.bytes,
+                blocking_s=record.blocking_s,
+                background_s=record.background_s,
+            )
+        else:
+            self.sink.log_metrics(save_metrics(record), record.step)
 
     def _eval_loader(self, micro_cfg: ExperimentConfig) -> Any:
         """The held-out split's loader: clips from their start, the same
@@ -325,14 +352,16 @@ class Trainer:
                         progress.update(step, metrics)
                     window = Window()
                 if stop_wanted:
-                    self.save(step)
+                    self.save(step, wait=True)
                     if self.stop.terminated:
                         return Outcome(EXIT_TERMINATED, "KILLED", step)
                     return Outcome(EXIT_REQUEUE, "REQUEUE", step)
                 every = cfg.checkpoint.every
                 if every and step % every == 0 and step < total:
                     self.save(step)
-            self.save(step)
+            self.save(step, wait=True)
+            if cfg.checkpoint.upload_final and env.is_main:
+                self._upload_final(step)
             return Outcome(0, "FINISHED", step)
         finally:
             for path in profiler.close():
@@ -388,18 +417,31 @@ class Trainer:
             metrics[f"data/{name}"] = float(getattr(loader_stats, name))
         return metrics
 
-    def save(self, step: int) -> Path:
-        state = resume_state.TrainState(step, self.loader.state_dict(), self.mlflow_run_id)
-        folder = resume_state.save(
-            self.checkpoint_root,
-            state,
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            rank=self.env.rank,
+    def _upload_final(self, step: int) -> None:
+        """checkpoint.upload_final: the final weights, consolidated into one
+        safetensors file, go to MLflow as the run's logged model `final`."""
+        from stoker.checkpoint.export import export_weights
+
+        folder = self.run_dir / "final-model"
+        result = export_weights(
+            self.checkpointer.url_for(step),
+            str(folder / "model.safetensors"),
+            force=True,
         )
-        if self.env.distributed:
-            torch.distributed.barrier()
-        if self.env.is_main:
-            resume_state.prune(self.checkpoint_root, self.cfg.checkpoint.keep_last)
-        return folder
+        print(f"final weights: {result.out} ({result.bytes} bytes)", flush=True)
+        log_final_model = getattr(self.sink, "log_final_model", None)
+        if log_final_model is not None:
+            log_final_model(folder, step=step)
+
+    def save(self, step: int, *, wait: bool = False) -> None:
+        """Save the state after `step`; with checkpoint.async the files are written
+        while training goes on. `wait`: return once it has committed (or failed)."""
+        state = TrainState(step, self.loader.state_dict(), self.mlflow_run_id)
+        self.checkpointer.save(step, state, self.model, self.optimizer, self.scheduler)
+        if wait:
+            self.checkpointer.wait()
+            failed = [m for s, m in self.checkpointer.failures if s == step]
+            if failed:
+                raise StokerError(failed[0], fix="check that checkpoint.root is writable "
+                                                 "and has space; the run can resume from "
+                                                 "the checkpoint before")  # fmt: skip

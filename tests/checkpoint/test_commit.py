@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
 from stoker.checkpoint import commit as ck
+from stoker.checkpoint.train_state import TrainState, state_to_save
 from stoker.errors import StokerError
-from stoker.runtime import resume_state
 from tests.clirun import stoker
 from tests.s3_server import S3Server
 
@@ -21,6 +22,7 @@ SHARD = "__0_0.distcp"
 
 
 def _save(root: Path, step: int) -> Path:
+    """A finished DCP save of a training state, not committed."""
     torch.manual_seed(step)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -28,8 +30,11 @@ def _save(root: Path, step: int) -> Path:
     model(torch.randn(4, 6)).pow(2).mean().backward()
     opt.step()
     sched.step()
-    state = resume_state.TrainState(step, {"samples_consumed": step * 4})
-    return resume_state.save(root, state, model, opt, sched, rank=0)
+    state = TrainState(step, {"samples_consumed": step * 4})
+    folder = root / f"step-{step}"
+    dcp.save(state_to_save(state, model, opt, sched, rank=0), checkpoint_id=str(folder),
+             no_dist=True)  # fmt: skip
+    return folder
 
 
 def _committed(root: Path, step: int) -> Path:
@@ -50,7 +55,7 @@ def test_commit_records_every_file(tmp_path: Path) -> None:
     commit = ck.write_commit(str(folder), step=10, world_size=1, mesh=None, config_hash="h1",
                              extra={"mlflow_run_id": "r1"})  # fmt: skip
     names = [f.path for f in commit.files]
-    assert names == sorted(names) and {".metadata", SHARD, "rng/rank-0.pt"} <= set(names)
+    assert names == sorted(names) and {".metadata", SHARD, "__0_0.distcp"} <= set(names)
     assert ck.COMMIT_NAME not in names
     assert commit.bytes == sum((folder / n).stat().st_size for n in names)
     assert ck.read_commit(str(folder)) == commit
@@ -105,11 +110,11 @@ def test_truncated_and_missing_shards_fail_the_quick_check(tmp_path: Path) -> No
     folder = _committed(tmp_path, 10)
     size = (folder / SHARD).stat().st_size
     (folder / SHARD).write_bytes((folder / SHARD).read_bytes()[:-5])
-    (folder / "rng" / "rank-0.pt").unlink()
+    (folder / ".metadata").unlink()
     problems = {p.file: str(p) for p in ck.verify(str(folder), full=False)}
     assert problems == {
         SHARD: f"{SHARD}: size {size - 5} != {size} in COMMIT.json",
-        "rng/rank-0.pt": "rng/rank-0.pt: missing",
+        ".metadata": ".metadata: missing",
     }
 
 

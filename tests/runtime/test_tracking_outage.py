@@ -161,12 +161,20 @@ def test_tracking_server_outage_mid_run_loses_and_repeats_no_step(tmp_path: Path
             logged = [m.step for m in client.get_metric_history(run.info.run_id, key)]
             repeated = {s: n for s, n in Counter(logged).items() if n > 1}
             assert not repeated, f"{key}: steps logged more than once: {repeated}"
-            if not key.startswith("system/"):  # the trainer's metrics: one point per step
+            # The trainer's metrics: one point per step (checkpoint/*: per committed save).
+            if not key.startswith(("system/", "checkpoint/")):
                 missing = spans(set(range(1, STEPS + 1)) - set(logged))
                 assert sorted(logged) == list(range(1, STEPS + 1)), (
                     f"{key}: steps {missing} of 1-{STEPS} are not in MLflow (the store was down "
                     f"from step {step_at_stop} to step {step_at_restart}; {back_lines[0]})"
                 )
+        # Each committed save is also an external logged model `step-<N>`, once.
+        saves = [m.step for m in client.get_metric_history(run.info.run_id, "checkpoint/bytes")]
+        found = client.search_logged_models(
+            [run.info.experiment_id], f"source_run_id = '{run.info.run_id}'"
+        )
+        names = sorted(m.name for m in found if m.name.startswith("step-"))
+        assert names == sorted(f"step-{s}" for s in saves), (names, saves)
         replay_at = f"at step {step_at_replay}" if step_at_replay else "in close()"
         print(
             f"\nfirst step after {first_step_s:.0f} s; store stopped at step {step_at_stop} "

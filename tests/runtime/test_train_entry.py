@@ -24,7 +24,7 @@ def test_entry_point_creates_its_run_and_finishes(tmp_path: Path, isolated_home:
         "job": {"name": "by-hand", "env": {"FOO": "1"}},
         "data": {"url": str(data), "batch_size": 2, "num_workers": 0},
         "train": {"steps": 2, "log_every": 1},
-        "checkpoint": {"every": 0},
+        "checkpoint": {"every": 1, "keep_last": 1, "upload_final": True},
     }))  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "STOKER_RUN"))}
     result = subprocess.run(
@@ -33,7 +33,8 @@ def test_entry_point_creates_its_run_and_finishes(tmp_path: Path, isolated_home:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "finished at step 2" in result.stdout
-    assert (config.parent / "checkpoints" / "step-2" / ".metadata").is_file()
+    assert (config.parent / "checkpoints" / "step-2" / "COMMIT.json").is_file()
+    assert not (config.parent / "checkpoints" / "step-1").exists()  # keep_last 1
     assert not (config.parent / "progress.json").exists()  # written only with STOKER_PROGRESS_FILE
 
     from mlflow.tracking import MlflowClient
@@ -44,3 +45,24 @@ def test_entry_point_creates_its_run_and_finishes(tmp_path: Path, isolated_home:
     # Keyed as `stoker submit` logs them: free mappings key by key.
     assert run.data.params["job.env.FOO"] == "1" and run.data.params["train.steps"] == "2"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2]
+
+    # Every committed save: metrics at its step and an external logged model;
+    # upload_final: the consolidated weights as the logged model `final`.
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "checkpoint/bytes")] == [
+        1, 2
+    ]
+    models = {
+        m.name: m
+        for m in client.search_logged_models(
+            [run.info.experiment_id], f"source_run_id = '{run.info.run_id}'"
+        )
+    }
+    assert set(models) == {"step-1", "step-2", "final"}
+    assert models["step-2"].tags["mlflow.model.isExternal"] == "true"
+    assert models["step-2"].params["uri"] == str(config.parent / "checkpoints" / "step-2")
+    from mlflow.artifacts import download_artifacts
+
+    got = Path(download_artifacts(artifact_uri=models["final"].artifact_location,
+                                  dst_path=str(tmp_path / "downloaded")))  # fmt: skip
+    local = config.parent / "final-model" / "model.safetensors"
+    assert (got / "model.safetensors").read_bytes() == local.read_bytes()

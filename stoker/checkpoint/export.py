@@ -1,0 +1,283 @@
+"""Consolidated model weights from a sharded checkpoint: one safetensors or torch
+file for inference, read in one process whatever the world size that saved it.
+
+DCP keys every tensor by its flattened name; the model's are `model.<fqn>` with
+the plain model's FQNs (get_state_dict strips FSDP, torch.compile and
+activation-checkpoint prefixes), so the file loads into an unwrapped model with
+`load_state_dict(strict=True)`. Only the model's tensors are read, never the
+optimizer's (twice the model's bytes with AdamW); the whole model is held in
+this process's memory once.
+
+Only committed checkpoints that verify are exported (stoker.checkpoint.commit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from stoker.checkpoint import commit as ck
+from stoker.checkpoint.storage import storage_reader
+from stoker.errors import StokerError
+
+if TYPE_CHECKING:
+    import torch
+
+Format = Literal["safetensors", "torch"]
+Verify = Literal["quick", "full"]
+FORMATS: tuple[Format, ...] = ("safetensors", "torch")
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+"""--dtype names -> torch dtype names."""
+MODEL_PREFIX = "model."
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    step: int
+    source: str
+    """The checkpoint folder read (the newest verified one when given a root)."""
+    out: str
+    format: Format
+    tensors: int
+    bytes: int
+    """Tensor bytes written (after the cast), headers left out."""
+    dtypes: tuple[str, ...]
+    """The written tensors' dtypes, e.g. ('float32',)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _stderr(message: str) -> None:
+    sys.stderr.write(f"warning: {message}\n")
+
+
+def export_weights(
+    path_url: str,
+    out_url: str,
+    *,
+    fmt: Format = "safetensors",
+    dtype: str | None = None,
+    verify: Verify = "quick",
+    force: bool = False,
+    fs_options: dict[str, Any] | None = None,
+    warn: Callable[[str], None] = _stderr,
+) -> ExportResult:
+    """Write the model weights of a committed checkpoint to `out_url`, replaced whole.
+
+    `path_url`: a `step-<N>` folder, or a checkpoint root (then its newest
+    checkpoint that verifies; one `warn` per newer broken one). `fmt`:
+    safetensors (step and COMMIT format version in its metadata) or torch
+    (`torch.save` of the plain state dict). `dtype`: bf16, fp16 or fp32 casts
+    floating tensors; None keeps them as saved. `verify`: quick (sizes) or
+    full (every file's sha256). `fs_options` go to fsspec, for the checkpoint
+    and for OUT. Raises StokerError for an uncommitted or broken
+    checkpoint, one without model tensors, an existing OUT without `force`.
+    """
+    if fmt not in FORMATS:
+        raise StokerError(
+            f"export format {fmt!r} is not one of {', '.join(FORMATS)}",
+            fix="--format safetensors (for inference libraries) or --format torch",
+        )
+    if dtype is not None and dtype not in DTYPES:
+        raise StokerError(
+            f"export dtype {dtype!r} is not one of {', '.join(DTYPES)}",
+            fix="--dtype bf16, fp16 or fp32, or leave it out to keep the saved dtypes",
+        )
+    if verify not in ("quick", "full"):
+        raise StokerError(f"verify {verify!r} is not quick or full", fix="verify='quick'")
+    out_fs, out_path = ck._open(out_url, fs_options)
+    if out_fs.isdir(out_path):
+        raise StokerError(
+            f"export OUT {out_url!r} is a folder",
+            fix="name the file to write, e.g. model.safetensors",
+        )
+    if out_fs.exists(out_path) and not force:
+        raise StokerError(
+            f"export OUT {out_url!r} exists", fix="pass --force to replace it, or name another file"
+        )
+
+    commit, folder = _verified_folder(
+        path_url, full=verify == "full", fs_options=fs_options, warn=warn
+    )
+    tensors = _read_model(folder, fs_options)
+    if dtype is not None:
+        import torch
+
+        target = getattr(torch, DTYPES[dtype])
+        for key, tensor in tensors.items():  # one at a time: the saved copy is freed as we go
+            if tensor.is_floating_point():
+                tensors[key] = tensor.to(target)
+
+    metadata = {
+        "format": "pt",  # what safetensors' torch loaders (transformers) expect
+        "step": str(commit.step),
+        "stoker_format": str(commit.format_version),
+    }
+    if commit.config_hash:
+        metadata["config_hash"] = commit.config_hash
+    _write(tensors, out_fs, out_path, fmt, metadata)
+    return ExportResult(
+        step=commit.step,
+        source=folder,
+        out=out_url,
+        format=fmt,
+        tensors=len(tensors),
+        bytes=sum(t.numel() * t.element_size() for t in tensors.values()),
+        dtypes=tuple(sorted({str(t.dtype).removeprefix("torch.") for t in tensors.values()})),
+    )
+
+
+def _verified_folder(
+    path_url: str, *, full: bool, fs_options: dict[str, Any] | None, warn: Callable[[str], None]
+) -> tuple[ck.Commit, str]:
+    """The commit record and URL of the checkpoint folder to read; refuses any
+    folder that is not committed or does not verify."""
+    if not ck.exists(path_url, fs_options=fs_options):
+        raise StokerError(
+            f"no checkpoint at {path_url!r}: the path does not exist",
+            fix="pass a step-<N> folder or the run's checkpoint root",
+        )
+    folder = path_url
+    if ck.step_of(path_url) is None:
+        warnings_seen: list[str] = []
+        found = ck.newest_verified(
+            path_url, full=full, warn=warnings_seen.append, fs_options=fs_options
+        )
+        if found is None:
+            # newest_verified words these for a resume ("..., starting fresh: step-N is
+            # broken: ..."): keep the part that names the folder.
+            broken = [w.split(": ", 1)[-1] for w in warnings_seen]
+            check = "stoker ckpt verify " + path_url + (" --full" if full else "")
+            raise StokerError(
+                f"no checkpoint under {path_url!r} verifies"
+                + (f": {'; '.join(broken)}" if broken else ": it has no step-<N> folder"),
+                fix=f"see `{check}`; pass a checkpoint root or a committed step-<N> folder",
+            )
+        for message in warnings_seen:
+            warn(message)
+        folder = found[1]
+    commit = ck.read_commit(folder, fs_options=fs_options)  # a broken record raises
+    if commit is None:
+        raise StokerError(
+            f"checkpoint {folder!r} is not committed: no COMMIT.json; its save may have "
+            "been cut short",
+            fix="export a committed checkpoint (`stoker ckpt ls` on the root lists them), "
+            "or pass the root to take the newest one that verifies",
+        )
+    if folder == path_url:  # newest_verified has checked a root's pick
+        problems = ck.verify(folder, full=full, fs_options=fs_options)
+        if problems:
+            shown = "; ".join(str(p) for p in problems[:3])
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            raise StokerError(
+                f"checkpoint {folder!r} does not verify against its COMMIT.json: {shown}{more}",
+                fix="export an older checkpoint (`stoker ckpt verify` on the root lists "
+                "which verify), or pass the root to take the newest one that does",
+            )
+    return commit, folder
+
+
+@contextlib.contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """DCP warns on a load without a process group: one process is intended here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _read_model(folder_url: str, fs_options: dict[str, Any] | None) -> dict[str, torch.Tensor]:
+    """Every `model.*` tensor of the DCP checkpoint, unsharded, by FQN."""
+    import torch
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    reader = storage_reader(folder_url, fs_options)
+    entries = reader.read_metadata().state_dict_metadata
+    model = {k: m for k, m in entries.items() if k.startswith(MODEL_PREFIX)}
+    if not model:
+        top = sorted({k.split(".", 1)[0] for k in entries})
+        raise StokerError(
+            f"checkpoint {folder_url!r} holds no model tensors: no key starts with "
+            f"{MODEL_PREFIX!r} (its keys start with {', '.join(top) or 'nothing'})",
+            fix="export a checkpoint saved by stoker's runtime, whose state dict has "
+            "'model' and 'optim'",
+        )
+    not_tensors = sorted(k for k, m in model.items() if not isinstance(m, TensorStorageMetadata))
+    if not_tensors:
+        raise StokerError(
+            f"checkpoint {folder_url!r}: model entries that are not tensors: "
+            f"{', '.join(not_tensors[:5])}",
+            fix="weights files hold tensors only: keep other model state out of the "
+            "state dict (or in 'train')",
+        )
+    # Full (unsharded) tensors: DCP reads each one's chunks from every rank's shard.
+    state = {
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in model.items()
+        if isinstance(meta, TensorStorageMetadata)
+    }
+    try:
+        with _single_process_quiet():
+            load(state, storage_reader=reader, no_dist=True)
+    except CheckpointException as exc:
+        # DCP wraps what a read raised; a file gone since verify is the user's to fix.
+        lost = [e for e, _ in exc.failures.values() if isinstance(e, FileNotFoundError)]
+        if not lost:
+            raise
+        raise StokerError(
+            f"checkpoint {folder_url!r} lost a file while it was read: {lost[0]}",
+            fix="a running job's retention (checkpoint.keep_last) may have deleted it: "
+            "export again, from the root for its newest checkpoint",
+        ) from None
+    return {key.removeprefix(MODEL_PREFIX): tensor for key, tensor in state.items()}
+
+
+def _save(
+    tensors: dict[str, torch.Tensor], path: Path, fmt: Format, metadata: dict[str, str]
+) -> None:
+    if fmt == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file(tensors, str(path), metadata=metadata)
+    else:
+        import torch
+
+        torch.save(tensors, path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # on disk before the rename makes it visible
+    finally:
+        os.close(fd)
+
+
+def _write(
+    tensors: dict[str, torch.Tensor],
+    fs: Any,
+    path: str,
+    fmt: Format,
+    metadata: dict[str, str],
+) -> None:
+    """The file replaced whole: temp file + rename locally, one PUT on an object store."""
+    if ck._is_local(fs):
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            _save(tensors, tmp, fmt, metadata)
+            tmp.replace(target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return
+    with tempfile.TemporaryDirectory(prefix="stoker-export-") as tmpdir:
+        local = Path(tmpdir) / path.rsplit("/", 1)[-1]
+        _save(tensors, local, fmt, metadata)
+        fs.put_file(str(local), path)

@@ -1,0 +1,115 @@
+"""What a checkpoint holds, as one DCP state dict:
+
+    model     the model's state dict by plain FQN (FSDP, compile and activation
+              checkpointing wrappers stripped by get_state_dict): sharded
+              DTensors on many ranks, resharded by DCP on load
+    optim     the optimizer's state, keyed by the same FQNs
+    train     one JSON string: step, loader position, MLflow run id, schedule
+    rng       {"rank-<r>": this rank's RNG states}: each rank saves its own key
+
+The small non-tensor state is one JSON string: DCP stores a string as one
+object (the same on every rank, saved once), where a nested dict would become
+keys that change with the content. `stoker ckpt export` reads only `model.*`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+MODEL_KEY = "model"
+
+
+@dataclass
+class TrainState:
+    step: int
+    loader: dict[str, Any] | None
+    mlflow_run_id: str | None = None
+
+
+def _rng_blob() -> torch.Tensor:
+    """This rank's CPU and CUDA RNG states as one uint8 tensor (DCP saves tensors
+    per rank by key; a pickled dict would need an object per rank)."""
+    state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        state["cuda"] = torch.cuda.get_rng_state()
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def _restore_rng(blob: torch.Tensor) -> None:
+    state = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=True)
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def state_to_save(
+    state: TrainState,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    *,
+    rank: int,
+) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    train = json.dumps(
+        {
+            "step": state.step,
+            "loader": state.loader,
+            "mlflow_run_id": state.mlflow_run_id,
+            "scheduler": scheduler.state_dict(),
+        }
+    )
+    return {
+        MODEL_KEY: model_state,
+        "optim": optim_state,
+        "train": train,
+        "rng": {f"rank-{rank}": _rng_blob()},
+    }
+
+
+def state_to_load(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    saved_keys: set[str],
+    rng_sizes: dict[str, Any],
+    *,
+    rank: int,
+) -> dict[str, Any]:
+    """The state dict DCP loads into: this rank's RNG only when the checkpoint
+    has it (a resume on more ranks than saved has none for the new ranks)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    out: dict[str, Any] = {MODEL_KEY: model_state, "optim": optim_state, "train": ""}
+    key = f"rank-{rank}"
+    if f"rng.{key}" in saved_keys:
+        out["rng"] = {key: torch.empty(rng_sizes[f"rng.{key}"], dtype=torch.uint8)}
+    return out
+
+
+def apply_loaded(
+    loaded: dict[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> TrainState:
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    set_state_dict(
+        model, optimizer, model_state_dict=loaded[MODEL_KEY], optim_state_dict=loaded["optim"]
+    )
+    train = json.loads(loaded["train"])
+    scheduler.load_state_dict(train["scheduler"])
+    for blob in loaded.get("rng", {}).values():
+        _restore_rng(blob)
+    return TrainState(int(train["step"]), train["loader"], train.get("mlflow_run_id"))

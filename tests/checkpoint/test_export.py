@@ -1,0 +1,275 @@
+"""`stoker ckpt export` over a real sharded save: the tiny av_dit trained one
+step by 2 FSDP2 ranks (tests/checkpoint/fsdp2_save.py under torch.distributed.run,
+gloo). Both formats load into a fresh unwrapped model with strict=True and give
+the trained model's outputs exactly; the refusals (uncommitted, a flipped byte
+under --full, OUT exists, no model tensors); the CLI; the same from and to s3://."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from stoker.checkpoint import commit as ck
+from stoker.checkpoint.export import _read_model, export_weights
+from stoker.config import resolve_config
+from stoker.errors import StokerError
+from stoker.runtime.models import AVDiT, build_model
+from tests.clirun import stoker
+from tests.s3_server import S3Server
+
+SAVE = Path(__file__).with_name("fsdp2_save.py")
+TINY = Path(str(resources.files("stoker.runtime") / "tiny.yaml"))
+STEP = 3
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """One thread: these shapes run as fast on one as on two, and 10x faster
+    on one when other processes load the machine (tests/runtime/conftest.py)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@dataclass(frozen=True)
+class Trained:
+    folder: Path
+    """The committed step-<STEP> folder the 2 ranks wrote."""
+    reference: dict[str, Any]
+    """fsdp2_save.py's full state dict, fixed input, and the sharded model's outputs on it."""
+
+    def copy_to(self, root: Path, step: int = STEP) -> Path:
+        """The checkpoint under another root, as step-<step>: tests may break their copy."""
+        return Path(shutil.copytree(self.folder, root / f"step-{step}"))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    base = tmp_path_factory.mktemp("fsdp2")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", str(SAVE), str(base / "checkpoints"), str(STEP),
+               str(base / "reference.pt")]  # fmt: skip
+    result = subprocess.run(
+        command,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    folder = base / "checkpoints" / f"step-{STEP}"
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "COMMIT.json"} <= {
+        p.name for p in folder.iterdir()
+    }
+    return Trained(folder, torch.load(base / "reference.pt", weights_only=True))
+
+
+def fresh_model() -> AVDiT:
+    """The tiny av_dit as inference code builds it: unwrapped, its own random init."""
+    cfg = resolve_config(TINY, use_profile=False).config
+    torch.manual_seed(1234)
+    model = build_model(cfg.model, cfg.data)
+    assert isinstance(model, AVDiT)
+    return model
+
+
+def assert_trained_outputs(state: dict[str, torch.Tensor], reference: dict[str, Any]) -> None:
+    model = fresh_model()
+    model.load_state_dict(state, strict=True)
+    with torch.no_grad():
+        velocity = model.velocity(reference["x_t"], reference["t"])
+        loss = model.loss(reference["batch"], torch.Generator().manual_seed(3))
+    # fp32 on CPU: the same kernels on the same values, so equal to the last bit.
+    assert velocity.keys() == reference["velocity"].keys()
+    for name, value in velocity.items():
+        assert torch.equal(value, reference["velocity"][name]), name
+    assert torch.equal(loss, reference["loss"])
+
+
+def _flip_byte(path: Path, offset: int = 100) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_both_formats_load_into_a_fresh_model_with_the_trained_outputs(
+    trained: Trained, tmp_path: Path
+) -> None:
+    expected = trained.reference["state"]
+    out = tmp_path / "weights" / "model.safetensors"  # the parent is made
+    result = export_weights(str(trained.folder), str(out))
+    assert (result.step, result.source, result.out, result.format) == (
+        STEP, str(trained.folder), str(out), "safetensors")  # fmt: skip
+    assert result.tensors == len(expected) and result.dtypes == ("float32",)
+    assert result.bytes == sum(t.numel() * 4 for t in expected.values())
+    with safe_open(str(out), framework="pt") as f:
+        assert f.metadata() == {"format": "pt", "step": str(STEP), "stoker_format": "1"}
+    state = load_file(str(out))
+    assert state.keys() == expected.keys()  # plain FQNs: no "model.", no FSDP prefixes
+    assert all(torch.equal(state[k], expected[k]) for k in expected)
+    assert_trained_outputs(state, trained.reference)
+
+    pt = tmp_path / "model.pt"
+    assert export_weights(str(trained.folder), str(pt), fmt="torch").tensors == len(expected)
+    plain = torch.load(pt, weights_only=True)
+    assert type(plain) is dict and plain.keys() == expected.keys()
+    assert_trained_outputs(plain, trained.reference)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == [
+        "model.pt", "model.safetensors", "weights"]  # no temp file left  # fmt: skip
+
+
+def test_dtype_casts_floating_tensors(trained: Trained, tmp_path: Path) -> None:
+    out = tmp_path / "model.bf16.safetensors"
+    result = export_weights(str(trained.folder), str(out), dtype="bf16", verify="full")
+    assert result.dtypes == ("bfloat16",)
+    assert result.bytes == sum(t.numel() * 2 for t in trained.reference["state"].values())
+    state = load_file(str(out))
+    for key, value in trained.reference["state"].items():
+        assert torch.equal(state[key], value.to(torch.bfloat16)), key
+
+
+def test_a_root_exports_its_newest_verified_checkpoint(trained: Trained, tmp_path: Path) -> None:
+    trained.copy_to(tmp_path)
+    newer = trained.copy_to(tmp_path, STEP + 2)
+    (newer / "COMMIT.json").unlink()  # a save cut short before its commit
+    warnings: list[str] = []
+    result = export_weights(str(tmp_path), str(tmp_path / "m.safetensors"), warn=warnings.append)
+    assert (result.step, result.source) == (STEP, str(tmp_path / f"step-{STEP}"))
+    assert warnings == [
+        f"falling back to step-{STEP}: step-{STEP + 2} is broken: not committed: no COMMIT.json"
+    ]
+
+    only_broken = tmp_path / "other"
+    only_broken.mkdir()
+    newer.rename(only_broken / newer.name)
+    with pytest.raises(StokerError, match=r"no checkpoint under .*other' verifies: step-5 is "
+                       r"broken: not committed") as exc:  # fmt: skip
+        export_weights(str(only_broken), str(tmp_path / "n.safetensors"), warn=warnings.append)
+    assert exc.value.fix and "stoker ckpt verify" in exc.value.fix
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StokerError, match="verifies: it has no step-<N> folder"):
+        export_weights(str(tmp_path / "empty"), str(tmp_path / "n.safetensors"))
+
+
+def test_refuses_an_uncommitted_or_corrupt_checkpoint(trained: Trained, tmp_path: Path) -> None:
+    folder = trained.copy_to(tmp_path)
+    out = tmp_path / "model.safetensors"
+    (folder / "COMMIT.json").unlink()
+    with pytest.raises(StokerError, match=r"step-3' is not committed: no COMMIT\.json") as exc:
+        export_weights(str(folder), str(out))
+    assert exc.value.fix and "stoker ckpt ls" in exc.value.fix
+
+    shutil.rmtree(folder)
+    folder = trained.copy_to(tmp_path)
+    _flip_byte(folder / "__1_0.distcp")
+    with pytest.raises(StokerError, match=r"does not verify .*: __1_0\.distcp: sha256 \w+ != "):
+        export_weights(str(folder), str(out), verify="full")
+    (folder / "__0_0.distcp").write_bytes(b"cut")
+    with pytest.raises(StokerError, match=r"__0_0\.distcp: size 3 != \d+ in COMMIT\.json"):
+        export_weights(str(folder), str(out))  # quick: sizes only
+    assert not out.exists()
+    # Deleted after the check (a live run's retention): DCP's wrapped error, unwrapped.
+    (folder / "__0_0.distcp").unlink()
+    with pytest.raises(StokerError, match=r"lost a file while it was read: .*__0_0\.distcp"):
+        _read_model(str(folder), None)
+
+
+def test_out_and_argument_errors(trained: Trained, tmp_path: Path) -> None:
+    out = tmp_path / "model.safetensors"
+    out.write_bytes(b"old")
+    with pytest.raises(StokerError, match=r"model\.safetensors' exists") as exc:
+        export_weights(str(trained.folder), str(out))
+    assert exc.value.fix and "--force" in exc.value.fix
+    assert out.read_bytes() == b"old"
+    export_weights(str(trained.folder), str(out), force=True)
+    assert load_file(str(out)).keys() == trained.reference["state"].keys()
+
+    with pytest.raises(StokerError, match="is a folder"):
+        export_weights(str(trained.folder), str(tmp_path), force=True)
+    with pytest.raises(StokerError, match="format 'onnx' is not one of safetensors, torch"):
+        export_weights(str(trained.folder), str(tmp_path / "m"), fmt="onnx")  # type: ignore[arg-type]
+    with pytest.raises(StokerError, match="dtype 'int8' is not one of bf16, fp16, fp32"):
+        export_weights(str(trained.folder), str(tmp_path / "m"), dtype="int8")
+    with pytest.raises(StokerError, match="does not exist"):
+        export_weights(str(tmp_path / "step-9"), str(tmp_path / "m"))
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_refuses_a_checkpoint_without_model_tensors(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint import state_dict_saver
+
+    folder = tmp_path / "step-1"
+    state = {"optim": {"lr": torch.ones(2)}, "train": "{}"}
+    state_dict_saver.save(state, checkpoint_id=str(folder), no_dist=True)
+    ck.write_commit(str(folder), step=1, world_size=1)
+    with pytest.raises(StokerError, match=r"no model tensors: no key starts with 'model\.' "
+                       r"\(its keys start with optim, train\)"):  # fmt: skip
+        export_weights(str(folder), str(tmp_path / "m.safetensors"))
+
+
+def test_cli(trained: Trained, tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    folder = trained.copy_to(root)
+    out = tmp_path / "model.pt"
+    done = stoker("ckpt", "export", str(root), str(out), "--format", "torch", "--dtype", "fp16",
+                  "--full", "--json", check=True)  # fmt: skip
+    assert json.loads(done.stdout) == {
+        "step": STEP, "source": str(folder), "out": str(out), "format": "torch",
+        "tensors": len(trained.reference["state"]), "dtypes": ["float16"],
+        "bytes": sum(t.numel() * 2 for t in trained.reference["state"].values())}  # fmt: skip
+    state = torch.load(out, weights_only=True)
+    assert all(t.dtype == torch.float16 for t in state.values())
+
+    again = stoker("ckpt", "export", str(folder), str(out))
+    assert again.returncode == 2 and "exists" in again.stderr and "--force" in again.stderr
+    _flip_byte(folder / "__0_0.distcp")
+    bad = stoker("ckpt", "export", str(folder), str(out), "--force", "--full")
+    assert bad.returncode == 2 and "__0_0.distcp: sha256" in bad.stderr
+    (folder / "COMMIT.json").unlink()
+    uncommitted = stoker("ckpt", "export", str(folder), str(tmp_path / "x.safetensors"))
+    assert uncommitted.returncode == 2 and "is not committed" in uncommitted.stderr
+    assert not (tmp_path / "x.safetensors").exists()
+    assert torch.load(out, weights_only=True).keys() == state.keys()  # left as it was
+
+
+def test_export_from_and_to_s3(trained: Trained, tmp_path: Path, s3_env: S3Server) -> None:
+    import s3fs
+
+    s3 = s3fs.S3FileSystem()
+    bucket = s3_env.new_bucket()
+    root = f"s3://{bucket}/run/checkpoints"
+    s3.put(str(trained.folder), f"{root}/step-{STEP}", recursive=True)
+    assert {p.rsplit("/", 1)[-1] for p in s3.find(f"{root}/step-{STEP}")} == {
+        p.name for p in trained.folder.iterdir()
+    }
+    local = tmp_path / "model.safetensors"
+    result = export_weights(f"{root}/step-{STEP}", str(local), verify="full")
+    assert result.source == f"{root}/step-{STEP}"
+    assert_trained_outputs(load_file(str(local)), trained.reference)
+
+    # A root on S3 to an object on S3: the newest verified, one PUT.
+    out = f"s3://{bucket}/exports/model.safetensors"
+    assert export_weights(root, out).source == f"{root}/step-{STEP}"
+    # Not the bytes: safetensors writes its metadata's keys in a varying order.
+    s3.get_file(out, str(tmp_path / "from-s3.safetensors"))
+    fetched, expected = load_file(str(tmp_path / "from-s3.safetensors")), load_file(str(local))
+    assert fetched.keys() == expected.keys()
+    assert all(torch.equal(fetched[k], expected[k]) for k in expected)
+    assert s3.find(f"s3://{bucket}/exports") == [out.removeprefix("s3://")]
+    exists = stoker("ckpt", "export", root, out, env=s3_env.env)
+    assert exists.returncode == 2 and f"{out}' exists" in exists.stderr
