@@ -5,7 +5,8 @@
                  rank goes back to training
                  background, one job per save, in the same order on every rank:
                    DCP writes this rank's shards (the coordinator .metadata last)
-                   each rank hashes the files it wrote; gather to the coordinator
+                   each rank's sha256 of the files it wrote (hashed as written
+                     locally, read back from object stores); gathered to the coordinator
                    the coordinator writes COMMIT.json, verifies it, applies the
                    retention rules and reports the save (metrics, MLflow)
     load_latest  the newest checkpoint that verifies (falling back with a
@@ -41,7 +42,7 @@ from torch import nn
 
 from stoker.checkpoint import commit as ck
 from stoker.checkpoint import retention
-from stoker.checkpoint.storage import storage_reader, storage_writer
+from stoker.checkpoint.storage import storage_reader, storage_writer, written_digests
 from stoker.checkpoint.train_state import TrainState, apply_loaded, state_to_load, state_to_save
 from stoker.errors import StokerError
 
@@ -171,7 +172,7 @@ class Checkpointer:
                 no_dist=not self.distributed,
             )
             blocking = time.perf_counter() - started
-            job = self._jobs.submit(self._finish, step, url, upload, blocking)
+            job = self._jobs.submit(self._finish, step, url, writer, upload, blocking)
             self._in_flight = _InFlight(step, url, job)
             return blocking
         from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
@@ -182,7 +183,7 @@ class Checkpointer:
         )  # fmt: skip
         done: Future[None] = Future()
         done.set_result(None)
-        self._finish(step, url, done, 0.0, sync_started=started)
+        self._finish(step, url, writer, done, 0.0, sync_started=started)
         return time.perf_counter() - started
 
     def _get_stager(self) -> Any:
@@ -223,6 +224,7 @@ class Checkpointer:
         self,
         step: int,
         url: str,
+        writer: Any,
         upload: Any,
         blocking_s: float,
         *,
@@ -236,7 +238,10 @@ class Checkpointer:
             upload.result()
             mine = [n for n in ck.file_names(url, fs_options=self.fs_options)
                     if n.startswith(f"__{self.rank}_")]  # fmt: skip
-            known = ck.hash_files(url, mine, fs_options=self.fs_options)
+            hashed = written_digests(writer)  # hashed while written (local writer)
+            known = {n: hashed[n] for n in mine if n in hashed}
+            rest = [n for n in mine if n not in known]
+            known.update(ck.hash_files(url, rest, fs_options=self.fs_options))
         except Exception as exc:  # the save failed on this rank: no commit anywhere
             failure = f"{type(exc).__name__}: {exc}"
         gathered: list[Any] = [None] * self.world_size
