@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         trainer.build()
         outcome = trainer.train()
+        trainer.checkpointer.close()
         status = outcome.status
         if env.is_main:
             print(f"{outcome.status.lower()} at step {outcome.step}", flush=True)

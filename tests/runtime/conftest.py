@@ -7,6 +7,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from tests.mlflow_server import RestartableServer
+
 
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
@@ -18,3 +20,25 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RestartableServer]:
+    """A real `mlflow server`, one per test module (stop/start it to make outages)."""
+    instance = RestartableServer(tmp_path_factory.mktemp(f"{request.module.__name__}-server"))
+    instance.start()
+    try:
+        yield instance
+    finally:
+        instance.stop()
+
+
+@pytest.fixture
+def mlflow_http_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RunLogger.start() sets MLflow's HTTP retry defaults in os.environ: undo that after
+    each test (set-then-delete makes monkeypatch restore "unset")."""
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.setenv(name, "0")
+        monkeypatch.delenv(name)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,23 +24,7 @@ KEYS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RestartableServer]:
-    instance = RestartableServer(tmp_path_factory.mktemp("checkpoint-records-server"))
-    instance.start()
-    try:
-        yield instance
-    finally:
-        instance.stop()
-
-
-@pytest.fixture(autouse=True)
-def mlflow_http_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """RunLogger.start() sets MLflow's HTTP retry defaults in os.environ: undo that after
-    each test (set-then-delete makes monkeypatch restore "unset")."""
-    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
-        monkeypatch.setenv(name, "0")
-        monkeypatch.delenv(name)
+pytestmark = pytest.mark.usefixtures("mlflow_http_env")
 
 
 @pytest.fixture(params=["sqlite", "server"])

@@ -13,7 +13,6 @@ import threading
 import time
 import types
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,29 +25,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RestartableServer]:
-    instance = RestartableServer(tmp_path_factory.mktemp("run-logger-server"))
-    instance.start()
-    try:
-        yield instance
-    finally:
-        instance.stop()
-
-
-@pytest.fixture(scope="module")
 def client(server: RestartableServer) -> Any:
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=server.url)
 
 
-@pytest.fixture(autouse=True)
-def mlflow_http_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """RunLogger.start() sets MLflow's HTTP retry defaults in os.environ: undo that after
-    each test (set-then-delete makes monkeypatch restore "unset")."""
-    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
-        monkeypatch.setenv(name, "0")
-        monkeypatch.delenv(name)
+pytestmark = pytest.mark.usefixtures("mlflow_http_env")
 
 
 def new_run(client: Any) -> str:
