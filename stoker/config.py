@@ -12,6 +12,7 @@ each value came from; a job reads only the frozen YAML written by
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -19,7 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from stoker import __version__
 from stoker.atomic_write import write_text_atomic
@@ -35,8 +43,16 @@ from stoker.config_keys import (
     suggest_keys,
 )
 from stoker.errors import StokerError
-from stoker.overrides import parse_override
+from stoker.overrides import parse_override, shown_override
 from stoker.profile import PROFILE_KEYS, find_profile
+from stoker.redact import (
+    has_url_password,
+    hide_url_passwords,
+    one_line,
+    redact_mapping,
+    secret_assignments,
+    secret_word,
+)
 from stoker.yaml_source import dump_yaml, read_yaml_mapping
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -90,7 +106,9 @@ class JobConfig(Section):
     container: str | None = None
     """Container image to run the job in; null runs in the current Python environment."""
     env: dict[str, str] = {}
-    """Environment variables set for every task (merged with the profile's)."""
+    """Environment variables set for every task (merged with the profile's); no secrets."""
+    pass_env: list[str] = []
+    """Secrets and other variables passed by name from the submitting shell, e.g. [HF_TOKEN]."""
     setup: list[str] = []
     """Shell lines run before the training command, e.g. 'module load cuda'."""
     template: str = "default"
@@ -146,6 +164,36 @@ class JobConfig(Section):
         for key in value:
             if not _ENV_NAME.fullmatch(key):
                 raise ValueError(f"{key!r} is not an environment variable name")
+        _refuse_secret_entries(value)
+        return value
+
+    @field_validator("pass_env")
+    @classmethod
+    def _check_pass_env(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        for name in value:
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        if len(set(value)) != len(value):
+            raise ValueError("names a variable twice")
+        both = sorted(set(value) & set(info.data.get("env") or {}))
+        if both:
+            raise ValueError(f"{', '.join(both)} is also set in job.env: keep it in one of the two")
+        return value
+
+    @field_validator("constraint", "container")
+    @classmethod
+    def _check_one_line(cls, value: str | None) -> str | None:
+        # An #SBATCH line ends at a newline: the rest would be a line of the script.
+        if value is not None and re.search(r"[\x00-\x1f\x7f]", value):
+            raise ValueError("use one line of text, without control characters")
+        return value
+
+    @field_validator("container")
+    @classmethod
+    def _check_container(cls, value: str | None) -> str | None:
+        # `apptainer exec ... IMAGE`: an image named -x would be read as an option.
+        if value is not None and value.startswith("-"):
+            raise ValueError("an image name cannot start with '-'")
         return value
 
     @field_validator("mounts")
@@ -252,6 +300,8 @@ class TrainConfig(Section):
     """Evaluate on the held-out split every this many steps; 0 never."""
     eval_batches: Annotated[int, Field(ge=1, le=100_000)] = 4
     """Batches of the held-out split per evaluation (the same ones each time)."""
+    hang_timeout_s: Annotated[float, Field(ge=0)] = 900
+    """Fail the job when a rank makes no progress for this long (stacks dumped); 0 never."""
     profile_steps: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] | None = None
     """[first, last]: record a torch.profiler trace of these steps; null never."""
 
@@ -292,7 +342,13 @@ class TrackingConfig(Section):
     run_name: str | None = None
     """MLflow run name; null uses the job name."""
     tags: dict[str, str] = {}
-    """Extra tags set on the MLflow run."""
+    """Extra tags set on the MLflow run; no secrets."""
+
+    @field_validator("tags")
+    @classmethod
+    def _check_tags(cls, value: dict[str, str]) -> dict[str, str]:
+        _refuse_secret_entries(value)
+        return value
 
 
 class ExperimentConfig(Section):
@@ -312,6 +368,14 @@ class ExperimentConfig(Section):
     """Checkpoints."""
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     """Experiment tracking."""
+
+
+def _refuse_secret_entries(mapping: Mapping[str, str]) -> None:
+    # resolve_config reports these with their source and no value; this catches a
+    # config built in code.
+    for key in mapping:
+        if secret_word(key):
+            raise ValueError(f"{key!r} names a secret; pass it with job.pass_env instead")
 
 
 SourceKind = Literal["default", "profile", "file", "override", "flag"]
@@ -339,9 +403,10 @@ class ConfigError(StokerError):
         count = len(self.problems)
         head = "invalid experiment config" + (f" ({count} problems)" if count > 1 else "")
         body = "\n".join(f"  {p}" for p in self.problems)
-        super().__init__(
-            f"{head}:\n{body}", fix="correct the values above; nothing was run or submitted"
-        )
+        fix = "correct the values above; nothing was run or submitted"
+        if any("job.pass_env" in p.message for p in self.problems):
+            fix += " (secrets: see Secrets in docs/user-guide.md)"
+        super().__init__(f"{head}:\n{body}", fix=fix)
 
 
 @dataclass(frozen=True)
@@ -419,7 +484,9 @@ def resolve_config(
                     )
                 )
                 continue
-            assignments += _flatten(target, value, Source("profile", where), problems, doc.where)
+            # Lines are those of the profile's own keys (env.X for job.env.X).
+            where_of = functools.partial(_profile_where, doc.where, str(key), target)
+            assignments += _flatten(target, value, Source("profile", where), problems, where_of)
 
     if experiment is not None:
         doc = read_yaml_mapping(experiment, what="experiment file")
@@ -434,13 +501,16 @@ def resolve_config(
         # A string key takes the text as written: job.env.N=1e5 is "1e5", not 100000.0.
         if _takes_text(key_path) and raw not in ("null", "~"):
             value = raw
-        assignments += _flatten(key_path, value, Source("override", text), problems, None)
+        source = Source("override", shown_override(text))
+        assignments += _flatten(key_path, value, source, problems, None)
 
     for key, (value, flag) in (flags or {}).items():
         if value is not None:
             flag_path = tuple(key.split("."))
             assignments += _flatten(flag_path, value, Source("flag", flag), problems, None)
 
+    # Before validation: a refused value must not reach pydantic, whose errors quote it.
+    assignments = _refuse_unsafe_values(assignments, problems)
     data: dict[str, Any] = {}
     sources: dict[KeyPath, Source] = {}
     for path, value, source in assignments:
@@ -515,6 +585,88 @@ def _flatten(
     return [(path, value, source)]
 
 
+def _refuse_unsafe_values(
+    assignments: list[Assignment], problems: list[Problem]
+) -> list[Assignment]:
+    """Drop, and report without their values, the secrets (stoker/redact.py) and the
+    text no environment, argument or script can hold (NUL, invalid UTF-8)."""
+    kept = []
+    for path, value, source in assignments:
+        reason = _unsafe_reason(path, value)
+        if reason is None:
+            kept.append((path, value, source))
+            continue
+        where = source.where if source.kind in ("file", "profile") else str(source)
+        problems.append(Problem(where, _shown_key(path), reason))
+    return kept
+
+
+def _unsafe_reason(path: KeyPath, value: Any) -> str | None:
+    copied = "would be copied into the frozen config, the job script, MLflow and the console"
+    word = secret_word(path[-1])
+    if len(path) > 1 and word and is_free_mapping(field_at(ExperimentConfig, path[:-1])):
+        why = "an AWS_* variable" if word == "AWS_" else f"{word} in its name"
+        if path[:-1] != ("job", "env"):
+            return f"holds a secret ({why}), whose value {copied}: leave it out"
+        return (
+            f"holds a secret ({why}), whose value {copied}: remove it, export {path[-1]} "
+            f"in the shell you submit from and list it in job.pass_env: [{path[-1]}]"
+        )
+    for text in _strings_in(value):
+        if "\x00" in text:
+            return "contains a NUL character, which no variable, argument or script line can hold"
+        if not _is_utf8(text):
+            return "is not UTF-8 text (bytes of another encoding, or a \\uD800-\\uDFFF escape)"
+        if has_url_password(text):
+            return (
+                f"holds a password in a URL ({hide_url_passwords(text)!r}), which {copied}: "
+                "drop it from the URL and give the credentials in variables listed in "
+                "job.pass_env (MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, AWS_*)"
+            )
+    if path == ("job", "setup"):
+        lines = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        for number, line in enumerate(lines, 1):
+            names = secret_assignments(line) if isinstance(line, str) else []
+            if names:
+                return (
+                    f"line {number} sets the secret {names[0]} to a value, which {copied}: "
+                    f"export {names[0]} in the shell you submit from and list it in "
+                    f"job.pass_env: [{names[0]}] instead"
+                )
+    return None
+
+
+def _strings_in(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _strings_in(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield str(key)
+            yield from _strings_in(item)
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown_key(path: KeyPath) -> str:
+    # A key can be as hostile as a value (job.env."\0"): show it printable.
+    return one_line(dotted(path))
+
+
+def _profile_where(
+    where: Callable[[KeyPath], str], key: str, target: KeyPath, path: KeyPath
+) -> str:
+    return where((key, *path[len(target) :]))
+
+
 def _takes_text(path: KeyPath) -> bool:
     info = field_at(ExperimentConfig, path)
     if info is None and len(path) > 1:
@@ -551,6 +703,8 @@ def _problems_from(exc: ValidationError, sources: Mapping[KeyPath, Source]) -> l
             field = field_at(ExperimentConfig, field_path[:-1])
         expected = describe_expected(field) if field is not None else ""
         got = error.get("input")
+        if isinstance(got, dict):  # a free mapping: never quote a secret's value
+            got = redact_mapping(got)
         key = (
             dotted(loc)
             if len(loc) == len(field_path) or is_free_mapping(field_at(ExperimentConfig, loc[:-1]))
@@ -581,9 +735,11 @@ def _source_for(loc: KeyPath, message: str, sources: Mapping[KeyPath, Source]) -
 
 def freeze_config(resolved: ResolvedConfig) -> str:
     """The YAML a job reads: every value resolved, no profile or overrides left to apply."""
+    # The file name on one comment line: a newline in it would start a line of YAML.
+    origin = one_line(str(resolved.experiment or "the built-in defaults"))
     header = (
         f"# Frozen by stoker {__version__} at {dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
-        f" from {resolved.experiment or 'the built-in defaults'}.\n"
+        f" from {origin}.\n"
         "# This file is the job's only input; edit the experiment file, not this one.\n"
     )
     body = dump_yaml(

@@ -9,6 +9,13 @@ import yaml
 
 from stoker.config_keys import KeyPath
 from stoker.errors import StokerError
+from stoker.redact import (
+    REDACTED,
+    hide_url_passwords,
+    one_line,
+    secret_assignments,
+    secret_word,
+)
 from stoker.yaml_source import parse_yaml_value
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_][A-Za-z0-9_.-]*)*$")
@@ -29,7 +36,7 @@ def parse_override(text: str) -> tuple[KeyPath, Any, str]:
         )
     if not _KEY.fullmatch(key):
         raise StokerError(
-            f"override {text!r}: {key!r} is not a dotted key",
+            f"override {shown_override(text)!r}: {key!r} is not a dotted key",
             fix="use section.key, e.g. job.nodes=2 (see `stoker config show` for every key)",
         )
     if raw == "":
@@ -39,3 +46,13 @@ def parse_override(text: str) -> tuple[KeyPath, Any, str]:
     except yaml.YAMLError:
         value = raw
     return tuple(key.split(".")), value, raw
+
+
+def shown_override(text: str) -> str:
+    """An override as messages and `--explain` show it: a secret's value (job.env.HF_TOKEN=...,
+    a URL's password, `export API_KEY=...` in a setup line) is replaced by ***."""
+    key, sep, raw = text.partition("=")
+    if sep and (secret_word(key.rsplit(".", 1)[-1]) or secret_assignments(raw)):
+        text = f"{key}={REDACTED}"
+    # On one line: a newline here would split a message or an --explain line.
+    return one_line(hide_url_passwords(text))

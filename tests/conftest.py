@@ -3,6 +3,8 @@ developer's site profile or writes into ~/.stoker."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,16 @@ REPO = Path(__file__).resolve().parent.parent
 # `slurm_cluster`: a real 2-node SLURM cluster (tests/cluster/); `mlflow_server`: a real
 # MLflow tracking server over HTTP (tests/mlflow_server.py).
 pytest_plugins = ["tests.cluster.fixtures", "tests.mlflow_server", "tests.s3_server"]
+
+
+@pytest.fixture(autouse=True)
+def process_wide_kernel_backend() -> Iterator[None]:
+    """A Trainer run in the test process sets the process-wide kernel backend
+    (model.kernels); the next test starts from STOKER_KERNELS / auto again."""
+    yield
+    backend = sys.modules.get("stoker.kernels.backend")
+    if backend is not None:
+        backend.set_backend(None)
 
 
 @pytest.fixture(autouse=True)

@@ -198,7 +198,9 @@ class Checkpointer:
                     use_pinned_memory=cuda,
                     use_shared_memory=False,
                     use_async_staging=False,
-                    use_non_blocking_copy=cuda,
+                    # Blocking copies: the write thread starts on the staged dict at
+                    # once, and must never read a pinned buffer still being filled.
+                    use_non_blocking_copy=False,
                 )
             )
         return self._stager

@@ -25,6 +25,7 @@ COLUMNS = (
     "LOSS",
     "THROUGHPUT",
     "ETA",
+    "STRAGGLER",
     "MLFLOW RUN",
 )
 _STATE_STYLE = {
@@ -61,7 +62,10 @@ def status(
     """Show state, nodes, elapsed time, restarts, progress and MLflow run of your jobs.
 
     One refresh asks SLURM once (one squeue and one sacct call for all jobs);
-    jobs already seen to end are answered from the ledger.
+    jobs already seen to end are answered from the ledger. STRAGGLER names a rank
+    whose own time per step (data wait + forward compute) was over 1.2x the median
+    rank's in the last log window: r3@node7 1.45x data (its loader) or compute
+    (its GPU or node).
 
     Example: stoker status --watch
     """
@@ -151,8 +155,20 @@ def _cells(row: JobStatus) -> list[str]:
         f"{row.loss:.4g}" if row.loss is not None else "-",
         throughput,
         format_elapsed(row.eta_s) if row.eta_s is not None else "-",
+        _straggler(row),
         row.mlflow_run_id or "-",
     ]
+
+
+def _straggler(row: JobStatus) -> str:
+    """The cell of a flagged straggler, `r3@node7 1.45x data`; "-" otherwise."""
+    if not row.straggler or row.slowest_ratio is None:
+        return "-"
+    where = f"r{row.slowest_rank}" if row.slowest_rank is not None else "rank ?"
+    if row.slowest_host:
+        where += f"@{row.slowest_host}"
+    cause = f" {row.straggler_cause}" if row.straggler_cause else ""
+    return f"{where} {row.slowest_ratio:.2f}x{cause}"
 
 
 def _si(value: float) -> str:
@@ -186,5 +202,7 @@ def _rich_table(rows: list[JobStatus]) -> Table:
         cells: list[Text] = [Text(cell) for cell in _cells(row)]
         style = "red" if row.state in _BAD_STATES else _STATE_STYLE.get(row.state, "")
         cells[2].stylize(style)
+        if row.straggler:
+            cells[COLUMNS.index("STRAGGLER")].stylize("bold red")
         table.add_row(*cells)
     return table

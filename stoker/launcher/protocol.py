@@ -23,3 +23,12 @@ ENV_RESTART = "STOKER_RESTART"  # 0 on the first start, +1 per requeue
 ENV_STOP_FILE = "STOKER_STOP_FILE"  # exists once a stop was requested: save, exit EXIT_REQUEUE
 ENV_PROGRESS_FILE = "STOKER_PROGRESS_FILE"  # rank 0 writes its progress here (JSON)
 ENV_CONFIG = "STOKER_CONFIG"  # the frozen experiment config (YAML)
+
+# The hang watchdog (stoker/runtime/heartbeat.py): every rank's heartbeat in
+# <run>/heartbeat/r<restart>/rank-<R>.json; when a rank stalls, global rank 0
+# writes HANG_FILE there, every rank dumps its Python stacks into its log after
+# a line starting with STACK_HEADER, and exits EXIT_HANG. `stoker why` reads both.
+HEARTBEAT_DIR = "heartbeat"
+HANG_FILE = "hang.json"
+STACK_HEADER = "stoker: Python stacks of rank"
+EXIT_HANG = 124  # as timeout(1) exits

@@ -21,6 +21,7 @@ from stoker import __version__
 from stoker.errors import StokerError
 from stoker.launcher.protocol import EXIT_REQUEUE
 from stoker.launcher.spec import LaunchSpec
+from stoker.redact import one_line
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "slurm_templates"
 BUILTIN_TEMPLATES = ("default", "pyxis", "apptainer")
@@ -51,7 +52,8 @@ class Directive:
 
     def render(self, explain: bool) -> str:
         line = f"#SBATCH {self.option}"
-        return f"{line}  # {self.source}" if explain else line
+        # A source names a file or an override as given: keep it on this comment line.
+        return f"{line}  # {one_line(self.source)}" if explain else line
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,13 @@ def _shell_finalize(value: Any) -> Any:
 
 
 def _directive_value(value: str) -> str:
-    # sbatch strips shell quotes from #SBATCH values.
+    # sbatch strips shell quotes from #SBATCH values. A newline would end the #SBATCH
+    # line and make the rest a command of the script (the config refuses them first).
+    if re.search(r"[\x00-\x1f\x7f]", value):
+        raise StokerError(
+            f"#SBATCH value {one_line(value)!r} holds a control character",
+            fix="use one line of text",
+        )
     return shlex.quote(value)
 
 
@@ -214,6 +222,15 @@ def render_sbatch(spec: LaunchSpec, *, explain: bool = False) -> RenderedScript:
     # further down and still give a script that parses.
     if spec.config.job.setup:
         _check_syntax("\n".join(spec.config.job.setup) + "\n", "job.setup lines")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        near = one_line(exc.object[max(0, exc.start - 40) : exc.end])
+        raise StokerError(
+            f"the script would hold bytes that are not UTF-8 text (at ...{near}): a file "
+            "name, a folder or an argument in another encoding",
+            fix="rename it, or run from a folder whose path is UTF-8",
+        ) from None
     _check_syntax(text, f"the script rendered from template {label}")
     return RenderedScript(text, label, tuple(directives))
 
@@ -237,6 +254,7 @@ def _context(spec: LaunchSpec, directives: Sequence[Directive], explain: bool) -
         "grace": spec.grace_seconds,
         "env_defaults": env_defaults,
         "env": sorted(job.env.items()),
+        "pass_env": list(job.pass_env),
         "tracking_uri": spec.tracking_uri,
         "mlflow_run_ids": list(spec.mlflow_run_ids),
         "parent_run_id": spec.parent_run_id,

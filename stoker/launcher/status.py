@@ -9,6 +9,8 @@ of jobs (stoker/launcher/slurm_query.py). Where each value comes from:
     restarts                        the largest of: the run folder's `attempts` file, the
                                     ledger, squeue's RestartCnt, sacct's requeued attempts
     step, loss, throughput, ETA     the run folder's progress.json (below)
+    straggler                       progress.json's slowest rank, when its ratio is above
+                                    STRAGGLER_RATIO
     local jobs (backend "local")    the run folder's local-state.json (below); no SLURM call
 
 Without accounting (sacct missing or failing) ended jobs that squeue has already
@@ -27,6 +29,16 @@ key is optional and a missing or unreadable file shows as "-":
     started       float  epoch seconds when this start (restart) of the job began;
                          default: the last line of the `attempts` file
     start_step    int    step this start resumed from; default 0 on the first start
+
+and, from jobs with several ranks, the last log window's slowest rank: the one that took
+longest to be ready for the step's all-reduce (data wait + forward, backward, clipping;
+stoker/runtime/stragglers.py), mean seconds per step:
+
+    slowest_rank        int    its global rank
+    slowest_host        str    its node (SLURMD_NODENAME, else the host name)
+    slowest_ratio       float  slowest_step_s / median_step_s
+    slowest_step_s      float  its time per step;  median_step_s  float  the median rank's
+    slowest_data_wait_s float  its data wait;      median_data_wait_s float  the median rank's
 
 ETA (running jobs only): `eta_s` minus the time since `time`; without `eta_s`,
 the steps left divided by the step rate of this start,
@@ -69,6 +81,9 @@ from stoker.launcher.slurm_query import (
 
 # Jobs that ended this long ago still show without --all.
 RECENT_S = 24 * 3600
+# A rank that takes more than this times the median rank's time to get ready for the
+# step's all-reduce is a straggler: every rank waits for it, every step.
+STRAGGLER_RATIO = 1.2
 # A sacct row submitted this long before the ledger recorded the job belongs to an
 # older job with the same id (job ids restart when slurmctld loses its state).
 _CLOCK_SLACK_S = 120.0
@@ -116,13 +131,20 @@ class JobStatus:
     run_dir: str
     mlflow_run_id: str | None
     source: str  # where the state came from: squeue, sacct, ledger, local, none
+    # The last log window's slowest rank (progress.json; jobs with several ranks).
+    straggler: bool  # slowest_ratio > STRAGGLER_RATIO
+    slowest_rank: int | None
+    slowest_host: str | None
+    slowest_ratio: float | None
+    straggler_cause: str | None  # a straggler's: "data" (its loader) or "compute" (GPU, node)
 
     def to_json(self) -> dict[str, Any]:
         """The row as JSON values; a NaN or infinite loss (a diverged run) becomes null,
         which strict JSON readers accept (the table shows "nan")."""
         data = asdict(self)
-        if self.loss is not None and not math.isfinite(self.loss):
-            data["loss"] = None
+        for key in ("loss", "slowest_ratio"):
+            if data[key] is not None and not math.isfinite(data[key]):
+                data[key] = None
         return data
 
 
@@ -348,6 +370,9 @@ def _row(
         state, source = record.final_state or "UNKNOWN", "ledger"
 
     throughput, unit = _throughput(progress)
+    ratio = _float(progress, "slowest_ratio")
+    straggler = ratio is not None and ratio > STRAGGLER_RATIO
+    host = progress.get("slowest_host")
     return JobStatus(
         job_id=target.job_id,
         name=record.name,
@@ -368,6 +393,11 @@ def _row(
         run_dir=str(run.path),
         mlflow_run_id=_mlflow_run_id(target),
         source=source,
+        straggler=straggler,
+        slowest_rank=_int(progress, "slowest_rank"),
+        slowest_host=host if isinstance(host, str) else None,
+        slowest_ratio=ratio,
+        straggler_cause=_straggler_cause(progress) if straggler else None,
     )
 
 
@@ -461,6 +491,19 @@ def _throughput(progress: dict[str, Any]) -> tuple[float | None, str | None]:
         if value is not None:
             return value, unit
     return None, None
+
+
+def _straggler_cause(progress: dict[str, Any]) -> str | None:
+    """`data` when the slowest rank's extra data wait makes at least half of its extra
+    time over the median rank, else `compute`; None without the numbers."""
+    step_s, median_step_s = _float(progress, "slowest_step_s"), _float(progress, "median_step_s")
+    data_s, median_data_s = (
+        _float(progress, "slowest_data_wait_s"),
+        _float(progress, "median_data_wait_s"),
+    )
+    if step_s is None or median_step_s is None or data_s is None or median_data_s is None:
+        return None
+    return "data" if data_s - median_data_s >= 0.5 * (step_s - median_step_s) else "compute"
 
 
 def _eta(progress: dict[str, Any], run: RunDir, restarts: int, now: float) -> float | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import os
 import re
 import shutil
 import socket
@@ -33,7 +34,7 @@ from stoker.launcher.tracking import config_params
 # `--after 123`, `--after 123_4`, `--after 123:456` (all must succeed).
 _AFTER = re.compile(r"^\d+(_\d+)?(:\d+(_\d+)?)*$")
 # Characters that would break an `#SBATCH --output=` path or the script's quoting rules.
-_UNSAFE_PATH = re.compile(r"[\s'\"\\]")
+_UNSAFE_PATH = re.compile(r"[\s'\"\\\x00-\x1f\x7f]")
 TRAIN_MODULE = "stoker.runtime.train"
 
 
@@ -101,8 +102,8 @@ def config_hash(frozen_bodies: Sequence[str]) -> str:
 def check_run_root(root: Path) -> None:
     if _UNSAFE_PATH.search(str(root)):
         raise StokerError(
-            f"the runs folder {str(root)!r} contains whitespace, a quote or a backslash, "
-            "which SLURM's #SBATCH --output cannot take",
+            f"the runs folder {str(root)!r} contains whitespace, a quote, a backslash or a "
+            "control character, which SLURM's #SBATCH --output cannot take",
             fix="set STOKER_HOME to a path without them",
         )
 
@@ -122,6 +123,7 @@ def submit(
     is_array = not isinstance(resolved, ResolvedConfig)
     base = configs[0]
     command = task_command(base, options)
+    check_command(command)
     for cfg in configs[1:]:
         if cfg.config.job != base.config.job:
             raise StokerError(
@@ -137,22 +139,24 @@ def submit(
 
     target = resolve_tracking_uri(base.config.tracking.uri)
 
+    # Rendered before anything is created, for a dry run and as the last check of a
+    # real one: a template or setup line that fails here leaves no run folder or MLflow run.
+    preview_dir = RunDir(root / f"{base.config.job.name}-<time>-<id>")
+    placeholder = ["<MLflow run id, created at submit>"] * len(configs)
+    preview = _spec(
+        base,
+        options,
+        preview_dir,
+        command,
+        options.cwd,
+        target.uri,
+        placeholder,
+        None,
+        len(configs) if is_array else None,
+    )
+    script = render_sbatch(preview, explain=options.explain)
     if options.dry_run:
-        run_dir = RunDir(root / f"{base.config.job.name}-<time>-<id>")
-        placeholder = ["<MLflow run id, created at submit>"] * len(configs)
-        spec = _spec(
-            base,
-            options,
-            run_dir,
-            command,
-            options.cwd,
-            target.uri,
-            placeholder,
-            None,
-            len(configs) if is_array else None,
-        )
-        script = render_sbatch(spec, explain=options.explain)
-        return Submitted("", run_dir.path, None, None, script)
+        return Submitted("", preview_dir.path, None, None, script)
 
     run_dir = new_run_dir(base.config.job.name, root)
     try:
@@ -340,6 +344,7 @@ def _spec(
         )
     check_stop_grace(base)
     check_eval_data(base)
+    check_pass_env(base)
     return LaunchSpec(
         resolved=base,
         run_dir=run_dir.path,
@@ -385,6 +390,34 @@ def check_stop_grace(resolved: ResolvedConfig) -> None:
             "the job would be told to save and stop as soon as it starts",
             fix=f"set job.stop_grace below {limit} s (a step plus a checkpoint), "
             f"e.g. job.stop_grace={max(10, limit // 3)}, or give the job more time",
+        )
+
+
+def check_command(command: Sequence[str]) -> None:
+    """Each argument goes into the script and the `stoker.command` tag as UTF-8 text."""
+    for arg in command:
+        try:
+            str(arg).encode("utf-8")
+        except UnicodeEncodeError:
+            raise StokerError(
+                f"the command argument {str(arg)!r} is not UTF-8 text",
+                fix="pass it in UTF-8 (or through a file the command reads)",
+            ) from None
+
+
+def check_pass_env(resolved: ResolvedConfig) -> None:
+    """Every job.pass_env variable is set here: sbatch (and the local backend) hands the
+    job this environment, so a missing one would fail the job only once it starts."""
+    names = resolved.config.job.pass_env
+    missing = [name for name in names if name not in os.environ]
+    if missing:
+        source = resolved.source_of(("job", "pass_env"))
+        verb = "is" if len(missing) == 1 else "are"
+        raise StokerError(
+            f"job.pass_env ({source}) names {', '.join(missing)}, which {verb} not set in "
+            "this environment",
+            fix=f"export {missing[0]}=... in this shell before submitting (the job gets it "
+            "by name; its value is written nowhere), or remove it from job.pass_env",
         )
 
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from stoker.errors import StokerError
 from stoker.home import stoker_home
+from stoker.redact import REDACTED, has_url_password, hide_url_passwords, is_secret_name
 
 if TYPE_CHECKING:
     from stoker.config import ResolvedConfig
@@ -161,6 +162,14 @@ def _where_to_change(source: str) -> str:
 
 def _parse_uri(value: str, source: str) -> TrackingTarget:
     where = _SOURCE_TEXT[source]
+    if has_url_password(value):
+        # The URI is written into the job script, the ledger and the run link.
+        raise StokerError(
+            f"MLflow tracking URI {hide_url_passwords(value)!r} from {where} holds a password",
+            fix="drop user and password from the URI; export MLFLOW_TRACKING_USERNAME and "
+            "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) instead and list them in "
+            "job.pass_env",
+        )
     scheme = value.split(":", 1)[0].lower() if re.match(r"^[A-Za-z][\w+.-]*:", value) else ""
     examples = "sqlite:////shared/mlflow/mlflow.db or http://mlflow-host:5000"
     if scheme in ("http", "https"):
@@ -231,8 +240,18 @@ def _cut(value: str, limit: int) -> str:
 
 def config_params(resolved: ResolvedConfig) -> dict[str, str]:
     """MLflow params: every config leaf as `section.key` (free mappings such as
-    job.env key by key), as `stoker submit` and the runtime log them."""
-    return {row.key: _param_text(row.value) for row in resolved.rows()}
+    job.env key by key), as `stoker submit` and the runtime log them.
+
+    The config refuses secrets (stoker/redact.py); should one get in anyway (a config
+    built in code), its value is *** here."""
+    return {row.key: _param_value(row.key, row.value) for row in resolved.rows()}
+
+
+def _param_value(key: str, value: Any) -> str:
+    entry = key.split(".", 2)[2:]  # a free mapping's entry: job.env.NAME, tracking.tags.NAME
+    if entry and is_secret_name(entry[0]):
+        return REDACTED
+    return hide_url_passwords(_param_text(value))
 
 
 def _param_text(value: Any) -> str:

@@ -31,6 +31,7 @@ OverMemoryKill), with sacct's MaxRSS against ReqMem.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.launcher.logs import split_batch_by_restart
+from stoker.launcher.protocol import HANG_FILE, HEARTBEAT_DIR, STACK_HEADER
 from stoker.launcher.rundir import RunDir
 from stoker.launcher.slurm_query import normalise_state, parse_elapsed
 from stoker.launcher.status import Target, read_local_state
@@ -597,6 +599,7 @@ class JobFacts:
     stop_grace_s: int | None = None  # from the job script's --signal=B:USR2@N
     local_ranks: dict[int, int | None] = field(default_factory=dict)
     supervisor_died: bool = False
+    hang: dict[str, Any] | None = None  # the watchdog's hang.json of that restart
     notes: list[str] = field(default_factory=list)  # what could not be asked
 
 
@@ -671,6 +674,19 @@ def read_run_logs(facts: JobFacts, run: RunDir, failing_hint: int | None = None)
         facts.events = []
     facts.restart_started = _restart_started(run, facts.restart)
     facts.stop_grace_s = _stop_grace(run)
+    facts.hang = _hang_report(run, facts.restart)
+    hung = facts.hang.get("rank") if facts.hang else None
+    if isinstance(hung, int) and hung in logs and hung != hint:
+        facts.rank_logs[hung] = _read_tail(logs[hung], FAILING_RANK_TAIL_BYTES)
+
+
+def _hang_report(run: RunDir, restart: int) -> dict[str, Any] | None:
+    path = run.path / HEARTBEAT_DIR / f"r{restart}" / HANG_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and "message" in data else None
 
 
 def _restart_started(run: RunDir, restart: int) -> float | None:
@@ -816,6 +832,8 @@ def judge(facts: JobFacts) -> Diagnosis:
         return _running(facts, make)
     if state == "COMPLETED" and not parse_task_failures(facts.batch_log):
         return make("completed", "completed successfully (exit 0)", [], None, exit_code=0)
+    if facts.hang is not None:
+        return _hung_by_watchdog(facts, make, facts.hang)
     if facts.supervisor_died:
         return make(
             "node-failure",
@@ -870,6 +888,76 @@ def judge(facts: JobFacts) -> Diagnosis:
             "`stoker logs JOB --tail 20` shows how each rank ended",
         )
     return _failed(facts, make)
+
+
+# What to look at first, by the phase the stalled rank was in.
+_HANG_FIXES = {
+    "data": "the rank waited for data: check the data source and its storage "
+    "(`stoker data inspect URL`), and data.num_workers",
+    "sync": "the collective never completed on every rank: a network or NCCL fault; "
+    "run the job again, and report the node if it repeats",
+    "save": "the checkpoint write stalled: check checkpoint.root's storage",
+}
+_HANG_FIX_OTHER = (
+    "read the stalled rank's stack below: a deadlock in the code, or a device that "
+    "stopped answering (run `nvidia-smi` on the node); raise train.hang_timeout_s if "
+    "that phase can take longer"
+)
+
+
+_DUMP_LINE = re.compile(r"^(Thread 0x|Current thread 0x|  File |  <no Python frame>|  \.\.\.|$)")
+
+
+def _stack_of(text: str, rank: int) -> list[str]:
+    """The Python stacks that follow the watchdog's header line for `rank` in its log
+    (faulthandler's format: one block per thread), the watchdog's own thread (the
+    "Current thread", which did the dump) left out."""
+    lines = [_strip_prefix(line) for line in text.splitlines()]
+    start = None
+    for index, line in enumerate(lines):
+        if line.startswith(f"{STACK_HEADER} {rank} "):
+            start = index
+    if start is None:
+        return []
+    blocks: list[list[str]] = []
+    for line in lines[start + 1 :]:
+        if not _DUMP_LINE.match(line):
+            break
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            blocks.append([line])
+        elif line.strip() and blocks:
+            blocks[-1].append(line)
+    kept = [line for block in blocks if not block[0].startswith("Current") for line in block]
+    return kept[: TRACEBACK_MAX_LINES * 2]
+
+
+def _hung_by_watchdog(facts: JobFacts, make: _Maker, hang: dict[str, Any]) -> Diagnosis:
+    rank = hang.get("rank")
+    rank = rank if isinstance(rank, int) else None
+    phase = str(hang.get("phase", "?"))
+    evidence = [f"heartbeat/r{facts.restart}/{HANG_FILE}: {hang['message']}"]
+    others = hang.get("ranks") or {}
+    if isinstance(others, dict) and others:
+        phases: dict[str, list[str]] = {}
+        for other, beat in sorted(others.items(), key=lambda kv: int(kv[0])):
+            if isinstance(beat, dict):
+                phases.setdefault(str(beat.get("phase")), []).append(str(other))
+        evidence.append(
+            "ranks by phase: " + "; ".join(f"{p}: {', '.join(r)}" for p, r in phases.items())
+        )
+    if rank is not None:
+        stack = _stack_of(facts.rank_logs.get(rank, ""), rank)
+        if stack:
+            evidence.append(f"rank {rank}'s stack (logs/r{facts.restart}/rank-{rank}.log):")
+            evidence.extend(f"  {line}" for line in stack)
+    fix = (
+        "the rank's process was killed or froze: look for the OOM killer in the node's "
+        "kernel log (dmesg); run the job again, excluding the node if it repeats"
+        if hang.get("gone")
+        else _HANG_FIXES.get(phase, _HANG_FIX_OTHER)
+    )
+    return make("hung", f"the hang watchdog failed the job: {hang['message']}", evidence,
+                fix, failing_rank=rank)  # fmt: skip
 
 
 class _Maker:

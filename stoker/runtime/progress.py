@@ -10,10 +10,14 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stoker.atomic_write import write_text_atomic
 from stoker.launcher.protocol import ENV_PROGRESS_FILE
+from stoker.launcher.status import STRAGGLER_RATIO
+
+if TYPE_CHECKING:
+    from stoker.runtime.stragglers import Slowest
 
 
 class Progress:
@@ -38,7 +42,8 @@ class Progress:
         rate = done / max(time.time() - self.started, 1e-9)
         return (self.total_steps - step) / rate
 
-    def update(self, step: int, metrics: dict[str, float]) -> None:
+    def update(self, step: int, metrics: dict[str, float], slowest: Slowest | None = None) -> None:
+        """`slowest`: the log window's slowest rank (several ranks only)."""
         eta = self.eta_s(step)
         record: dict[str, Any] = {
             "step": step,
@@ -51,10 +56,22 @@ class Progress:
             "started": self.started,
             "start_step": self.start_step,
         }
+        if slowest is not None:
+            record.update(
+                {
+                    "slowest_rank": slowest.rank,
+                    "slowest_host": slowest.host,
+                    "slowest_ratio": slowest.ratio,
+                    "slowest_step_s": slowest.step_s,
+                    "median_step_s": slowest.median_step_s,
+                    "slowest_data_wait_s": slowest.data_wait_s,
+                    "median_data_wait_s": slowest.median_data_wait_s,
+                }
+            )
         if self.path is not None:
             # Whole-file replace: `stoker status` never reads half a record.
             write_text_atomic(self.path, json.dumps(record) + "\n")
-        line = self.line(step, metrics, eta)
+        line = self.line(step, metrics, eta, slowest)
         if self._live is not None:
             from rich.text import Text
 
@@ -62,7 +79,13 @@ class Progress:
         else:
             print(line, flush=True)
 
-    def line(self, step: int, metrics: dict[str, float], eta: float | None) -> str:
+    def line(
+        self,
+        step: int,
+        metrics: dict[str, float],
+        eta: float | None,
+        slowest: Slowest | None = None,
+    ) -> str:
         parts = [f"step {step}/{self.total_steps}", f"loss {metrics.get('loss', float('nan')):.4f}"]
         if "grad_norm" in metrics:
             parts.append(f"gnorm {metrics['grad_norm']:.3g}")
@@ -74,6 +97,8 @@ class Progress:
             parts.append(f"MFU {100 * metrics['mfu']:.1f}%")
         if eta is not None:
             parts.append(f"ETA {_duration(eta)}")
+        if slowest is not None and slowest.ratio > STRAGGLER_RATIO:
+            parts.append(f"straggler: rank {slowest.rank} on {slowest.host} {slowest.ratio:.2f}x")
         return "  ".join(parts)
 
     def close(self) -> None:

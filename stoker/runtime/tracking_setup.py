@@ -35,6 +35,10 @@ class Tracking:
         if self.logger is not None:
             self.logger.log_metrics(metrics, step)
 
+    def set_tags(self, tags: dict[str, str]) -> None:
+        if self.logger is not None:
+            self.logger.set_tags(tags)
+
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         if self.logger is not None:
             self.logger.log_artifact(path, artifact_path)
@@ -120,6 +124,9 @@ class _SystemOnly:
         self._logger = logger
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        pass
+
+    def set_tags(self, tags: dict[str, str]) -> None:
         pass
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:

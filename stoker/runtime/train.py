@@ -32,8 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from stoker.config import load_frozen
-    from stoker.launcher.protocol import ENV_RUN_DIR
+    from stoker.launcher.protocol import ENV_RESTART, ENV_RUN_DIR, EXIT_HANG
     from stoker.runtime import dist_env
+    from stoker.runtime.heartbeat import hang_reported
     from stoker.runtime.tracking_setup import open_tracking
     from stoker.runtime.trainer import Trainer
 
@@ -67,7 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     except StokerError as exc:
         print(f"stoker: rank {env.rank}: {exc}", file=sys.stderr, flush=True)
         return 1
-    except BaseException:
+    except Exception:
+        if hang_reported(run_dir, int(os.environ.get(ENV_RESTART) or 0)):
+            # A peer exited on the watchdog's report: that is this rank's failure too.
+            print(f"stoker: rank {env.rank}: stopped by the hang watchdog "
+                  "(heartbeat/…/hang.json)", file=sys.stderr, flush=True)  # fmt: skip
+            return EXIT_HANG
         traceback.print_exc()
         raise
     finally:

@@ -6,7 +6,8 @@
         clip the global gradient norm; one all-reduce of
           [non-finite?, stop wanted?] over the ranks           (the step's only sync)
         optimizer and schedule step, unless non-finite         (optimizer)
-        every log_every steps: reduce the window's metrics on the device, log
+        every log_every steps: one all-gather of the window's metrics and each
+          rank's own time (stragglers.py), log
         on a stop request: save, exit EXIT_REQUEUE (75)
 
 Losses and norms stay on the device between log steps; the flags all-reduce is
@@ -16,6 +17,7 @@ the one host sync per step (a skipped step must be decided on every rank).
 from __future__ import annotations
 
 import math
+import os
 import resource
 import time
 from collections.abc import Iterator
@@ -31,18 +33,29 @@ from stoker.checkpoint.checkpointer import Checkpointer, SaveRecord, save_metric
 from stoker.checkpoint.train_state import TrainState
 from stoker.config import ExperimentConfig, config_hash
 from stoker.errors import StokerError
-from stoker.launcher.protocol import EXIT_REQUEUE
+from stoker.launcher.protocol import ENV_RESTART, EXIT_REQUEUE
 from stoker.runtime.dist_env import DistEnv
+from stoker.runtime.heartbeat import COLLECTIVE_PHASE, Heartbeat
 from stoker.runtime.optim import build_optimizer, build_scheduler
 from stoker.runtime.parallelize import parallelize
 from stoker.runtime.profiling import StepProfiler
 from stoker.runtime.progress import Progress
 from stoker.runtime.stop_request import StopRequest
+from stoker.runtime.stragglers import ForwardClock, Slowest, node_name
 
 # A step whose loss or gradient norm is not finite is skipped; this many in a
 # row means the run has diverged and stops (FAILED) instead of burning hours.
 MAX_NONFINITE_IN_ROW = 5
 EXIT_TERMINATED = 128 + 15
+
+
+def _all_gather(output: torch.Tensor, tensor: torch.Tensor) -> None:
+    """Every rank's `tensor` into the rows of `output` (all_gather_single since torch
+    2.13; all_gather_into_tensor before, deprecated since)."""
+    gather = getattr(torch.distributed, "all_gather_single", None)
+    if gather is None:
+        gather = torch.distributed.all_gather_into_tensor
+    gather(output, tensor)
 
 
 class MetricsSink(Protocol):
@@ -63,6 +76,7 @@ class Window:
     loss_sum: torch.Tensor | None = None
     grad_norm_max: torch.Tensor | None = None
     data_s: float = 0.0
+    forward_s: float = 0.0  # the blocks' forward without waits for other ranks (ForwardClock)
     fwd_bwd_s: float = 0.0
     optim_s: float = 0.0
     skipped_steps: int = 0
@@ -102,6 +116,9 @@ class Trainer:
                 fix=f"use a data.batch_size that is a multiple of {accum * env.world_size}",
             )
         self.micro_batch = cfg.data.batch_size // accum  # global, per loader batch
+        self.slowest: Slowest | None = None  # of the last log window, with several ranks
+        self._hosts: list[str] | None = None  # every rank's node, gathered at the first log
+        self._tagged_host: str | None = None
 
     # --- build -------------------------------------------------------------------
 
@@ -270,8 +287,15 @@ class Trainer:
         progress = Progress(total, self.start_step) if env.is_main else None
         batches = self._batches()
         profiler = StepProfiler(cfg.train.profile_steps, self.run_dir, self.env.rank, self.device)
-        phase = profiler.phase
+        heartbeat = self._heartbeat()
+
+        def phase(name: str) -> AbstractContextManager[Any]:
+            if heartbeat is not None:
+                heartbeat.beat(step + 1, name)
+            return profiler.phase(name)
+
         window = Window()
+        forward_clock = ForwardClock(self.model.blocks, self.device)
         bad_in_row = 0
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip is not None else math.inf
@@ -280,6 +304,7 @@ class Trainer:
             while step < total:
                 profiler.before_step(step + 1)
                 t0 = time.perf_counter()
+                forward_clock.reset()
                 with phase("data"):
                     micro = [next(batches) for _ in range(accum)]
                 t1 = time.perf_counter()
@@ -302,6 +327,8 @@ class Trainer:
                         torch.tensor(float(self.stop.wanted()), device=self.device),
                     ]
                 )
+                if heartbeat is not None:
+                    heartbeat.beat(step + 1, COLLECTIVE_PHASE)
                 if env.distributed:
                     torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
                 nonfinite, stop_wanted = (bool(v) for v in flags.tolist())  # the sync
@@ -338,19 +365,25 @@ class Trainer:
                 window.steps += 1
                 window.samples += cfg.data.batch_size
                 window.data_s += t1 - t0
+                window.forward_s += forward_clock.take()  # after the sync: no wait
                 window.fwd_bwd_s += t2 - t1
                 window.optim_s += t3 - t2
                 profiler.after_step(step)
                 if step % cfg.train.log_every == 0 or step == total or stop_wanted:
+                    if heartbeat is not None:
+                        heartbeat.beat(step, "log")
                     metrics = self._reduce(window)
                     if self.eval_loader is not None and (
                         step % cfg.train.eval_every == 0 or step == total
                     ):
                         metrics["eval/loss"] = self.evaluate()
                     self.sink.log_metrics(metrics, step)
+                    self._tag_slowest_host()
                     if progress is not None:
-                        progress.update(step, metrics)
+                        progress.update(step, metrics, self.slowest)
                     window = Window()
+                if heartbeat is not None:
+                    heartbeat.beat(step, "save")
                 if stop_wanted:
                     self.save(step, wait=True)
                     if self.stop.terminated:
@@ -364,30 +397,64 @@ class Trainer:
                 self._upload_final(step)
             return Outcome(0, "FINISHED", step)
         finally:
+            forward_clock.remove()
+            if heartbeat is not None:
+                heartbeat.stop()
             for path in profiler.close():
                 if env.is_main and hasattr(self.sink, "log_artifact"):
                     self.sink.log_artifact(path, "profile")
             if progress is not None:
                 progress.close()
 
+    def _heartbeat(self) -> Heartbeat | None:
+        """This rank's heartbeat and, on global rank 0, the hang watchdog
+        (stoker/runtime/heartbeat.py); None when train.hang_timeout_s is 0."""
+        timeout = self.cfg.train.hang_timeout_s
+        if not timeout:
+            return None
+        heartbeat = Heartbeat(
+            self.run_dir,
+            rank=self.env.rank,
+            world_size=self.env.world_size,
+            restart=int(os.environ.get(ENV_RESTART) or 0),
+            timeout_s=timeout,
+        )
+        heartbeat.start()
+        return heartbeat
+
     def _reduce(self, window: Window) -> dict[str, float]:
-        """The window's metrics, averaged over ranks (one all-reduce)."""
+        """The window's metrics, averaged over ranks, and with several ranks the
+        stragglers' (Slowest): one all-gather of four numbers per rank, so that every
+        rank sees every rank's data wait and forward compute, not only their sum."""
         env = self.env
         good = window.steps - window.skipped_steps
-        stats = torch.stack(
+        zero = torch.zeros((), device=self.device)
+        mine = torch.cat(
             [
-                window.loss_sum
-                if window.loss_sum is not None
-                else torch.zeros((), device=self.device),
-                window.grad_norm_max
-                if window.grad_norm_max is not None
-                else torch.zeros((), device=self.device),
+                torch.stack(
+                    [
+                        window.loss_sum if window.loss_sum is not None else zero,
+                        window.grad_norm_max if window.grad_norm_max is not None else zero,
+                    ]
+                ).float(),
+                torch.tensor(
+                    [window.data_s / window.steps, window.forward_s / window.steps],
+                    device=self.device,
+                ),
             ]
-        ).float()
+        )
         if env.distributed:
-            torch.distributed.all_reduce(stats)
-            stats /= env.world_size
-        loss_sum, grad_norm = stats.tolist()
+            # Flat: gloo refuses a (ranks, 4) output.
+            gathered = torch.empty(env.world_size * mine.numel(), device=self.device)
+            _all_gather(gathered, mine)
+            rows = gathered.view(env.world_size, -1).tolist()  # the log step's one host sync
+            self.slowest = Slowest.of(
+                [row[2] for row in rows], [row[3] for row in rows], self._rank_hosts()
+            )
+        else:
+            rows = [mine.tolist()]
+        loss_sum = sum(row[0] for row in rows) / len(rows)
+        grad_norm = sum(row[1] for row in rows) / len(rows)
         elapsed = time.perf_counter() - window.started
         samples_per_s = window.samples / elapsed / env.world_size  # per GPU (rank)
         metrics: dict[str, float] = {
@@ -415,7 +482,28 @@ class Trainer:
         loader_stats = self.loader.stats()
         for name in ("skipped_samples", "short_samples", "fetch_retries", "failed_shards"):
             metrics[f"data/{name}"] = float(getattr(loader_stats, name))
+        if self.slowest is not None:
+            metrics.update(self.slowest.metrics())
         return metrics
+
+    def _rank_hosts(self) -> list[str]:
+        """Every rank's node, by rank: one all_gather_object at the first log of this
+        start (every rank reaches it there), none after."""
+        if self._hosts is None:
+            hosts: list[Any] = [None] * self.env.world_size
+            torch.distributed.all_gather_object(hosts, node_name())
+            self._hosts = [str(host) for host in hosts]
+        return self._hosts
+
+    def _tag_slowest_host(self) -> None:
+        """The run's tag `stoker.slowest_host`, set again when the slowest node changes
+        (metrics are numbers; a node is a name). Global rank 0, sinks with set_tags."""
+        set_tags = getattr(self.sink, "set_tags", None)
+        if self.slowest is None or not self.env.is_main or set_tags is None:
+            return
+        if self.slowest.host != self._tagged_host:
+            set_tags({"stoker.slowest_host": self.slowest.host})
+            self._tagged_host = self.slowest.host
 
     def _upload_final(self, step: int) -> None:
         """checkpoint.upload_final: the final weights, consolidated into one

@@ -55,8 +55,9 @@ def test_bench_kernels_writes_the_result_document(tmp_path: Path) -> None:
         assert {"kernel", "mode", "shape", "dtype", "ms", "gbps", "pct_copy_bw"} <= row.keys()
         assert row["dtype"] == "bfloat16"
         assert row["ms"]["stoker"] > 0 and row["ms"]["eager"] > 0
+        # Rounded to 3 decimals in the document (a slow interpreter run gives 0.02x).
         assert row["speedup"]["eager"] == pytest.approx(
-            row["ms"]["eager"] / row["ms"]["stoker"], rel=1e-2
+            row["ms"]["eager"] / row["ms"]["stoker"], rel=1e-2, abs=6e-4
         )
         gbps = row["bytes"] / (row["ms"]["stoker"] * 1e-3) / 1e9
         assert row["gbps"] == pytest.approx(gbps, rel=1e-2, abs=0.1)

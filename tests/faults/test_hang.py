@@ -1,0 +1,111 @@
+"""The hang watchdog through the real launcher (`stoker submit --local`, the
+same launch as SLURM's: variables, per-rank logs, ledger) and the real runtime:
+rank 1's data stops coming at step 3; within train.hang_timeout_s plus a few
+heartbeats the job fails, every rank's Python stack is in its log, and
+`stoker why` names the stalled rank, its phase and its stack."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from stoker.data.synth import synth_dataset
+from stoker.launcher.protocol import EXIT_HANG, STACK_HEADER
+from stoker.runtime.heartbeat import Beat, find_stall
+from tests.clirun import stoker
+from tests.launcher_jobs import submit_json
+from tests.test_local_backend import wait_local
+
+HANG_RANK = Path(__file__).with_name("hang_rank.py")
+TIMEOUT_S = 5
+
+
+def test_find_stall_blames_the_rank_outside_the_collective() -> None:
+    now = 1000.0
+    beats = [
+        Beat(0, "n1", 1, 7, "sync", progress_at=now - 60, written_at=now - 1),
+        Beat(1, "n1", 2, 7, "data", progress_at=now - 50, written_at=now - 1),
+        Beat(2, "n2", 3, 7, "sync", progress_at=now - 55, written_at=now - 1),
+    ]
+    stall = find_stall(beats, now, timeout_s=30)
+    assert stall is not None and (stall.rank, stall.phase, stall.gone) == (1, "data", False)
+    assert find_stall(beats, now, timeout_s=70) is None
+    # A rank whose heartbeat thread stopped writing (killed) comes first.
+    gone = Beat(3, "n2", 4, 6, "forward", progress_at=now - 40, written_at=now - 40)
+    stall = find_stall([*beats, gone], now, timeout_s=30)
+    assert stall is not None and (stall.rank, stall.gone) == (3, True)
+    assert "stopped writing heartbeats" in stall.describe(30)
+
+
+def test_a_stalled_rank_fails_the_job_and_why_shows_its_stack(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    synth_dataset(str(data), clips=8, seconds=2.0, size=(64, 64), fps=8)
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({
+        "job": {"name": "hang"},
+        "data": {"url": str(data), "batch_size": 4, "num_workers": 0},
+        "train": {"steps": 1000, "log_every": 1, "hang_timeout_s": TIMEOUT_S},
+        "checkpoint": {"every": 0},
+    }))  # fmt: skip
+    started = time.monotonic()
+    job = submit_json("--local", "--ntasks-per-node", "2", str(exp), "--",
+                      sys.executable, str(HANG_RANK), "1", "3", cwd=tmp_path)  # fmt: skip
+    run = Path(job["run_dir"])
+    state = wait_local(run, 240)
+    took = time.monotonic() - started
+    logs = {r: (run / "logs" / "r0" / f"rank-{r}.log").read_text() for r in (0, 1)}
+    assert state.state == "FAILED" and state.exit_code == EXIT_HANG, logs[0][-3000:]
+
+    hang = json.loads((run / "heartbeat" / "r0" / "hang.json").read_text())
+    assert (hang["rank"], hang["phase"], hang["step"], hang["gone"]) == (1, "data", 3, False)
+    # Rank 0 waited for it in a collective: FSDP's all-gather in forward, or the step's.
+    assert hang["ranks"]["0"]["phase"] in ("forward", "sync")
+    assert hang["stalled_s"] >= TIMEOUT_S
+    # Every rank dumped its stacks; the stalled one shows where it stalled.
+    for rank, text in logs.items():
+        assert f"{STACK_HEADER} {rank} " in text, text[-2000:]
+    assert "stall_in_data" in logs[1].split(f"{STACK_HEADER} 1 ")[1]
+    print(f"\nhang detected and the job failed {took:.0f} s after submit "
+          f"(stalled {hang['stalled_s']:.1f} s at detection)")  # fmt: skip
+
+    why = stoker("why", job["job_id"], "--json")
+    assert why.returncode == 0, why.stderr
+    diagnosis = json.loads(why.stdout)
+    assert diagnosis["cause"] == "hung" and diagnosis["failing_rank"] == 1
+    assert "rank 1" in diagnosis["summary"] and "phase 'data' at step 3" in diagnosis["summary"]
+    assert any("stall_in_data" in line for line in diagnosis["evidence"])
+    assert "data source" in diagnosis["fix"]
+
+
+RECORDED_DUMP = """step 2/1000  loss 2.7
+stoker: Python stacks of rank 1 (n2), phase 'data', step 3:
+Current thread 0x00007f51489876c0 (most recent call first):
+  File "/x/stoker/runtime/heartbeat.py", line 210 in _dump_and_exit
+
+Thread 0x00007f51497cab80 (most recent call first):
+  File "/x/tests/faults/hang_rank.py", line 20 in stall_in_data
+  File "/x/stoker/runtime/trainer.py", line 290 in train
+"""
+
+
+def test_why_judges_a_watchdog_report_with_the_stack() -> None:
+    from stoker.launcher.why import JobFacts, judge
+
+    hang = {"rank": 1, "host": "n2", "phase": "data", "step": 3, "stalled_s": 301.0,
+            "gone": False, "message": "rank 1 (n2) stalled in phase 'data' at step 3 for "
+            "301 s (train.hang_timeout_s=300)", "ranks": {"0": {"phase": "sync"},
+                                                          "1": {"phase": "data"}}}  # fmt: skip
+    facts = JobFacts(job_id="77", state="FAILED", exit_code=EXIT_HANG, hang=hang,
+                     rank_logs={1: RECORDED_DUMP})  # fmt: skip
+    diagnosis = judge(facts)
+    assert diagnosis.cause == "hung" and diagnosis.failing_rank == 1
+    assert diagnosis.summary.startswith("the hang watchdog failed the job: rank 1 (n2)")
+    assert "ranks by phase: sync: 0; data: 1" in diagnosis.evidence
+    stack = "\n".join(diagnosis.evidence)
+    assert "stall_in_data" in stack and "_dump_and_exit" not in stack  # the watchdog's own
+    gone = judge(JobFacts(job_id="78", state="FAILED", hang={**hang, "gone": True}))
+    assert "kernel log" in (gone.fix or "")
