@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from stoker.launcher.ledger import JobRecord, Ledger
 from stoker.launcher.slurm_query import TERMINAL_STATES
 from tests.clirun import stoker
 
@@ -49,3 +52,22 @@ def wait_for(predicate, timeout: float = 60, what: str = "condition") -> None:  
             return
         time.sleep(0.2)
     pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+
+def local_job(ledger: Ledger, tmp_path: Path, job_id: str, state: dict[str, Any]) -> Path:
+    """A `--local` job's run folder with this supervisor state, in the ledger."""
+    run_dir = tmp_path / job_id
+    run_dir.mkdir()
+    (run_dir / "local-state.json").write_text(json.dumps(state))
+    ledger.add(
+        JobRecord(
+            job_id=job_id,
+            backend="local",
+            cluster=os.uname().nodename,
+            name=job_id,
+            run_dir=str(run_dir),
+            config_hash="0",
+            template="default",
+        )
+    )
+    return run_dir

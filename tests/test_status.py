@@ -28,6 +28,7 @@ from stoker.launcher import slurm_cli
 from stoker.launcher.ledger import JobRecord, Ledger
 from stoker.launcher.status import collect_status, select_jobs
 from tests.clirun import STOKER, stoker, stoker_in_tty
+from tests.launcher_jobs import local_job
 
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
@@ -341,7 +342,7 @@ def test_watch_refuses_a_pipe() -> None:
 
 def test_watch_refreshes_on_a_terminal_until_ctrl_c(tmp_path: Path) -> None:
     ledger = Ledger()
-    _local_job(ledger, tmp_path, "local-1", {"state": "COMPLETED", "exit_code": 0})
+    local_job(ledger, tmp_path, "local-1", {"state": "COMPLETED", "exit_code": 0})
     master, slave = pty.openpty()
     proc = subprocess.Popen(
         [STOKER, "status", "--watch", "--interval", "0.5"],
@@ -403,30 +404,12 @@ def test_default_shows_recent_jobs_and_all_shows_old_ones(tmp_path: Path) -> Non
     assert [row["job_id"] for row in json.loads(result.stdout)] == ["12", "11"]
 
 
-def _local_job(ledger: Ledger, tmp_path: Path, job_id: str, state: dict[str, Any]) -> Path:
-    run_dir = tmp_path / job_id
-    run_dir.mkdir()
-    (run_dir / "local-state.json").write_text(json.dumps(state))
-    ledger.add(
-        JobRecord(
-            job_id=job_id,
-            backend="local",
-            cluster=os.uname().nodename,
-            name=job_id,
-            run_dir=str(run_dir),
-            config_hash="0",
-            template="default",
-        )
-    )
-    return run_dir
-
-
 def test_local_jobs_read_the_supervisor_state_without_slurm(tmp_path: Path) -> None:
     ledger = Ledger()
     supervisor = subprocess.Popen(["sleep", "60"])
     started = time.time()  # as a supervisor writes it: after its own start
     now = started + 100  # the refresh looks 100 s later
-    live = _local_job(
+    live = local_job(
         ledger,
         tmp_path,
         "local-1",
@@ -454,7 +437,7 @@ def test_local_jobs_read_the_supervisor_state_without_slurm(tmp_path: Path) -> N
     )
     dead = subprocess.Popen(["true"])
     dead.wait()
-    _local_job(
+    local_job(
         ledger,
         tmp_path,
         "local-2",
@@ -467,7 +450,7 @@ def test_local_jobs_read_the_supervisor_state_without_slurm(tmp_path: Path) -> N
             "ranks": {"0": None},
         },
     )
-    _local_job(
+    local_job(
         ledger,
         tmp_path,
         "local-3",
@@ -481,7 +464,7 @@ def test_local_jobs_read_the_supervisor_state_without_slurm(tmp_path: Path) -> N
         },
     )
     # A state file left from before a reboot: its pid now belongs to a younger process.
-    _local_job(
+    local_job(
         ledger,
         tmp_path,
         "local-4",

@@ -19,10 +19,10 @@ import pytest
 import yaml
 
 from stoker.data.synth import synth_dataset
-from stoker.launcher.ledger import JobRecord, Ledger
+from stoker.launcher.ledger import Ledger
 from stoker.launcher.status import STRAGGLER_RATIO, collect_status, select_jobs
 from tests.clirun import stoker
-from tests.launcher_jobs import submit_json
+from tests.launcher_jobs import local_job, submit_json
 from tests.test_local_backend import wait_local
 
 STRAGGLER_RANK = Path(__file__).with_name("straggler_rank.py")
@@ -89,21 +89,8 @@ def test_a_slow_rank_is_named_in_mlflow_progress_and_status(tmp_path: Path) -> N
 
 
 def _job(ledger: Ledger, tmp_path: Path, job_id: str, progress: dict[str, Any]) -> None:
-    run_dir = tmp_path / job_id
-    run_dir.mkdir()
-    (run_dir / "local-state.json").write_text(json.dumps({"state": "COMPLETED", "exit_code": 0}))
+    run_dir = local_job(ledger, tmp_path, job_id, {"state": "COMPLETED", "exit_code": 0})
     (run_dir / "progress.json").write_text(json.dumps({"step": 40, "total_steps": 100, **progress}))
-    ledger.add(
-        JobRecord(
-            job_id=job_id,
-            backend="local",
-            cluster=os.uname().nodename,
-            name=job_id,
-            run_dir=str(run_dir),
-            config_hash="0",
-            template="default",
-        )
-    )
 
 
 def _slowest(ratio: float, data_wait_s: float) -> dict[str, Any]:
