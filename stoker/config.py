@@ -117,6 +117,8 @@ class JobConfig(Section):
     """Container mounts 'host_path:container_path[:ro]' (pyxis and apptainer templates)."""
     max_requeues: Annotated[int, Field(ge=0, le=1000)] = 3
     """How many times a preempted or timed-out job is requeued before it is left failed."""
+    max_restarts: Annotated[int, Field(ge=0, le=100)] = 1
+    """Restarts after a lost rank or node or a hang, without the failed node; not after errors."""
     stop_grace: Annotated[int, Field(ge=10, le=3600)] = 120
     """Seconds before the time limit at which the job is told to save and stop."""
 
@@ -302,6 +304,8 @@ class TrainConfig(Section):
     """Batches of the held-out split per evaluation (the same ones each time)."""
     hang_timeout_s: Annotated[float, Field(ge=0)] = 900
     """Fail the job when a rank makes no progress for this long (stacks dumped); 0 never."""
+    collective_timeout_s: Annotated[float, Field(ge=5, le=86400)] = 120
+    """Seconds a collective waits for a lost peer before the rank fails (process group timeout)."""
     profile_steps: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] | None = None
     """[first, last]: record a torch.profiler trace of these steps; null never."""
 

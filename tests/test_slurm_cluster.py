@@ -94,8 +94,6 @@ def test_two_node_job_runs_one_task_per_node(
     nodes = sorted(line.split(" on ")[1] for line in lines if line.startswith("task "))
     assert len(nodes) == 2 and len(set(nodes)) == 2, lines
     assert set(nodes) <= set(slurm_cluster.node_names)
-    if not slurm_cluster.external:
-        assert nodes == ["n1", "n2"]
     assert accounted_state(job_id) == "COMPLETED"
 
 
@@ -105,7 +103,7 @@ def test_nodes_advertise_gpus(slurm_cluster: ClusterSettings) -> None:
     gres = dict(line.split(" ", 1) for line in result.stdout.splitlines())
     assert set(gres) == set(slurm_cluster.node_names)
     if not slurm_cluster.external:
-        assert gres == {"n1": "gpu:4", "n2": "gpu:4"}
+        assert gres == {"n1": "gpu:4", "n2": "gpu:4", "n3": "gpu:4"}
 
 
 def test_job_gets_the_gpus_it_asked_for(slurm_cluster: ClusterSettings, tmp_path: Path) -> None:

@@ -196,7 +196,7 @@ def test_json_states_reasons_restarts_and_progress(jobs: Jobs, tmp_path: Path) -
     assert (ok["throughput"], ok["throughput_unit"]) == (1234.5, "samples/s")
     assert ok["eta_s"] is None  # not running
     assert ok["mlflow_run_id"] == "f" * 32 and ok["run_dir"] == str(ok_dir)
-    assert ok["nodes"] == 1 and ok["node_list"] in {"n1", "n2"}
+    assert ok["nodes"] == 1 and ok["node_list"] in {"n1", "n2", "n3"}
 
     failed = rows[ids["fails"]]
     assert (failed["state"], failed["exit_code"], failed["reason"]) == ("FAILED", 3, "exit 3")

@@ -11,6 +11,12 @@ from __future__ import annotations
 # script then requeues the job (EX_TEMPFAIL from sysexits.h: "try again later").
 EXIT_REQUEUE = 75
 
+# A task whose collective failed because a peer went away (killed, frozen, its node
+# lost) exits with this code, so that the batch script tells a lost rank, which it
+# restarts (job.max_restarts), from the program's own error, which it does not
+# (EX_PROTOCOL from sysexits.h: "remote error in protocol").
+EXIT_PEER_LOST = 76
+
 # The signal SLURM sends the batch shell before the time limit (`--signal=B:USR2@grace`).
 # Never USR1: NCCL uses it.
 STOP_SIGNAL = "USR2"

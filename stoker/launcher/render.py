@@ -19,7 +19,7 @@ from typing import Any
 
 from stoker import __version__
 from stoker.errors import StokerError
-from stoker.launcher.protocol import EXIT_REQUEUE
+from stoker.launcher.protocol import EXIT_PEER_LOST, EXIT_REQUEUE
 from stoker.launcher.spec import LaunchSpec
 from stoker.redact import one_line
 
@@ -250,7 +250,9 @@ def _context(spec: LaunchSpec, directives: Sequence[Directive], explain: bool) -
         "run_dir_comment": Shell(re.sub(r"[\x00-\x1f]", "?", str(spec.run_dir))),
         "array_size": spec.array_size or 0,
         "max_requeues": job.max_requeues,
+        "max_restarts": job.max_restarts,
         "exit_requeue": EXIT_REQUEUE,
+        "exit_peer_lost": EXIT_PEER_LOST,
         "grace": spec.grace_seconds,
         "env_defaults": env_defaults,
         "env": sorted(job.env.items()),

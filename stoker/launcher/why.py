@@ -13,7 +13,7 @@ Facts are gathered once (`gather_facts`), then judged by a pure function
     logs/r<R>/rank-<T>.log       of the last restart: the failing rank's traceback,
                                  signatures (SIGNATURES below), and each file's mtime
                                  (a rank silent long before the end has hung)
-    events                       the batch script's stop/requeue decisions
+    events                       the batch script's stop, requeue and restart decisions
     local-state.json             instead of SLURM for `--local` jobs
 
 Host memory on clusters that do not enforce --mem. Where SLURM runs without
@@ -979,8 +979,14 @@ class _Maker:
         ended = facts.state not in RUNNING_STATES | PENDING_STATES
         if exit_code is None and job_exit and ended:
             exit_code = 128 + facts.exit_signal if facts.exit_signal else facts.exit_code
-        evidence = [*evidence, *(f"note: {n}" for n in facts.notes)]
+        # The batch script's restarts after failures, whatever the diagnosis: a job that
+        # completed after losing a node, or one left failed with no restart left.
+        restarts = _event_lines(facts, "restart(ing|ed) after failure", all_restarts=True)
+        evidence = [*evidence, *(e for e in restarts if e not in evidence)]
+        evidence += [f"note: {n}" for n in facts.notes]
         fix_text = fix.replace("JOB", facts.job_id) if fix else None
+        if fix_text and _event_lines(facts, "not restarted after failure"):
+            fix_text += "; raise job.max_restarts to have such failures restarted by the job"
         return Diagnosis(
             facts.job_id, facts.state, cause, summary, evidence, fix_text, failing_rank, exit_code
         )

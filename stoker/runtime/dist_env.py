@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -131,9 +132,11 @@ def cpu_threads(env: DistEnv, environ: Mapping[str, str] | None = None) -> int:
     return max(1, len(os.sched_getaffinity(0)) // env.local_world_size)
 
 
-def init_process_group(env: DistEnv, device: torch.device, timeout_s: float = 600.0) -> None:
+def init_process_group(env: DistEnv, device: torch.device, timeout_s: float = 120.0) -> None:
     """Join the job's process group (nccl on GPUs, gloo on CPUs); nothing for
-    one process. The timeout bounds how long a collective waits for a lost rank."""
+    one process. The timeout (train.collective_timeout_s) bounds how long the
+    rendezvous and every collective wait for a lost rank: gloo raises, NCCL's
+    watchdog aborts the process (TORCH_NCCL_ASYNC_ERROR_HANDLING, on by default)."""
     if not env.distributed or torch.distributed.is_initialized():
         return
     for name in ("MASTER_ADDR", "MASTER_PORT"):
@@ -166,3 +169,27 @@ def data_parallel_mesh(env: DistEnv, device: torch.device) -> DeviceMesh | None:
             mesh_dim_names=("replicate", "shard"),
         )
     return init_device_mesh(device.type, (env.world_size,), mesh_dim_names=("shard",))
+
+
+# What a collective raises when a peer went away, rather than for this rank's own bug:
+# gloo's timeouts and closed connections (plain RuntimeErrors), and torch's DistError
+# family (NCCL's watchdog, the rendezvous store).
+_PEER_LOSS = re.compile(
+    r"Timed out waiting|Connection (closed|reset) by peer|ECONNRESET|Broken pipe|"
+    r"communicator was aborted|Watchdog caught collective operation timeout",
+    re.IGNORECASE,
+)
+
+
+def lost_peer(exc: BaseException) -> bool:
+    """Whether `exc` (or what caused it) is a collective that lost a peer."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, torch.distributed.DistError):
+            return True
+        if isinstance(current, RuntimeError) and _PEER_LOSS.search(str(current)):
+            return True
+        current = current.__cause__ or current.__context__
+    return False

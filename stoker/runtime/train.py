@@ -6,7 +6,9 @@
 One process per GPU (or CPU rank). It reads where it stands from the
 launcher's variables (stoker/runtime/dist_env.py), builds, trains, closes, and
 exits 0 when done, 75 (requeue) after saving on a stop request, 143 when
-terminated, 1 on an error.
+terminated, 124 when the hang watchdog failed the job, 76 when a collective
+lost a peer (a rank or node gone: the batch script may restart the job), 1 on
+an error of its own.
 
 With torchrun instead of the launcher:
 
@@ -32,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from stoker.config import load_frozen
-    from stoker.launcher.protocol import ENV_RESTART, ENV_RUN_DIR, EXIT_HANG
+    from stoker.launcher.protocol import ENV_RESTART, ENV_RUN_DIR, EXIT_HANG, EXIT_PEER_LOST
     from stoker.runtime import dist_env
     from stoker.runtime.heartbeat import hang_reported
     from stoker.runtime.tracking_setup import open_tracking
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     device = dist_env.device_for(env)
     if device.type == "cpu":
         torch.set_num_threads(dist_env.cpu_threads(env))
-    dist_env.init_process_group(env, device)
+    dist_env.init_process_group(env, device, cfg.train.collective_timeout_s)
     run_dir = Path(os.environ.get(ENV_RUN_DIR) or args.config.resolve().parent)
     tracking = open_tracking(cfg, env, device, run_dir, args.config)
     status = "FAILED"
@@ -68,13 +70,19 @@ def main(argv: list[str] | None = None) -> int:
     except StokerError as exc:
         print(f"stoker: rank {env.rank}: {exc}", file=sys.stderr, flush=True)
         return 1
-    except Exception:
+    except Exception as exc:
         if hang_reported(run_dir, int(os.environ.get(ENV_RESTART) or 0)):
             # A peer exited on the watchdog's report: that is this rank's failure too.
             print(f"stoker: rank {env.rank}: stopped by the hang watchdog "
                   "(heartbeat/…/hang.json)", file=sys.stderr, flush=True)  # fmt: skip
             return EXIT_HANG
         traceback.print_exc()
+        if dist_env.lost_peer(exc):
+            # Not this rank's bug: the batch script may start the job again (job.max_restarts).
+            print(f"stoker: rank {env.rank}: a collective lost a peer (killed, frozen, or its "
+                  f"node lost; train.collective_timeout_s={cfg.train.collective_timeout_s:g}); "
+                  f"exit {EXIT_PEER_LOST}", file=sys.stderr, flush=True)  # fmt: skip
+            return EXIT_PEER_LOST
         raise
     finally:
         tracking.close(None if status == "REQUEUE" else status)

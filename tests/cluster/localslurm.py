@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A real SLURM 22.05 cluster on this one machine, for tests.
 
-Runs munged, MariaDB, slurmdbd, slurmctld and two slurmd (nodes ``n1`` and
-``n2``, 2 CPUs and 4 fake GPUs each) entirely from one state folder: keys,
+Runs munged, MariaDB, slurmdbd, slurmctld and three slurmd (nodes ``n1``,
+``n2`` and ``n3``, 2 CPUs and 4 fake GPUs each) entirely from one state folder: keys,
 configs, databases, sockets, pid files and logs all live there, so nothing in
 /etc/munge, /etc/slurm or /run/mysqld is used and a second cluster can run
 beside it on other ports.
@@ -45,7 +45,8 @@ DEFAULT_BASE_PORT = 17100
 
 CLUSTER_NAME = "stoker"
 PARTITION = "debug"
-NODE_NAMES = ("n1", "n2")
+# Three nodes: a 2-node job that loses one can start again without it (tests/faults).
+NODE_NAMES = ("n1", "n2", "n3")
 CPUS_PER_NODE = 2
 GPUS_PER_NODE = 4
 CRED_EXPIRE_S = 10
@@ -474,7 +475,7 @@ def _hostname() -> str:
 
 
 def _mem_per_node_mb() -> int:
-    # Both fake nodes share this machine; give each an honest half of its memory.
+    # The fake nodes share this machine; give each an honest share of its memory.
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemTotal:"):
             return int(line.split()[1]) // 1024 // len(NODE_NAMES)
@@ -980,7 +981,7 @@ def status(state_dir: str | os.PathLike[str] | None = None) -> dict[str, list[st
 
 
 def is_running(state_dir: str | os.PathLike[str] | None = None) -> bool:
-    """True when every daemon is alive, sinfo answers and both nodes take jobs."""
+    """True when every daemon is alive, sinfo answers and every node takes jobs."""
     return not status(state_dir)["problems"]
 
 
@@ -1043,6 +1044,55 @@ def stop(
             raise ClusterError(f"{paths.root} does not look like a localslurm state folder")
         shutil.rmtree(paths.root)
         _say(verbose, f"removed {paths.root}")
+
+
+# ------------------------------------------------------------------- node faults
+
+
+def node_processes(node: str, state_dir: str | os.PathLike[str] | None = None) -> list[int]:
+    """What makes up `node` on this machine: its slurmd, the slurmstepd it forked
+    for jobs and everything below them (batch scripts, tasks). Freezing them all
+    (SIGSTOP) is a node that hung or dropped off the network."""
+    paths = _paths(state_dir)
+    settings = load_settings(paths.root)
+    slurmd = _running_pid(paths, _Daemon(f"slurmd-{node}", "slurmd", []))
+    if node not in settings.node_names or slurmd is None:
+        raise ClusterError(f"node {node} is not running in {paths.root}")
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            ppid = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    mark = f"SLURMD_NODENAME={node}".encode()
+    found = [slurmd]
+    for stepd in _our_stepds(paths):
+        below, pending = [], list(children.get(stepd, []))
+        while pending:
+            pid = pending.pop()
+            below.append(pid)
+            pending += children.get(pid, [])
+        # A step's processes carry the node they run on; the stepd itself does not.
+        with contextlib.suppress(OSError):
+            if any(mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") for pid in below):
+                found += [stepd, *below]
+    return found
+
+
+def freeze_node(node: str, state_dir: str | os.PathLike[str] | None = None) -> list[int]:
+    """SIGSTOP the node's slurmd, step daemons and tasks; returns the pids."""
+    pids = node_processes(node, state_dir)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    return pids
+
+
+def thaw(pids: Iterable[int]) -> None:
+    """SIGCONT what freeze_node stopped (tasks first: their stepd kills them if
+    slurmctld has ended the job meanwhile)."""
+    for pid in reversed(list(pids)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
 
 
 # ------------------------------------------------------------------ external cluster
@@ -1125,7 +1175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--base-port",
         type=int,
         default=None,
-        help=f"first of 5 ports: ctld, dbd, mariadb, slurmd n1, n2 (default {DEFAULT_BASE_PORT})",
+        help=f"first of 6 ports: ctld, dbd, mariadb, slurmd n1-n3 (default {DEFAULT_BASE_PORT})",
     )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per start step")
     parser.add_argument("--purge", action="store_true", help="stop: also delete the state folder")

@@ -1,8 +1,9 @@
-"""The hang watchdog through the real launcher (`stoker submit --local`, the
-same launch as SLURM's: variables, per-rank logs, ledger) and the real runtime:
-rank 1's data stops coming at step 3; within train.hang_timeout_s plus a few
-heartbeats the job fails, every rank's Python stack is in its log, and
-`stoker why` names the stalled rank, its phase and its stack."""
+"""The hang watchdog on the real cluster (two nodes, one task each) with the
+real runtime: rank 1's data stops coming at step 3; within train.hang_timeout_s
+plus a few heartbeats the job fails, every rank's Python stack is in its log,
+the batch script starts it again without the stalled rank's node
+(job.max_restarts), and `stoker why` names the stalled rank, its phase and its
+stack."""
 
 from __future__ import annotations
 
@@ -10,15 +11,20 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import pytest
 import yaml
 
 from stoker.data.synth import synth_dataset
 from stoker.launcher.protocol import EXIT_HANG, STACK_HEADER
 from stoker.runtime.heartbeat import Beat, find_stall
 from tests.clirun import stoker
-from tests.launcher_jobs import submit_json
-from tests.test_local_backend import wait_local
+from tests.faults.training_jobs import TWO_NODES, hostnames, starts
+from tests.launcher_jobs import submit_json, wait_final
+
+if TYPE_CHECKING:
+    from tests.cluster.localslurm import ClusterSettings
 
 HANG_RANK = Path(__file__).with_name("hang_rank.py")
 TIMEOUT_S = 5
@@ -41,35 +47,46 @@ def test_find_stall_blames_the_rank_outside_the_collective() -> None:
     assert "stopped writing heartbeats" in stall.describe(30)
 
 
-def test_a_stalled_rank_fails_the_job_and_why_shows_its_stack(tmp_path: Path) -> None:
+@pytest.mark.slurm
+def test_a_stalled_rank_fails_the_job_and_why_shows_its_stack(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
     data = tmp_path / "data"
     synth_dataset(str(data), clips=8, seconds=2.0, size=(64, 64), fps=8)
     exp = tmp_path / "exp.yaml"
     exp.write_text(yaml.safe_dump({
-        "job": {"name": "hang"},
+        "job": {"name": "hang", "max_restarts": 1},
         "data": {"url": str(data), "batch_size": 4, "num_workers": 0},
         "train": {"steps": 1000, "log_every": 1, "hang_timeout_s": TIMEOUT_S},
         "checkpoint": {"every": 0},
     }))  # fmt: skip
     started = time.monotonic()
-    job = submit_json("--local", "--ntasks-per-node", "2", str(exp), "--",
+    job = submit_json(*TWO_NODES, "--time", "5", str(exp), "--",
                       sys.executable, str(HANG_RANK), "1", "3", cwd=tmp_path)  # fmt: skip
     run = Path(job["run_dir"])
-    state = wait_local(run, 240)
+    # The hang is a failure the job restarts from (job.max_restarts=1), without the
+    # stalled rank's node; rank 1 stalls there too, and then the job is left failed.
+    assert wait_final(job["job_id"], 300) == "FAILED"
     took = time.monotonic() - started
-    logs = {r: (run / "logs" / "r0" / f"rank-{r}.log").read_text() for r in (0, 1)}
-    assert state.state == "FAILED" and state.exit_code == EXIT_HANG, logs[0][-3000:]
+    (_, _, first), (_, _, second) = starts(run)
+    first_hang = json.loads((run / "heartbeat" / "r0" / "hang.json").read_text())
+    assert first_hang["host"] in hostnames(first) and first_hang["host"] not in hostnames(second)
+    events = (run / "events").read_text()
+    assert f"restarting after failure (a hang, exit {EXIT_HANG}) without node " \
+           f"{first_hang['host']}: restart 1 of job.max_restarts=1" in events, events  # fmt: skip
+    assert "not restarted after failure (a hang" in events
 
-    hang = json.loads((run / "heartbeat" / "r0" / "hang.json").read_text())
+    logs = {r: (run / "logs" / "r1" / f"rank-{r}.log").read_text() for r in (0, 1)}
+    hang = json.loads((run / "heartbeat" / "r1" / "hang.json").read_text())
     assert (hang["rank"], hang["phase"], hang["step"], hang["gone"]) == (1, "data", 3, False)
-    # Rank 0 waited for it in a collective: FSDP's all-gather in forward, or the step's.
+    # Rank 0 waited for it in a collective: the step's all-reduce (HSDP across nodes).
     assert hang["ranks"]["0"]["phase"] in ("forward", "sync")
     assert hang["stalled_s"] >= TIMEOUT_S
     # Every rank dumped its stacks; the stalled one shows where it stalled.
     for rank, text in logs.items():
         assert f"{STACK_HEADER} {rank} " in text, text[-2000:]
     assert "stall_in_data" in logs[1].split(f"{STACK_HEADER} 1 ")[1]
-    print(f"\nhang detected and the job failed {took:.0f} s after submit "
+    print(f"\nhang detected twice and the job failed {took:.0f} s after submit "
           f"(stalled {hang['stalled_s']:.1f} s at detection)")  # fmt: skip
 
     why = stoker("why", job["job_id"], "--json")

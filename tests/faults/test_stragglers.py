@@ -1,6 +1,5 @@
-"""Stragglers through the real launcher (`stoker submit --local`: the SLURM
-launch's variables, run folder, ledger, MLflow run) and the real runtime on 2
-CPU ranks over gloo: after a first log window of start-up, rank 1 sleeps in
+"""Stragglers on the real cluster (`stoker submit`, two nodes, one task each)
+with the real runtime over gloo: after a first log window of start-up, rank 1 sleeps in
 its data iterator for a window, then inside its forward. The MLflow run names
 rank 1 slowest in both windows, with its data wait telling the two apart, and
 tags its node; progress.json carries it, and `stoker status` flags it. Then `stoker
@@ -13,7 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
@@ -22,15 +21,21 @@ from stoker.data.synth import synth_dataset
 from stoker.launcher.ledger import Ledger
 from stoker.launcher.status import STRAGGLER_RATIO, collect_status, select_jobs
 from tests.clirun import stoker
-from tests.launcher_jobs import local_job, submit_json
-from tests.test_local_backend import wait_local
+from tests.faults.training_jobs import TWO_NODES, rank_pid
+from tests.launcher_jobs import local_job, submit_json, wait_final
+
+if TYPE_CHECKING:
+    from tests.cluster.localslurm import ClusterSettings
 
 STRAGGLER_RANK = Path(__file__).with_name("straggler_rank.py")
 SLEEP_S = 0.4  # per step on rank 1; a tiny step takes ~0.1 s here
 WINDOW = 2  # train.log_every: steps 1-2 start up, 3-4 a slow loader, 5-6 a slow forward
 
 
-def test_a_slow_rank_is_named_in_mlflow_progress_and_status(tmp_path: Path) -> None:
+@pytest.mark.slurm
+def test_a_slow_rank_is_named_in_mlflow_progress_and_status(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
     data = tmp_path / "data"
     synth_dataset(str(data), clips=8, seconds=2.0, size=(64, 64), fps=8)
     exp = tmp_path / "exp.yaml"
@@ -42,12 +47,14 @@ def test_a_slow_rank_is_named_in_mlflow_progress_and_status(tmp_path: Path) -> N
     }))  # fmt: skip
     started = time.monotonic()
     rank_main = [sys.executable, str(STRAGGLER_RANK), "1", str(SLEEP_S), str(WINDOW)]
-    job = submit_json("--local", "--ntasks-per-node", "2", str(exp), "--", *rank_main, cwd=tmp_path)
+    job = submit_json(*TWO_NODES, "--time", "5", str(exp), "--", *rank_main, cwd=tmp_path)
     run = Path(job["run_dir"])
-    state = wait_local(run, 240)
+    state = wait_final(job["job_id"], 240)
     took = time.monotonic() - started
     log = (run / "logs" / "r0" / "rank-0.log").read_text()
-    assert state.state == "COMPLETED", log[-3000:]
+    assert state == "COMPLETED", log[-3000:]
+    host = rank_pid(run, 0, 1)[1]  # rank 1's node
+    assert host in slurm_cluster.node_names
 
     from mlflow.tracking import MlflowClient
 
@@ -70,20 +77,20 @@ def test_a_slow_rank_is_named_in_mlflow_progress_and_status(tmp_path: Path) -> N
     # Its data wait tells a slow loader from a slow forward.
     data_wait = history("stragglers/slowest_data_wait_s")
     assert data_wait[slow_loader] >= SLEEP_S and data_wait[slow_forward] < SLEEP_S / 2, data_wait
-    assert client.get_run(job["run_id"]).data.tags["stoker.slowest_host"] == "node-1"
+    assert client.get_run(job["run_id"]).data.tags["stoker.slowest_host"] == host
 
     progress = json.loads((run / "progress.json").read_text())
-    assert (progress["slowest_rank"], progress["slowest_host"]) == (1, "node-1")
+    assert (progress["slowest_rank"], progress["slowest_host"]) == (1, host)
     assert progress["slowest_ratio"] == pytest.approx(ratio[slow_forward])
-    assert "straggler: rank 1 on node-1" in log  # rank 0's line per log step
+    assert f"straggler: rank 1 on {host}" in log  # rank 0's line per log step
 
     result = stoker("status", job["job_id"], "--json")
     assert result.returncode == 0, result.stderr
     (row,) = json.loads(result.stdout)
     assert row["straggler"] is True and row["straggler_cause"] == "compute"
-    assert (row["slowest_rank"], row["slowest_host"]) == (1, "node-1")
+    assert (row["slowest_rank"], row["slowest_host"]) == (1, host)
     table = stoker("status", job["job_id"])
-    assert f"r1@node-1 {progress['slowest_ratio']:.2f}x compute" in table.stdout, table.stdout
+    assert f"r1@{host} {progress['slowest_ratio']:.2f}x compute" in table.stdout, table.stdout
     print(f"\n2 ranks, 6 steps, rank 1 {SLEEP_S} s slower a step from step 3: {took:.0f} s "
           f"from submit to the end; ratios {ratio}")  # fmt: skip
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from stoker.errors import StokerError
-from stoker.runtime.dist_env import DistEnv, detect
+from stoker.runtime.dist_env import DistEnv, detect, lost_peer
 
 
 def test_one_process_without_variables() -> None:
@@ -50,3 +54,43 @@ def test_uneven_nodes_shard_over_the_whole_world() -> None:
 def test_bad_variables_are_named(env: dict[str, str], message: str) -> None:
     with pytest.raises(StokerError, match=message):
         detect(env)
+
+
+PEER_SCRIPT = """
+import datetime, os, sys, time, torch, torch.distributed as dist
+from stoker.runtime.dist_env import lost_peer
+rank, how = int(sys.argv[1]), sys.argv[3]
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=3))
+dist.all_reduce(torch.ones(1))
+if rank == 1:
+    if how == "killed":
+        os._exit(9)
+    time.sleep(30)  # frozen: never joins the next collective
+try:
+    dist.all_reduce(torch.ones(1))
+except Exception as exc:
+    print("lost_peer", lost_peer(exc), type(exc).__name__, flush=True)
+    os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("how", ["frozen", "killed"])
+def test_a_collective_that_lost_its_peer_is_told_from_a_bug(tmp_path: Path, how: str) -> None:
+    """Real gloo: a peer that stops answering (timeout) or dies (closed connection)."""
+    store = tmp_path / "store"
+    procs = [subprocess.Popen([sys.executable, "-c", PEER_SCRIPT, str(r), str(store), how],
+                              stdout=subprocess.PIPE, text=True) for r in (0, 1)]  # fmt: skip
+    out = procs[0].communicate(timeout=60)[0]
+    procs[1].kill()
+    procs[1].wait()
+    assert out.startswith("lost_peer True"), out
+    assert not lost_peer(ValueError("bad batch shape"))
+    assert not lost_peer(RuntimeError("CUDA error: an illegal memory access"))
+    try:
+        try:
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+        except RuntimeError as cause:
+            raise StokerError("saving step-10 failed") from cause
+    except StokerError as chained:
+        assert lost_peer(chained)

@@ -1,0 +1,145 @@
+"""A lost rank on the real cluster, with the real runtime: a task SIGKILLed, and a
+whole node frozen (its slurmd, step daemons and tasks stopped, as a hung kernel
+or a dropped network). The job never hangs: the other rank fails within
+train.collective_timeout_s, the job starts again without the node that failed,
+resumes from its last committed checkpoint, and MLflow holds every step once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.clirun import stoker
+from tests.cluster import localslurm
+from tests.faults.training_jobs import (
+    FAST,
+    TINY,
+    TWO_NODES,
+    committed_steps,
+    hostnames,
+    kill_task,
+    loss_history,
+    rank_pid,
+    resumed_step,
+    starts,
+)
+from tests.launcher_jobs import JOBS, submit_json, wait_final, wait_for
+
+if TYPE_CHECKING:
+    from tests.cluster.localslurm import ClusterSettings
+
+pytestmark = pytest.mark.slurm
+TIMEOUT_S = 20  # train.collective_timeout_s in these tests (the default is 120)
+STEPS = 60
+
+
+def _submit(tmp_path: Path, *extra: str) -> tuple[dict, Path]:
+    job = submit_json(
+        TINY, *FAST, f"train.steps={STEPS}", "train.log_every=5", "checkpoint.every=5",
+        "checkpoint.keep_last=100", f"train.collective_timeout_s={TIMEOUT_S}",
+        "job.max_restarts=1", *TWO_NODES, "--time", "10", *extra, cwd=tmp_path,
+    )  # fmt: skip
+    return job, Path(job["run_dir"])
+
+
+def _newest_commit(run_dir: Path) -> int:
+    return max(committed_steps(run_dir), default=0)
+
+
+def _check_resumed_and_logged_once(job: dict, run_dir: Path, lost: str, at_loss: int) -> None:
+    (_, _, first), (_, restart, second) = starts(run_dir)
+    assert restart == 1 and lost in hostnames(first) and lost not in hostnames(second), (
+        first, second)  # fmt: skip
+    assert resumed_step(run_dir, 1) == at_loss, (run_dir / "logs/r1/rank-0.log").read_text()
+    assert f"finished at step {STEPS}" in (run_dir / "logs/r1/rank-0.log").read_text()
+    steps = [step for step, _ in loss_history(job["run_id"])]
+    assert steps == list(range(5, STEPS + 1, 5)), "every logged step exactly once"
+    status = json.loads(stoker("status", job["job_id"], "--json", check=True).stdout)[0]
+    assert status["state"] == "COMPLETED" and status["restarts"] == 1
+
+
+def test_killed_task_fails_the_job_at_once_and_it_restarts_without_that_node(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
+    job, run_dir = _submit(tmp_path)
+    wait_for(lambda: _newest_commit(run_dir) >= 10, 240, "step-10 committed")
+    pid, node = rank_pid(run_dir, 0, 1)
+    at_loss = _newest_commit(run_dir)
+    killed_at = time.time()
+    kill_task(job["job_id"], node, pid)
+
+    assert wait_final(job["job_id"], 300) == "COMPLETED"
+    events = (run_dir / "events").read_text()
+    assert f"restarting after failure ({node}: task 1: Killed, exit 137) without node {node}: " \
+           "restart 1 of job.max_restarts=1" in events, events  # fmt: skip
+    decided_at = float(events.split()[0])
+    # srun --kill-on-bad-exit ends the other rank at once, well inside the timeout.
+    assert decided_at - killed_at < TIMEOUT_S, (decided_at - killed_at, events)
+    assert f"srun: error: {node}: task 1: Killed" in (run_dir / "logs/batch.log").read_text()
+    _check_resumed_and_logged_once(job, run_dir, node, at_loss)
+
+
+def test_frozen_node_fails_the_job_within_the_timeout_and_it_resumes_elsewhere(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
+    if slurm_cluster.external:
+        pytest.skip("freezing a node needs the local cluster, whose nodes are processes here")
+    job, run_dir = _submit(tmp_path)
+    wait_for(lambda: _newest_commit(run_dir) >= 10, 240, "step-10 committed")
+    _, node = rank_pid(run_dir, 0, 1)  # not the batch script's node: the script lives on
+    at_loss = _newest_commit(run_dir)
+    frozen_at = time.time()
+    frozen = localslurm.freeze_node(node)
+    try:
+        survivor = run_dir / "logs" / "r0" / "rank-0.log"
+        wait_for(lambda: "Timed out waiting" in survivor.read_text(), TIMEOUT_S + 30,
+                 "rank 0's collective to time out")  # fmt: skip
+        failed_after = survivor.stat().st_mtime - frozen_at
+        assert "a collective lost a peer" in survivor.read_text()  # exit 76, restartable
+        assert TIMEOUT_S - 2 < failed_after < TIMEOUT_S + 15, failed_after
+        # SLURM marks the node down (SlurmdTimeout) and requeues the job without it.
+        wait_for(lambda: len(starts(run_dir)) == 2, 180, "the job to start again")
+        assert starts(run_dir)[1][0] - frozen_at < 120
+        assert wait_final(job["job_id"], 300) == "COMPLETED"
+    finally:
+        localslurm.thaw(frozen)
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
+                       capture_output=True, check=False)  # fmt: skip
+    _check_resumed_and_logged_once(job, run_dir, node, at_loss)
+    wait_for(lambda: _node_state(node) in {"IDLE", "MIXED", "ALLOCATED"}, 60, f"{node} back")
+
+
+def _node_state(node: str) -> str:
+    out = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%T"], capture_output=True,
+                         text=True, check=False).stdout  # fmt: skip
+    return out.strip().rstrip("*").upper()
+
+
+def test_program_errors_and_failures_beyond_max_restarts_are_left_failed(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
+    # The program's own error would only fail again: not restarted, whatever max_restarts.
+    error = submit_json("job.max_restarts=5", "--time", "5", "--", "python3", "-c",
+                        "raise SystemExit(3)", cwd=tmp_path)  # fmt: skip
+    state = tmp_path / "steps.txt"
+    job = submit_json("job.max_restarts=0", "--time", "5", "--", "bash", "-c",
+                      f'echo $$ > {tmp_path}/pid; exec python3 {JOBS / "count_steps.py"} '
+                      f"{state} 100 0.2", cwd=tmp_path)  # fmt: skip
+    wait_for(lambda: state.exists() and len(state.read_text().split()) >= 2, 60, "2 steps")
+    run_dir = Path(job["run_dir"])
+    kill_task(job["job_id"], starts(run_dir)[0][2], int((tmp_path / "pid").read_text()))
+    assert wait_final(job["job_id"], 60) == "FAILED"
+    assert "not restarted after failure (n1: task 0: Killed, exit 137): 0 of job.max_restarts=0 " \
+           "restarts used" in (run_dir / "events").read_text()  # fmt: skip
+    assert len(starts(run_dir)) == 1 and not (run_dir / "failures").exists()
+    why = stoker("why", job["job_id"]).stdout
+    assert "job.max_restarts=0" in why, why
+
+    assert wait_final(error["job_id"], 60) == "FAILED"
+    error_dir = Path(error["run_dir"])
+    assert len(starts(error_dir)) == 1 and not (error_dir / "events").exists()

@@ -1,0 +1,94 @@
+"""Preemption and time limits end to end on the real cluster, with the real
+runtime and checkpoints: a 2-node job requeued twice by `scontrol requeue` (as
+preemption does: SIGTERM, then SIGKILL after KillWait) and at least once by its
+time limit (USR2 before it, a save, exit 75, the batch script's requeue) resumes
+each time from its newest committed checkpoint into the same MLflow run. Its loss
+curve equals an uninterrupted run's bit for bit (CPU, fp32, fixed seed), and
+MLflow holds every logged step exactly once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.clirun import stoker
+from tests.faults.training_jobs import (
+    FAST,
+    TINY,
+    TWO_NODES,
+    committed_steps,
+    loss_history,
+    mlflow_client,
+    resumed_step,
+    starts,
+)
+from tests.launcher_jobs import scontrol_job, submit_json, wait_final, wait_for
+
+if TYPE_CHECKING:
+    from tests.cluster.localslurm import ClusterSettings
+
+pytestmark = pytest.mark.slurm
+STEPS = 400
+LOG_EVERY = 5
+COMMON = [TINY, *FAST, f"train.steps={STEPS}", f"train.log_every={LOG_EVERY}",
+          "checkpoint.every=10", "checkpoint.keep_last=1000", *TWO_NODES]  # fmt: skip
+
+
+def test_requeues_and_time_limits_resume_bit_exact_into_one_run(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
+    reference = submit_json(*COMMON, "--time", "15", cwd=tmp_path)
+    # A 2-minute limit with USR2 60 s before it: SLURM checks signal deadlines every
+    # ~30 s, so each start gets 30-60 s; 400 steps need more than one.
+    job = submit_json(*COMMON, "--time", "2", "job.stop_grace=60", "job.max_requeues=20",
+                      cwd=tmp_path)  # fmt: skip
+    job_id, run_dir = job["job_id"], Path(job["run_dir"])
+
+    requeued = 0
+    while requeued < 2:
+        # Once the running start has committed a checkpoint of its own: preempt it.
+        wait_for(lambda: _running_with_own_commit(job_id, run_dir), 240,
+                 "a start that committed a checkpoint")  # fmt: skip
+        count = len(starts(run_dir))
+        if subprocess.run(["scontrol", "requeue", job_id], capture_output=True).returncode:
+            continue  # the time limit ended that start first
+        requeued += 1
+        wait_for(lambda c=count: len(starts(run_dir)) > c, 180, "the next start")
+
+    assert wait_final(job_id, 900) == "COMPLETED", (run_dir / "logs/batch.log").read_text()
+    assert wait_final(reference["job_id"], 300) == "COMPLETED"
+    events = (run_dir / "events").read_text()
+    assert events.count("stop requested: SIGTERM") >= 2, events
+    assert "requeued after time limit" in events, events
+
+    # Each start resumed from the newest checkpoint committed before it began.
+    commits = committed_steps(run_dir)
+    history = starts(run_dir)
+    for began, restart, _ in history[1:]:
+        newest = max(step for step, at in commits.items() if at < began)
+        assert resumed_step(run_dir, restart) == newest, (restart, newest)
+        text = (run_dir / "logs" / f"r{restart}" / "rank-0.log").read_text()
+        assert f"MLflow run {job['run_id']}" in text  # the same run, every start
+    assert resumed_step(run_dir, 0) is None and len(history) >= 4
+
+    # Bit-exact, and each logged step once: the steps a killed start logged after its
+    # last checkpoint are run again on resume, but not logged twice.
+    interrupted, straight = loss_history(job["run_id"]), loss_history(reference["run_id"])
+    assert [step for step, _ in interrupted] == list(range(LOG_EVERY, STEPS + 1, LOG_EVERY))
+    assert interrupted == straight
+    run = mlflow_client().get_run(job["run_id"])
+    assert run.info.status == "FINISHED"
+    status = json.loads(stoker("status", job_id, "--json", check=True).stdout)[0]
+    assert status["state"] == "COMPLETED" and status["restarts"] == len(history) - 1
+    assert status["step"] == STEPS
+
+
+def _running_with_own_commit(job_id: str, run_dir: Path) -> bool:
+    history = starts(run_dir)
+    if not history or scontrol_job(job_id).get("JobState") != "RUNNING":
+        return False
+    return any(at >= history[-1][0] for at in committed_steps(run_dir).values())

@@ -1,0 +1,76 @@
+"""Helpers for the fault tests that run the real training runtime on the local
+SLURM cluster: a small, fast variant of examples/tiny.yaml, and what to read
+back from a run folder and from MLflow."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = str(REPO / "examples" / "tiny.yaml")
+# tiny.yaml at a quarter of the pixels and half the clip: ~0.2 s a step on a CPU rank.
+FAST = ["data.batch_size=4", "data.resolution=[32,32]", "data.clip_seconds=0.5"]
+# One task on each of two nodes, so a node can be lost while the other runs on.
+TWO_NODES = ["--nodes", "2", "--ntasks-per-node", "1"]
+
+
+def committed_steps(run_dir: Path) -> dict[int, float]:
+    """step -> the time its COMMIT.json was written."""
+    found = {}
+    for commit in (run_dir / "checkpoints").glob("step-*/COMMIT.json"):
+        found[int(commit.parent.name.split("-")[1])] = commit.stat().st_mtime
+    return found
+
+
+def starts(run_dir: Path) -> list[tuple[float, int, str]]:
+    """(time, restart, node list) of every start, from the batch script's `attempts`."""
+    path = run_dir / "attempts"
+    lines = path.read_text().splitlines() if path.exists() else []
+    out = []
+    for line in lines:
+        fields = dict(item.split("=", 1) for item in line.split()[1:])
+        out.append((float(line.split()[0]), int(fields["restart"]), fields["nodes"]))
+    return out
+
+
+def hostnames(node_list: str) -> set[str]:
+    result = subprocess.run(["scontrol", "show", "hostnames", node_list],
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    return set(result.stdout.split())
+
+
+def resumed_step(run_dir: Path, restart: int) -> int | None:
+    """The checkpoint step rank 0 of that start resumed from; None if it started fresh."""
+    text = (run_dir / "logs" / f"r{restart}" / "rank-0.log").read_text()
+    found = re.search(r"^resumed from \S+/step-(\d+)$", text, re.M)
+    return int(found.group(1)) if found else None
+
+
+def rank_pid(run_dir: Path, restart: int, rank: int) -> tuple[int, str]:
+    """(pid, node) of a rank, from its heartbeat."""
+    beat = json.loads((run_dir / "heartbeat" / f"r{restart}" / f"rank-{rank}.json").read_text())
+    return beat["pid"], beat["host"]
+
+
+def mlflow_client() -> Any:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(f"sqlite:///{os.environ['STOKER_HOME']}/mlflow/mlflow.db")
+
+
+def loss_history(run_id: str) -> list[tuple[int, float]]:
+    """Every (step, loss) MLflow holds for the run, duplicates included, by step."""
+    history = mlflow_client().get_metric_history(run_id, "loss")
+    return sorted((m.step, m.value) for m in history)
+
+
+def kill_task(job_id: str, node: str, pid: int) -> None:
+    """SIGKILL one task of a running job on its node, as an operator would (or the
+    kernel's OOM killer): a step of its own that overlaps the job's allocation."""
+    argv = ["srun", f"--jobid={job_id}", "--overlap", "-N1", "-n1", f"-w{node}"]
+    subprocess.run([*argv, "kill", "-9", str(pid)], check=True, capture_output=True, timeout=60)
