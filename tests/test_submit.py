@@ -169,44 +169,6 @@ def count_job(tmp_path: Path, steps: int, pause: float, *args: str) -> tuple[dic
     return job, state
 
 
-def test_scontrol_requeue_resumes_and_finishes(
-    slurm_cluster: ClusterSettings, tmp_path: Path
-) -> None:
-    job, state = count_job(tmp_path, 20, 0.5, "--time", "5")
-    job_id = job["job_id"]
-    wait_for(lambda: state.exists() and len(state.read_text().split()) >= 4, 60, "4 steps")
-    subprocess.run(["scontrol", "requeue", job_id], check=True)
-    # SLURM holds the requeued job for its credential lifetime (10 s on the test cluster)
-    # and starts it again on its own.
-    assert wait_final(job_id, 120) == "COMPLETED"
-    assert [int(s) for s in state.read_text().split()] == list(range(1, 21))
-    run_dir = Path(job["run_dir"])
-    assert "restart=1" in (run_dir / "attempts").read_text()
-    assert "resumes at step 0" not in rank_lines(run_dir, 1)[0]
-    status = json.loads(stoker("status", job_id, "--json", check=True).stdout)
-    assert status[0]["state"] == "COMPLETED" and status[0]["restarts"] == 1
-
-
-def test_time_limit_saves_requeues_and_finishes(
-    slurm_cluster: ClusterSettings, tmp_path: Path
-) -> None:
-    # A 1-minute limit and a 20 s grace: SLURM checks signal deadlines every ~30 s, so
-    # USR2 comes 10-40 s into each start. 100 steps of 0.5 s need at least one requeue.
-    steps = 100
-    job, state = count_job(
-        tmp_path, steps, 0.5, "--time", "1", "job.stop_grace=20", "job.max_requeues=10"
-    )
-    assert wait_final(job["job_id"], 400) == "COMPLETED"
-    assert [int(s) for s in state.read_text().split()] == list(range(1, steps + 1))
-    run_dir = Path(job["run_dir"])
-    events = (run_dir / "events").read_text()
-    assert "stop requested: SIGUSR2" in events and "requeued after time limit" in events
-    assert "stop requested, saved at step" in rank_lines(run_dir, 0)[0]
-    status = json.loads(stoker("status", job["job_id"], "--json", check=True).stdout)
-    assert status[0]["state"] == "COMPLETED" and status[0]["restarts"] >= 1
-    assert status[0]["step"] == steps
-
-
 def test_stoker_requeue_restarts_without_the_hold(
     slurm_cluster: ClusterSettings, tmp_path: Path
 ) -> None:

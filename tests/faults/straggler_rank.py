@@ -1,7 +1,7 @@
 """A training rank with a straggler, for the straggler tests. Started by the
 launcher (`stoker submit --local ... -- python tests/faults/straggler_rank.py
 SLOW_RANK SLEEP_S WINDOW`) in every task: the real runtime entry point, except
-that every rank calls its node `node-<rank>` (SLURMD_NODENAME) and rank
+that every rank without a SLURM node calls its node `node-<rank>` and rank
 SLOW_RANK sleeps SLEEP_S per step after the first WINDOW steps (the start-up's):
 in its data iterator for the next WINDOW steps (a slow loader), inside the
 forward of its first block after them (a slow GPU or node)."""
@@ -21,7 +21,8 @@ from stoker.runtime.trainer import Trainer
 
 def main() -> int:
     slow_rank, sleep_s, window = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-    os.environ["SLURMD_NODENAME"] = f"node-{os.environ['RANK']}"
+    # Under `--local` every rank is on this machine: give each a node of its own.
+    os.environ.setdefault("SLURMD_NODENAME", f"node-{os.environ['RANK']}")
     batches, build = Trainer._batches, Trainer.build
 
     def slow_loader(self: Trainer) -> Iterator[dict[str, Any]]:

@@ -132,10 +132,12 @@ def test_program_errors_and_failures_beyond_max_restarts_are_left_failed(
                       f"{state} 100 0.2", cwd=tmp_path)  # fmt: skip
     wait_for(lambda: state.exists() and len(state.read_text().split()) >= 2, 60, "2 steps")
     run_dir = Path(job["run_dir"])
-    kill_task(job["job_id"], starts(run_dir)[0][2], int((tmp_path / "pid").read_text()))
+    node = starts(run_dir)[0][2]
+    kill_task(job["job_id"], node, int((tmp_path / "pid").read_text()))
     assert wait_final(job["job_id"], 60) == "FAILED"
-    assert "not restarted after failure (n1: task 0: Killed, exit 137): 0 of job.max_restarts=0 " \
-           "restarts used" in (run_dir / "events").read_text()  # fmt: skip
+    events = (run_dir / "events").read_text()
+    assert f"not restarted after failure ({node}: task 0: Killed, exit 137): 0 of " \
+           "job.max_restarts=0 restarts used" in events, events  # fmt: skip
     assert len(starts(run_dir)) == 1 and not (run_dir / "failures").exists()
     why = stoker("why", job["job_id"]).stdout
     assert "job.max_restarts=0" in why, why
