@@ -125,3 +125,11 @@ def test_sweep_takes_the_job_flags_of_submit(tmp_path: Path) -> None:
     assert "#SBATCH --mem=1G  # flag --mem" in result.stdout
     assert "#SBATCH --dependency=afterok:41  # flag --after" in result.stdout
     assert "#SBATCH --array=0-1%1" in result.stdout
+
+
+def test_a_long_first_axis_is_an_override_not_a_file_name() -> None:
+    from stoker.cli.config import split_experiment_args
+
+    axis = "train.seed=" + ",".join(str(i) for i in range(1, 101))  # 300 bytes: ENAMETOOLONG
+    assert split_experiment_args([axis, "train.steps=5"]) == (None, [axis, "train.steps=5"])
+    assert len(plan_sweep([axis]).tasks) == 100

@@ -14,9 +14,17 @@ app = typer.Typer(
 
 def split_experiment_args(args: list[str]) -> tuple[Path | None, list[str]]:
     """`[EXP.yaml] [k=v ...]`: the first argument is the file unless it is an override."""
-    if args and ("=" not in args[0] or Path(args[0]).is_file()):
+    if args and ("=" not in args[0] or _is_file(args[0])):
         return Path(args[0]), args[1:]
     return None, list(args)
+
+
+def _is_file(text: str) -> bool:
+    # A long override (a sweep axis of 100 values) is no file name: the OS refuses it.
+    try:
+        return Path(text).is_file()
+    except OSError:
+        return False
 
 
 @app.command("show")

@@ -1,8 +1,10 @@
 """The ledger: every job stoker submitted from this machine, in one sqlite file.
 
-`<STOKER_HOME>/ledger.sqlite`. Several CLI calls may write at once (a sweep
-script, `status --watch` in another terminal): WAL mode and a busy timeout make
-each write wait for the others instead of failing.
+`<STOKER_HOME>/ledger.sqlite`. Many CLI calls may write at once (50 `stoker submit`
+from a script, `status --watch` in another terminal): WAL mode lets readers go on
+while one writes, a busy timeout makes each write wait for the others, and a call
+that still meets "database is locked" is run again with backoff for up to 60 s
+(stoker/launcher/sqlite_retry.py) before it fails with an error naming the file.
 """
 
 from __future__ import annotations
@@ -10,14 +12,19 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from stoker.errors import StokerError
 from stoker.home import stoker_home
+from stoker.launcher.sqlite_retry import BUDGET_S, retry_while_locked
+
+T = TypeVar("T")
+# What one attempt waits in sqlite's busy handler; retry_while_locked tries again after it.
+BUSY_TIMEOUT_MS = 5000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -93,43 +100,80 @@ def ledger_path() -> Path:
 
 
 class Ledger:
-    """Read and write job records. Each method is one short transaction."""
+    """Read and write job records. Each method is one short transaction, retried while
+    the file is locked by other processes (for `budget_s` in all)."""
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path | None = None, *, budget_s: float = BUDGET_S) -> None:
         self.path = path or ledger_path()
+        self.budget_s = budget_s
+        # At most a quarter of the budget in one wait, so that a small budget holds.
+        self._busy_ms = int(min(BUSY_TIMEOUT_MS, budget_s * 250))
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            conn = sqlite3.connect(self.path, timeout=self._busy_ms / 1000, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
             raise StokerError(
                 f"cannot open the job ledger {self.path}: {exc}",
                 fix="set STOKER_HOME to a writable folder",
             ) from exc
         try:
-            conn.execute("PRAGMA busy_timeout = 30000")
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.executescript(_SCHEMA)
             yield conn
         finally:
             conn.close()
 
+    def _run(self, doing: str, body: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
+        """`body` on a fresh connection, in one IMMEDIATE transaction when it writes. The
+        whole attempt (connect, schema, body) is retried while the file is locked."""
+
+        def attempt() -> T:
+            with self._connect() as conn:
+                if not write:
+                    return body(conn)
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    result = body(conn)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+                return result
+
+        return retry_while_locked(
+            attempt,
+            db=self.path,
+            doing=doing,
+            budget_s=self.budget_s,
+            fix="other stoker commands kept it busy; try again. If it stays locked, "
+            f"`fuser {self.path}` names the process that holds it",
+        )
+
     def add(self, record: JobRecord) -> None:
         """Record a newly submitted job (replacing a stale record with the same id)."""
         placeholders = ", ".join("?" for _ in _COLUMNS)
-        with self._connect() as conn:
-            conn.execute(
+        self._run(
+            f"record job {record.job_id} in the job ledger",
+            lambda conn: conn.execute(
                 f"INSERT OR REPLACE INTO jobs ({', '.join(_COLUMNS)}) VALUES ({placeholders})",
                 record._row(),
-            )
+            ),
+            write=True,
+        )
 
     def get(self, job_id: str) -> JobRecord | None:
-        with self._connect() as conn:
-            row = conn.execute(
+        row = self._run(
+            f"read job {job_id} from the job ledger",
+            lambda conn: conn.execute(
                 f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE job_id = ?", (job_id,)
-            ).fetchone()
+            ).fetchone(),
+            write=False,
+        )
         return JobRecord._from_row(row) if row else None
 
     def require(self, job_id: str) -> JobRecord:
@@ -152,8 +196,11 @@ class Ledger:
         if limit is not None:
             query += " LIMIT ?"
             params = (limit,)
-        with self._connect() as conn:
-            rows = conn.execute(query, params).fetchall()
+        rows = self._run(
+            "list the job ledger",
+            lambda conn: conn.execute(query, params).fetchall(),
+            write=False,
+        )
         return [JobRecord._from_row(row) for row in rows]
 
     def update(
@@ -166,33 +213,38 @@ class Ledger:
         """`{job_id: (restarts, final_state)}` in one transaction (one fsync, not one per job)."""
         if not changes:
             return
-        with self._connect() as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for job_id, (restarts, final_state) in changes.items():
-                    if restarts is not None:
-                        conn.execute(
-                            "UPDATE jobs SET restarts = MAX(restarts, ?) WHERE job_id = ?",
-                            (restarts, job_id),
-                        )
-                    if final_state is not None:
-                        conn.execute(
-                            "UPDATE jobs SET final_state = ? WHERE job_id = ?",
-                            (final_state, job_id),
-                        )
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+
+        def body(conn: sqlite3.Connection) -> None:
+            for job_id, (restarts, final_state) in changes.items():
+                if restarts is not None:
+                    conn.execute(
+                        "UPDATE jobs SET restarts = MAX(restarts, ?) WHERE job_id = ?",
+                        (restarts, job_id),
+                    )
+                if final_state is not None:
+                    conn.execute(
+                        "UPDATE jobs SET final_state = ? WHERE job_id = ?",
+                        (final_state, job_id),
+                    )
+
+        self._run(f"update {len(changes)} job(s) in the job ledger", body, write=True)
 
     def reopen(self, job_id: str) -> None:
         """Forget a cached final state: the job was requeued and runs again."""
-        with self._connect() as conn:
-            conn.execute("UPDATE jobs SET final_state = NULL WHERE job_id = ?", (job_id,))
+        self._run(
+            f"reopen job {job_id} in the job ledger",
+            lambda conn: conn.execute(
+                "UPDATE jobs SET final_state = NULL WHERE job_id = ?", (job_id,)
+            ),
+            write=True,
+        )
 
     def remove(self, job_id: str) -> None:
-        with self._connect() as conn:
-            conn.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
+        self._run(
+            f"remove job {job_id} from the job ledger",
+            lambda conn: conn.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,)),
+            write=True,
+        )
 
     def reserve_local_id(self) -> str:
         """A fresh `local-<n>` id for the local backend, held by a placeholder row.
@@ -200,19 +252,16 @@ class Ledger:
         One IMMEDIATE transaction: two `submit --local` at once get different ids.
         `add` later replaces the placeholder with the full record.
         """
-        with self._connect() as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                rows = conn.execute("SELECT job_id FROM jobs WHERE backend = 'local'").fetchall()
-                numbers = [int(r[0][6:]) for r in rows if r[0][6:].isdigit()]
-                job_id = f"local-{max(numbers, default=0) + 1}"
-                conn.execute(
-                    "INSERT INTO jobs (job_id, backend, cluster, name, run_dir, config_hash,"
-                    " template, submitted_at) VALUES (?, 'local', '', '', '', '', '', ?)",
-                    (job_id, time.time()),
-                )
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-        return job_id
+
+        def body(conn: sqlite3.Connection) -> str:
+            rows = conn.execute("SELECT job_id FROM jobs WHERE backend = 'local'").fetchall()
+            numbers = [int(r[0][6:]) for r in rows if r[0][6:].isdigit()]
+            job_id = f"local-{max(numbers, default=0) + 1}"
+            conn.execute(
+                "INSERT INTO jobs (job_id, backend, cluster, name, run_dir, config_hash,"
+                " template, submitted_at) VALUES (?, 'local', '', '', '', '', '', ?)",
+                (job_id, time.time()),
+            )
+            return job_id
+
+        return self._run("reserve a local job id in the job ledger", body, write=True)

@@ -38,6 +38,11 @@ _UNSAFE_PATH = re.compile(r"[\s'\"\\\x00-\x1f\x7f]")
 TRAIN_MODULE = "stoker.runtime.train"
 
 
+class NotRecordedError(StokerError):
+    """sbatch queued the job, but recording it (ledger, MLflow) failed: its run folder
+    stays, since the job reads its script and config from there."""
+
+
 @dataclass(frozen=True)
 class SubmitOptions:
     """What the command line adds to the experiment."""
@@ -163,6 +168,8 @@ def submit(
         return _submit_in(
             run_dir, configs, frozen, chash, is_array, command, options, target, sweep_params
         )
+    except NotRecordedError:
+        raise
     except BaseException:
         shutil.rmtree(run_dir.path, ignore_errors=True)
         raise
@@ -288,32 +295,47 @@ def _submit_in(
             with contextlib.suppress(StokerError):
                 tracking.mark_run_failed_to_submit(target, run_id, str(exc))
         raise
-    Ledger().add(
-        JobRecord(
-            job_id=job_id,
-            backend="local" if options.local else "slurm",
-            cluster=cluster,
-            name=job.name,
-            run_dir=str(run_dir.path),
-            config_hash=chash,
-            template=script.template,
-            mlflow_run_id=created.run_id,
-            tracking_uri=target.uri,
-            array_size=len(configs) if is_array else None,
-            extra={
-                "command": list(map(str, command)),
-                **({"child_run_ids": run_ids} if is_array else {}),
-                **({"code_sha256": code_sha} if code_sha else {}),
-            },
-        )
+    record = JobRecord(
+        job_id=job_id,
+        backend="local" if options.local else "slurm",
+        cluster=cluster,
+        name=job.name,
+        run_dir=str(run_dir.path),
+        config_hash=chash,
+        template=script.template,
+        mlflow_run_id=created.run_id,
+        tracking_uri=target.uri,
+        array_size=len(configs) if is_array else None,
+        extra={
+            "command": list(map(str, command)),
+            **({"child_run_ids": run_ids} if is_array else {}),
+            **({"code_sha256": code_sha} if code_sha else {}),
+        },
     )
+    try:
+        Ledger().add(record)
+    except StokerError as exc:
+        raise NotRecordedError(
+            f"job {job_id} was submitted and will run, but it is not in the job ledger: "
+            f"{exc.message}",
+            fix=f"follow it with `squeue -j {job_id}` and in its run folder {run_dir.path}; "
+            f"{exc.fix or 'check that STOKER_HOME is writable'}",
+        ) from exc
     updates: dict[str, tuple[dict[str, str], dict[str, str]]] = {
         created.run_id: ({"job.sbatch": script.text}, {"slurm.job_id": job_id})
     }
     if is_array:
         for index, run_id in enumerate(run_ids):
             updates[run_id] = ({}, {"slurm.job_id": f"{job_id}_{index}"})
-    tracking.update_submitted_runs(target, updates)
+    try:
+        tracking.update_submitted_runs(target, updates)
+    except StokerError as exc:
+        raise NotRecordedError(
+            f"job {job_id} was submitted and is in the ledger (`stoker status {job_id}`), "
+            f"but its MLflow run {created.run_id} lacks the job id and job.sbatch: "
+            f"{exc.message}",
+            fix=exc.fix,
+        ) from exc
     link = tracking.run_link(target, created.experiment_id, created.run_id)
     return Submitted(
         job_id,

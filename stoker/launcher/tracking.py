@@ -10,7 +10,11 @@ gets a link at once and the job only logs into an existing run
 
 Two stores are supported: a sqlite file (on a filesystem the compute nodes
 share) and an `mlflow server` over http(s), which many concurrent jobs should
-use. Paths are made absolute here: the job runs in another folder on another
+use. Many `stoker submit` at once on one sqlite file work: the first creates the
+schema while the others wait (`<db>.lock`), and a call that meets "database is
+locked" is retried with backoff for up to 60 s (stoker/launcher/sqlite_retry.py).
+
+Paths are made absolute here: the job runs in another folder on another
 node, and MLflow resolves a relative sqlite path (and the artifacts of an
 experiment created without an explicit location) against the current folder
 of whichever process opens the store.
@@ -23,27 +27,32 @@ SQLAlchemy and alembic (about 0.5 s).
 from __future__ import annotations
 
 import fcntl
+import functools
 import getpass
 import os
 import posixpath
+import random
 import re
 import shlex
+import sqlite3
 import time
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stoker.errors import StokerError
 from stoker.home import stoker_home
+from stoker.launcher.sqlite_retry import BUDGET_S, is_locked_error, retry_while_locked
 from stoker.redact import REDACTED, has_url_password, hide_url_passwords, is_secret_name
 
 if TYPE_CHECKING:
     from stoker.config import ResolvedConfig
 
 ParamValue = str | int | float
+T = TypeVar("T")
 
 # MLflow's own limits (mlflow/utils/validation.py): checked here, before anything is
 # created, so a bad key never leaves a half-made run behind.
@@ -63,6 +72,8 @@ TAG_SUBMIT_ERROR = "stoker.submit_error"
 
 # Seconds a `stoker submit` waits for another one that is creating the sqlite schema.
 LOCK_TIMEOUT = 120.0
+# Seconds a store call may spend waiting for a locked sqlite file, its retries together.
+RETRY_BUDGET_S = BUDGET_S
 # Seconds the reachability probe of a server waits when MLFLOW_HTTP_REQUEST_TIMEOUT is unset.
 PROBE_TIMEOUT = 10.0
 
@@ -392,17 +403,50 @@ def _probe_server(target: TrackingTarget) -> None:
         ) from exc
 
 
+@functools.cache
+def _schema_head() -> str | None:
+    """The schema revision this MLflow writes (alembic head; 15 ms), None if unknown."""
+    try:
+        from mlflow.store.db.utils import _get_latest_schema_revision
+
+        return str(_get_latest_schema_revision())  # type: ignore[no-untyped-call]
+    except Exception:  # a private function of MLflow: without it, always take the lock
+        return None
+
+
+def _schema_current(db: Path) -> bool:
+    """Does `db` hold MLflow's complete, current schema? Read with plain sqlite3 (a
+    millisecond), so that a store in use needs no lock. A store being created or migrated
+    shows an older revision, or none, until the last migration is committed."""
+    head = _schema_head()
+    if head is None or not db.is_file():
+        return False
+    try:
+        conn = sqlite3.connect(db, timeout=5)
+        try:
+            row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:  # no such table yet, locked, not a database: MLflow will say
+        return False
+    return row is not None and row[0] == head
+
+
 @contextmanager
 def _sqlite_lock(target: TrackingTarget) -> Iterator[None]:
-    """Serialise stoker processes that open a sqlite store, over `<db>.lock`.
+    """Serialise stoker processes that open a sqlite store whose schema is not current,
+    over `<db>.lock`.
 
     MLflow creates a fresh store's schema with a series of migrations; two processes
     doing that at once both fail ("duplicate column name", "table _alembic_tmp_params
-    already exists"). Held while the store is opened and the experiment looked up or
-    created; sqlite's own locking covers the writes after that.
+    already exists"; 50 submits on a fresh STOKER_HOME without this lock: 0 succeeded).
+    The lock is held while the store is opened and the experiment looked up or created.
+    A store whose schema is already current is opened without it (50 processes taking
+    turns cost 55 s of waiting, and past 120 s failed); so is one that became current
+    while this process waited for the lock.
     """
     db = target.db_path
-    if db is None:
+    if db is None or _schema_current(db):
         yield
         return
     try:
@@ -426,22 +470,31 @@ def _sqlite_lock(target: TrackingTarget) -> Iterator[None]:
                         f"{handle.name} for {LOCK_TIMEOUT:.0f} s",
                         fix="wait for the other `stoker submit` to finish, or stop it",
                     ) from None
-                time.sleep(0.05)
+                time.sleep(random.uniform(0.02, 0.1))
+        held = True
         try:
+            if _schema_current(db):  # the process before us created it
+                fcntl.flock(handle, fcntl.LOCK_UN)
+                held = False
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            if held:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @contextmanager
 def _quiet_mlflow() -> Iterator[None]:
-    """Hide MLflow's INFO lines ("Creating initial MLflow database tables...") from the CLI."""
+    """Hide MLflow's INFO lines ("Creating initial MLflow database tables...") from the CLI,
+    and the traceback MLflow logs for every "database is locked" (retried here; any other
+    store error is reported by `_store_errors`)."""
     import logging
 
-    loggers = [logging.getLogger(name) for name in ("mlflow", "alembic")]
+    quiet = {"mlflow": logging.WARNING, "alembic": logging.WARNING}
+    quiet["mlflow.store.db.utils"] = logging.CRITICAL
+    loggers = [logging.getLogger(name) for name in quiet]
     levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.WARNING)
+    for logger, level in zip(loggers, quiet.values(), strict=True):
+        logger.setLevel(level)
     try:
         yield
     finally:
@@ -461,10 +514,57 @@ def _open_store(target: TrackingTarget, experiment: str | None) -> Iterator[tupl
 
         # After the import: importing mlflow resets its loggers' levels.
         with _quiet_mlflow(), _sqlite_lock(target):
-            client = MlflowClient(tracking_uri=target.uri)
+            client = _RetryingClient(
+                _retry(target, "open the store", lambda: MlflowClient(tracking_uri=target.uri)),
+                target,
+            )
             experiment_id = "" if experiment is None else _experiment_id(client, target, experiment)
     with _quiet_mlflow():
         yield client, experiment_id
+
+
+def _retry(target: TrackingTarget, doing: str, call: Callable[[], T]) -> T:
+    """`call()`, retried while a sqlite store (or a server's) answers "database is locked"."""
+    db = target.db_path
+    fix = (
+        "other processes (stoker submit/sweep, jobs logging to the same file) kept it busy; "
+        "try again. For many concurrent jobs run an MLflow server and point tracking.uri "
+        "(or MLFLOW_TRACKING_URI) at it: "
+        f"`mlflow server --backend-store-uri {shlex.quote(target.uri)} --port 5000`"
+    )
+    if db is None:
+        fix = f"the server's database stayed locked: check the server at {target.uri}"
+    return retry_while_locked(
+        call,
+        db=db or target.uri,
+        doing=f"{doing} in MLflow store {target.describe()}",
+        fix=fix,
+        budget_s=RETRY_BUDGET_S,
+    )
+
+
+class _RetryingClient:
+    """An MlflowClient whose every call is retried while the store is locked.
+
+    Each MLflow call is one transaction, so a retried call never half-applies; those
+    stoker makes are safe to repeat (tags and params with equal values, artifacts
+    overwritten).
+    """
+
+    def __init__(self, client: Any, target: TrackingTarget) -> None:
+        self.raw = client
+        self._target = target
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.raw, name)
+        if not callable(method):
+            return method
+
+        @functools.wraps(method)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return _retry(self._target, f"call {name}", lambda: method(*args, **kwargs))
+
+        return call
 
 
 def _experiment_id(client: Any, target: TrackingTarget, name: str) -> str:
@@ -533,12 +633,19 @@ def _create_run(
 
 
 def _abandon(client: Any, run_ids: Sequence[str], reason: str) -> None:
-    """Best effort, while another error is on its way up: no run stays SCHEDULED."""
+    """Best effort, while another error is on its way up: no run stays SCHEDULED.
+
+    One attempt per call, not the retries: after a locked store spent its budget, 100
+    runs of a sweep must not wait 60 s each."""
+    raw = client.raw if isinstance(client, _RetryingClient) else client
     for run_id in run_ids:
         # The error already on its way up is the one to report, not a second one.
-        with suppress(Exception):
-            client.set_tag(run_id, TAG_SUBMIT_ERROR, _cut(reason, MAX_TAG_VALUE))
-            client.set_terminated(run_id, status="FAILED")
+        try:
+            raw.set_tag(run_id, TAG_SUBMIT_ERROR, _cut(reason, MAX_TAG_VALUE))
+            raw.set_terminated(run_id, status="FAILED")
+        except Exception as exc:
+            if is_locked_error(exc):
+                return  # still locked: the others would wait just as long
 
 
 # --- what `stoker submit` / `stoker sweep` call -----------------------------------------------
