@@ -45,6 +45,12 @@ def wait_final(job_id: str, timeout: float = 120) -> str:
     pytest.fail(f"job {job_id} still {state or 'unknown'} after {timeout} s")
 
 
+def rank_lines(run_dir: Path, restart: int = 0) -> dict[int, str]:
+    """Each task's log of a start: rank -> text."""
+    logs = run_dir / "logs" / f"r{restart}"
+    return {int(p.stem.split("-")[1]): p.read_text() for p in logs.glob("rank-*.log")}
+
+
 def wait_for(predicate, timeout: float = 60, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

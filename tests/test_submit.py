@@ -13,18 +13,13 @@ import pytest
 
 from stoker.launcher.ledger import Ledger
 from tests.clirun import stoker
-from tests.launcher_jobs import JOBS, submit_json, wait_final, wait_for
+from tests.launcher_jobs import JOBS, rank_lines, submit_json, wait_final, wait_for
 
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
 
 pytestmark = pytest.mark.slurm
 PYTHON = sys.executable
-
-
-def rank_lines(run_dir: Path, restart: int = 0) -> dict[int, str]:
-    logs = run_dir / "logs" / f"r{restart}"
-    return {int(p.stem.split("-")[1]): p.read_text() for p in logs.glob("rank-*.log")}
 
 
 def test_two_nodes_four_ranks_all_reduce(slurm_cluster: ClusterSettings, tmp_path: Path) -> None:

@@ -13,18 +13,13 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.clirun import stoker
-from tests.launcher_jobs import submit_json, wait_final
+from tests.launcher_jobs import rank_lines, submit_json, wait_final
 
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
 
 pytestmark = pytest.mark.slurm
 PYTHON = sys.executable
-
-
-def rank_lines(run_dir: Path, restart: int = 0) -> dict[int, str]:
-    logs = run_dir / "logs" / f"r{restart}"
-    return {int(p.stem.split("-")[1]): p.read_text() for p in logs.glob("rank-*.log")}
 
 
 HOSTILE = [
