@@ -6,8 +6,9 @@ until a 30-minute collective timeout or the time limit.
     a thread per rank, every interval:
                 writes heartbeat/r<restart>/rank-<R>.json
                     {rank, host, pid, step, phase, progress_at, written_at}
-                dumps its stacks (faulthandler, every thread) once the watchdog
-                asks (the file `dump` appears), then exits the process
+                dumps its stacks (faulthandler, every thread; and `py-spy dump
+                --native` when py-spy is installed: the C frames too) once the
+                watchdog asks (the file `dump` appears), then exits the process
     global rank 0's thread, also:
                 reads every rank's file; a rank whose progress is older than
                 train.hang_timeout_s has stalled (one whose file is no longer
@@ -31,10 +32,14 @@ the others reached their wait after it stopped.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import faulthandler
 import json
 import os
+import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -217,7 +222,39 @@ class Heartbeat:
               f"step {self.step}:", file=sys.stderr, flush=True)  # fmt: skip
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
+        native = py_spy_dump(os.getpid())
+        if native is not None:
+            print(f"{PY_SPY_HEADER} {self.rank}:\n{native}", file=sys.stderr, flush=True)
         (self.folder / f"dumped-{self.rank}").touch()
+
+
+PY_SPY_HEADER = "stoker: py-spy dump --native of rank"
+PR_SET_PTRACER, PR_SET_PTRACER_ANY = 0x59616D61, -1
+
+
+def py_spy_dump(pid: int, timeout_s: float = 30.0) -> str | None:
+    """`py-spy dump --native` of `pid` when py-spy is installed (beside this Python, or
+    on PATH): every thread's Python and C frames, which faulthandler does not show (a
+    rank stuck inside NCCL, CUDA or a read). None without py-spy."""
+    beside = Path(sys.executable).with_name("py-spy")
+    spy = str(beside) if beside.exists() else shutil.which("py-spy")
+    if spy is None:
+        return None
+    if pid == os.getpid():
+        # Yama (ptrace_scope=1) lets a process be traced by its ancestors only: allow
+        # the py-spy child to attach to us. Only the hang dump does this, just before exit.
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0)
+    try:
+        argv = [spy, "dump", "--native", "--pid", str(pid)]
+        result = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"py-spy failed: {exc}"
+    if result.returncode != 0:
+        return f"py-spy failed (exit {result.returncode}): {result.stderr.strip()[-500:]}"
+    return result.stdout
 
 
 def hang_reported(run_dir: Path, restart: int) -> bool:

@@ -18,7 +18,7 @@ import yaml
 
 from stoker.data.synth import synth_dataset
 from stoker.launcher.protocol import EXIT_HANG, STACK_HEADER
-from stoker.runtime.heartbeat import Beat, find_stall
+from stoker.runtime.heartbeat import PY_SPY_HEADER, Beat, find_stall
 from tests.clirun import stoker
 from tests.faults.training_jobs import TWO_NODES, hostnames, starts
 from tests.launcher_jobs import submit_json, wait_final
@@ -87,6 +87,9 @@ def test_a_stalled_rank_fails_the_job_and_why_shows_its_stack(
     for rank, text in logs.items():
         assert f"{STACK_HEADER} {rank} " in text, text[-2000:]
     assert "stall_in_data" in logs[1].split(f"{STACK_HEADER} 1 ")[1]
+    # py-spy (a dev dependency) adds the C frames: the sleep the stalled rank is in.
+    native = logs[1].split(f"{PY_SPY_HEADER} 1:")[1]
+    assert "stall_in_data" in native and "sleep" in native, native[:2000]
     print(f"\nhang detected twice and the job failed {took:.0f} s after submit "
           f"(stalled {hang['stalled_s']:.1f} s at detection)")  # fmt: skip
 
