@@ -14,13 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-import yaml
 
-from stoker.data.synth import synth_dataset
 from stoker.launcher.protocol import EXIT_HANG, STACK_HEADER
 from stoker.runtime.heartbeat import PY_SPY_HEADER, Beat, find_stall
 from tests.clirun import stoker
-from tests.faults.training_jobs import TWO_NODES, hostnames, starts
+from tests.faults.training_jobs import TWO_NODES, hostnames, starts, synth_experiment
 from tests.launcher_jobs import submit_json, wait_final
 
 if TYPE_CHECKING:
@@ -51,15 +49,8 @@ def test_find_stall_blames_the_rank_outside_the_collective() -> None:
 def test_a_stalled_rank_fails_the_job_and_why_shows_its_stack(
     slurm_cluster: ClusterSettings, tmp_path: Path
 ) -> None:
-    data = tmp_path / "data"
-    synth_dataset(str(data), clips=8, seconds=2.0, size=(64, 64), fps=8)
-    exp = tmp_path / "exp.yaml"
-    exp.write_text(yaml.safe_dump({
-        "job": {"name": "hang", "max_restarts": 1},
-        "data": {"url": str(data), "batch_size": 4, "num_workers": 0},
-        "train": {"steps": 1000, "log_every": 1, "hang_timeout_s": TIMEOUT_S},
-        "checkpoint": {"every": 0},
-    }))  # fmt: skip
+    train = {"steps": 1000, "log_every": 1, "hang_timeout_s": TIMEOUT_S}
+    exp = synth_experiment(tmp_path, {"name": "hang", "max_restarts": 1}, train)
     started = time.monotonic()
     job = submit_json(*TWO_NODES, "--time", "5", str(exp), "--",
                       sys.executable, str(HANG_RANK), "1", "3", cwd=tmp_path)  # fmt: skip

@@ -15,13 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import yaml
 
-from stoker.data.synth import synth_dataset
 from stoker.launcher.ledger import Ledger
 from stoker.launcher.status import STRAGGLER_RATIO, collect_status, select_jobs
 from tests.clirun import stoker
-from tests.faults.training_jobs import TWO_NODES, rank_pid
+from tests.faults.training_jobs import TWO_NODES, rank_pid, synth_experiment
 from tests.launcher_jobs import local_job, submit_json, wait_final
 
 if TYPE_CHECKING:
@@ -36,15 +34,8 @@ WINDOW = 2  # train.log_every: steps 1-2 start up, 3-4 a slow loader, 5-6 a slow
 def test_a_slow_rank_is_named_in_mlflow_progress_and_status(
     slurm_cluster: ClusterSettings, tmp_path: Path
 ) -> None:
-    data = tmp_path / "data"
-    synth_dataset(str(data), clips=8, seconds=2.0, size=(64, 64), fps=8)
-    exp = tmp_path / "exp.yaml"
-    exp.write_text(yaml.safe_dump({
-        "job": {"name": "straggler"},
-        "data": {"url": str(data), "batch_size": 4, "num_workers": 0},
-        "train": {"steps": 3 * WINDOW, "log_every": WINDOW},
-        "checkpoint": {"every": 0},
-    }))  # fmt: skip
+    exp = synth_experiment(tmp_path, {"name": "straggler"},
+                           {"steps": 3 * WINDOW, "log_every": WINDOW})  # fmt: skip
     started = time.monotonic()
     rank_main = [sys.executable, str(STRAGGLER_RANK), "1", str(SLEEP_S), str(WINDOW)]
     job = submit_json(*TWO_NODES, "--time", "5", str(exp), "--", *rank_main, cwd=tmp_path)

@@ -74,3 +74,22 @@ def kill_task(job_id: str, node: str, pid: int) -> None:
     kernel's OOM killer): a step of its own that overlaps the job's allocation."""
     argv = ["srun", f"--jobid={job_id}", "--overlap", "-N1", "-n1", f"-w{node}"]
     subprocess.run([*argv, "kill", "-9", str(pid)], check=True, capture_output=True, timeout=60)
+
+
+def synth_experiment(tmp_path: Path, job: dict[str, Any], train: dict[str, Any]) -> Path:
+    """An experiment file over 8 synthetic clips in tmp_path (no loader workers, no
+    checkpoints), for tests whose ranks run the runtime under a test wrapper."""
+    import yaml
+
+    from stoker.data.synth import synth_dataset
+
+    data = tmp_path / "data"
+    synth_dataset(str(data), clips=8, seconds=2.0, size=(64, 64), fps=8)
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({
+        "job": job,
+        "data": {"url": str(data), "batch_size": 4, "num_workers": 0},
+        "train": train,
+        "checkpoint": {"every": 0},
+    }))  # fmt: skip
+    return exp
