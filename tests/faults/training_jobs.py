@@ -69,11 +69,13 @@ def loss_history(run_id: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in history)
 
 
-def kill_task(job_id: str, node: str, pid: int) -> None:
-    """SIGKILL one task of a running job on its node, as an operator would (or the
-    kernel's OOM killer): a step of its own that overlaps the job's allocation."""
+def kill_task(job_id: str, node: str, pid: int, signal: str = "KILL") -> None:
+    """Signal one task of a running job on its node, as an operator would (or the
+    kernel's OOM killer): a step of its own that overlaps the job's allocation.
+    STOP stands for a process that hangs whole while its node stays healthy."""
     argv = ["srun", f"--jobid={job_id}", "--overlap", "-N1", "-n1", f"-w{node}"]
-    subprocess.run([*argv, "kill", "-9", str(pid)], check=True, capture_output=True, timeout=60)
+    subprocess.run([*argv, "kill", f"-{signal}", str(pid)], check=True, capture_output=True,
+                   timeout=60)  # fmt: skip
 
 
 def synth_experiment(tmp_path: Path, job: dict[str, Any], train: dict[str, Any]) -> Path:
