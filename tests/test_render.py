@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from stoker.config import resolve_config
 from stoker.errors import StokerError
+from stoker.launcher.protocol import TRAIN_MODULE
 from stoker.launcher.render import Shell, render_sbatch
 from stoker.launcher.spec import LaunchSpec
 
@@ -195,6 +198,29 @@ def test_hostile_values_reach_the_task_verbatim(tmp_path: Path) -> None:
         assert env[f"V{i}"] == value
     assert env["MASTER_ADDR"] == "10.0.0.7"
     assert env["MASTER_PORT"] == str(20000 + 42)
+
+
+@pytest.mark.parametrize(
+    ("command", "ignored"),
+    [(["python", "-m", TRAIN_MODULE, "--config", Shell('"$STOKER_CONFIG"')], True),
+     (["python", "train.py"], False)],
+)  # fmt: skip
+def test_runtime_tasks_start_with_the_stop_signal_ignored(
+    command: list[str], ignored: bool
+) -> None:
+    """The runtime's tasks: a SIGUSR2 before its handler must not kill them (it reads the
+    stop file); a user's command keeps the default, as documented."""
+    text = render_sbatch(make_spec(command=command)).text
+    wrapper = [line for line in text.splitlines() if line.startswith("STOKER_TASK=")]
+    probe = "import signal; print(signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN)"
+    script = "\n".join(
+        [*wrapper, f'bash -c "$STOKER_TASK" task {sys.executable} -c {shlex.quote(probe)}']
+    )
+    env = {**os.environ, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+           "SLURM_NTASKS": "1"}  # fmt: skip
+    result = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+                            timeout=30, check=True)  # fmt: skip
+    assert result.stdout.strip() == str(ignored)
 
 
 def test_shell_values_are_printed_as_written() -> None:

@@ -22,6 +22,18 @@ EXIT_PEER_LOST = 76
 STOP_SIGNAL = "USR2"
 # Seconds between that signal and the time limit: job.stop_grace.
 
+# The training runtime's module (`python -m stoker.runtime.train`). Its tasks start with
+# SIGUSR2 ignored (the batch script's task wrapper): the stop signal may come while
+# Python imports torch, before the runtime's handler exists, and would kill the task.
+# The runtime learns of that stop from the stop file.
+TRAIN_MODULE = "stoker.runtime.train"
+
+
+def runs_the_runtime(argv: list[str]) -> bool:
+    """Whether a task command is the training runtime (python -m stoker.runtime.train)."""
+    return argv[1:3] == ["-m", TRAIN_MODULE]
+
+
 # Set for every task.
 ENV_RUN_DIR = "STOKER_RUN_DIR"  # the task's run folder (an array task's own folder)
 ENV_JOB_ID = "STOKER_JOB_ID"  # "123", or "123_4" for array task 4

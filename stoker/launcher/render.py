@@ -19,7 +19,7 @@ from typing import Any
 
 from stoker import __version__
 from stoker.errors import StokerError
-from stoker.launcher.protocol import EXIT_PEER_LOST, EXIT_REQUEUE
+from stoker.launcher.protocol import EXIT_PEER_LOST, EXIT_REQUEUE, runs_the_runtime
 from stoker.launcher.spec import LaunchSpec
 from stoker.redact import one_line
 
@@ -263,6 +263,7 @@ def _context(spec: LaunchSpec, directives: Sequence[Directive], explain: bool) -
         "setup": [Shell(line) for line in job.setup],
         "workdir": spec.workdir,
         "command": list(spec.command),
+        "runtime_task": runs_the_runtime(list(spec.command)),
         "container": job.container,
         "container_mounts": ",".join(mounts),
         "gpus_per_node": job.gpus_per_node,

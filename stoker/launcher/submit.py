@@ -25,6 +25,7 @@ from stoker.atomic_write import write_text_atomic
 from stoker.config import ResolvedConfig, freeze_config
 from stoker.errors import StokerError
 from stoker.launcher.ledger import JobRecord, Ledger
+from stoker.launcher.protocol import TRAIN_MODULE
 from stoker.launcher.render import RenderedScript, Shell, render_sbatch
 from stoker.launcher.rundir import RunDir, new_run_dir, runs_root
 from stoker.launcher.slurm_cli import run_slurm
@@ -35,7 +36,6 @@ from stoker.launcher.tracking import config_params
 _AFTER = re.compile(r"^\d+(_\d+)?(:\d+(_\d+)?)*$")
 # Characters that would break an `#SBATCH --output=` path or the script's quoting rules.
 _UNSAFE_PATH = re.compile(r"[\s'\"\\\x00-\x1f\x7f]")
-TRAIN_MODULE = "stoker.runtime.train"
 
 
 class NotRecordedError(StokerError):

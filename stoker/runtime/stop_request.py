@@ -28,10 +28,14 @@ class StopRequest:
         self.signalled = False
         self.terminated = False
 
-    def install(self) -> None:
-        """Handle SIGUSR2 and SIGTERM in the main thread: set a flag, return."""
+    def install(self, *, term: bool = True) -> None:
+        """Handle SIGUSR2 (and SIGTERM unless `term` is false) in the main thread: set a
+        flag, return. The entry point handles SIGUSR2 before it imports torch, whose
+        default action would kill a task asked to stop while it starts; SIGTERM keeps
+        its default until training begins, as there is nothing to save before."""
         signal.signal(signal.SIGUSR2, self._on_usr2)
-        signal.signal(signal.SIGTERM, self._on_term)
+        if term:
+            signal.signal(signal.SIGTERM, self._on_term)
 
     def _on_usr2(self, signum: int, frame: FrameType | None) -> None:
         self.signalled = True

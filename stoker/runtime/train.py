@@ -31,6 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path, help="the frozen experiment YAML")
     args = parser.parse_args(argv)
 
+    from stoker.runtime.stop_request import StopRequest
+
+    # First: a stop asked for while torch imports must not kill the task (it saves at
+    # the first step boundary instead).
+    stop = StopRequest()
+    stop.install(term=False)
+
     import torch
 
     from stoker.config import load_frozen
@@ -59,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             sink=tracking,
             mesh=mesh,
             mlflow_run_id=tracking.run_id,
+            stop=stop,
         )
         trainer.build()
         outcome = trainer.train()

@@ -101,12 +101,13 @@ class Trainer:
         sink: MetricsSink | None = None,
         mesh: DeviceMesh | None = None,
         mlflow_run_id: str | None = None,
+        stop: StopRequest | None = None,
     ) -> None:
         self.cfg, self.env, self.device, self.mesh = cfg, env, device, mesh
         self.run_dir = run_dir
         self.sink: MetricsSink = sink or NullSink()
         self.mlflow_run_id = mlflow_run_id
-        self.stop = StopRequest()
+        self.stop = stop or StopRequest()
         self.checkpoint_root = cfg.checkpoint.root or str(run_dir / "checkpoints")
         accum = cfg.train.grad_accum
         if cfg.data.batch_size % (accum * env.world_size):

@@ -26,7 +26,7 @@ from tests.faults.training_jobs import (
     resumed_step,
     starts,
 )
-from tests.launcher_jobs import scontrol_job, submit_json, wait_final, wait_for
+from tests.launcher_jobs import FINAL_STATES, scontrol_job, submit_json, wait_final, wait_for
 
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
@@ -92,3 +92,29 @@ def _running_with_own_commit(job_id: str, run_dir: Path) -> bool:
     if not history or scontrol_job(job_id).get("JobState") != "RUNNING":
         return False
     return any(at >= history[-1][0] for at in committed_steps(run_dir).values())
+
+
+def test_a_stop_while_the_runtime_starts_saves_and_requeues(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
+    """The stop signal as the tasks start, while Python imports torch: before the runtime
+    handles SIGUSR2, its default action killed them (seen in CI, a time limit's USR2 soon
+    after a requeue). They start with it ignored and find the stop file instead."""
+    job = submit_json(TINY, *FAST, "train.steps=400", "--nodes", "1", "--ntasks-per-node", "2",
+                      "--time", "15", cwd=tmp_path)  # fmt: skip
+    job_id, run_dir = job["job_id"], Path(job["run_dir"])
+    # srun creates the task logs as it starts the tasks: Python is still starting.
+    wait_for(lambda: (run_dir / "logs/r0/rank-1.log").exists(), 120, "the tasks to start")
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
+
+    events = run_dir / "events"
+    wait_for(lambda: "requeue" in (events.read_text() if events.exists() else "")
+             or scontrol_job(job_id).get("JobState") in FINAL_STATES, 180,
+             "the requeue decision")  # fmt: skip
+    subprocess.run(["scancel", job_id], check=False)
+    log = (run_dir / "logs/batch.log").read_text()
+    assert "User defined signal 2" not in log, log
+    assert "requeued after time limit: restart 1" in events.read_text(), log
+    # They saved where they stopped, after the first step they ran.
+    stopped = committed_steps(run_dir)
+    assert len(stopped) == 1 and 1 <= min(stopped) < 400, stopped
