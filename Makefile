@@ -1,6 +1,9 @@
 # The README's two commands: `make run` and `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Two pytest-xdist workers: the cluster tests one after another in one, the other
+# modules beside them (tests/conftest.py). PYTEST_PARALLEL= runs them all in one process.
+PYTEST_PARALLEL ?= -n 2 --dist loadgroup
 CLUSTER := $(PY) tests/cluster/localslurm.py
 
 .PHONY: run test install install-dev cluster-up cluster-down lint
@@ -21,7 +24,7 @@ test: install-dev
 	$(CLUSTER) install
 	$(CLUSTER) start
 	status=0; \
-	$(PY) -m pytest $(PYTEST_ARGS) || status=$$?; \
+	$(PY) -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS) || status=$$?; \
 	$(MAKE) --no-print-directory lint || status=$$((status ? status : 1)); \
 	$(CLUSTER) stop || true; \
 	exit $$status

@@ -16,6 +16,28 @@ REPO = Path(__file__).resolve().parent.parent
 pytest_plugins = ["tests.cluster.fixtures", "tests.mlflow_server", "tests.s3_server"]
 
 
+def _uses_cluster(item: pytest.Item) -> bool:
+    fixtures = getattr(item, "fixturenames", ())
+    return item.get_closest_marker("slurm") is not None or "slurm_cluster" in fixtures
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups for pytest-xdist's `--dist loadgroup` (`make test` runs two workers): every
+    module with a test on the SLURM cluster runs in one worker, one test at a time (they
+    share its three nodes, and some freeze one), while the other worker takes the other
+    modules, each whole (its module fixtures made once). The cluster tests spend about a
+    third of their time waiting on SLURM; the CPU-bound tests fill it."""
+    cluster_modules = {_module(item) for item in items if _uses_cluster(item)}
+    for item in items:
+        module = _module(item)
+        group = "slurm-cluster" if module in cluster_modules else module
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(autouse=True)
 def process_wide_kernel_backend() -> Iterator[None]:
     """A Trainer run in the test process sets the process-wide kernel backend

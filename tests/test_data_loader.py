@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -349,3 +352,37 @@ def test_clips_longer_than_their_sample_are_padded_and_counted(dataset: str) -> 
     # Past the 2 s of media: the last frame held, the audio silent.
     assert torch.equal(batch["video"][:, -1], batch["video"][:, 17])
     assert float(batch["audio"][:, :, 16_500:].abs().max()) == 0.0
+
+
+# A rank under SLURM: the stop signals reach every process of the step, loader workers
+# included (SIGUSR2 before the time limit, SIGTERM on scancel, requeue and preemption).
+STOP_SIGNALS_RANK = """
+import os, signal, sys
+from stoker.data.loader import StreamingLoader
+got = []
+for sig in (signal.SIGUSR2, signal.SIGTERM):
+    signal.signal(sig, lambda signum, frame: got.append(signum))
+url, batch = sys.argv[1], int(sys.argv[2])
+loader = StreamingLoader(url, batch_size=batch, num_workers=2, seed=7, fps=8, size=(32, 32),
+                         clip_seconds=1.0, sample_rate=8000)
+count = 0
+for _ in loader.batches(max_batches=loader.samples_per_epoch // batch):
+    count += 1
+    if count == 1:
+        os.killpg(0, signal.SIGUSR2)
+        os.killpg(0, signal.SIGTERM)
+print(count, sorted(got))
+"""
+
+
+def test_stop_signals_to_the_whole_step_leave_the_loader_running(dataset: str) -> None:
+    """The rank handles the signals (it saves at the step's end); its workers must not
+    die of them, or the next batch fails before the rank can save."""
+    result = subprocess.run(
+        [sys.executable, "-c", STOP_SIGNALS_RANK, dataset, str(BATCH)],
+        capture_output=True, text=True, timeout=120, start_new_session=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    count, got = result.stdout.split(maxsplit=1)
+    assert int(count) == CLIPS // BATCH  # every batch of the pass, after the signals
+    assert got.strip() == str(sorted([int(signal.SIGUSR2), int(signal.SIGTERM)]))

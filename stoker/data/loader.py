@@ -16,6 +16,8 @@ repeated, nothing skipped.
 from __future__ import annotations
 
 import multiprocessing
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -166,6 +168,7 @@ class StreamingLoader:
             prefetch_factor=2 if workers else None,
             persistent_workers=False,
             pin_memory=self.pin_memory,
+            worker_init_fn=_ignore_stop_signals if workers else None,
         )
         for batch in loader:
             worker, counts = batch.pop(STATS_KEY)
@@ -237,11 +240,46 @@ class StreamingLoader:
         self._stats_live.clear()
 
 
+# SLURM signals every process of a step: SIGUSR2 before the time limit, SIGTERM on
+# `scancel`, requeue and preemption. A loader worker (or the fork server the workers
+# come from, whose death ends them) killed by one would fail the rank's next batch
+# ("DataLoader worker exited unexpectedly") before the rank, which handles them, could
+# save. So they ignore both: the rank ends its workers, and KillWait's SIGKILL all.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+
+
+def _ignore_stop_signals(worker_id: int) -> None:
+    """worker_init_fn: for workers that did not inherit the fork server's SIG_IGN."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _start_fork_server_deaf() -> None:
+    """Start multiprocessing's fork server (and its resource tracker) with the stop
+    signals ignored, which exec keeps and the workers it forks inherit. The rank's own
+    handlers are back within the few milliseconds a fork and exec take. Only the main
+    thread may change them; elsewhere the workers' own SIG_IGN has to do."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    from multiprocessing import forkserver, resource_tracker
+
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        resource_tracker.ensure_running()
+        forkserver.ensure_running()
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
 def _context(method: str) -> Any:
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
         # Workers fork from a server that has imported these once, not each worker.
         ctx.set_forkserver_preload(["torch", "numpy", "av", "stoker.data.stream"])
+        _start_fork_server_deaf()
     return ctx
 
 

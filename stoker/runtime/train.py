@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -96,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         tracking.close(None if status == "REQUEUE" else status)
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+        # Python's exit restores SIGUSR2's default action, which would kill a rank that
+        # has finished (exit 0) when a stop comes while it exits: the job would fail.
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

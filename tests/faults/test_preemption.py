@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slurm
 STEPS = 400
 LOG_EVERY = 1  # a loss per step: a window mean would span a stop
+GRACE_S = 120  # job.stop_grace, and the third start's time limit (whole minutes)
 COMMON = [TINY, *FAST, f"train.steps={STEPS}", f"train.log_every={LOG_EVERY}",
           "checkpoint.every=10", "checkpoint.keep_last=1000", *TWO_NODES]  # fmt: skip
 
@@ -42,28 +43,38 @@ def test_requeues_and_time_limits_resume_bit_exact_into_one_run(
     slurm_cluster: ClusterSettings, tmp_path: Path
 ) -> None:
     reference = submit_json(*COMMON, "--time", "15", cwd=tmp_path)
-    # A 2-minute limit with USR2 60 s before it: SLURM checks signal deadlines every
-    # ~30 s, so each start gets 30-60 s; 400 steps need more than one.
-    job = submit_json(*COMMON, "--time", "2", "job.stop_grace=60", "job.max_requeues=20",
-                      cwd=tmp_path)  # fmt: skip
+    job = submit_json(*COMMON, "--time", "15", f"job.stop_grace={GRACE_S}",
+                      "job.max_requeues=20", cwd=tmp_path)  # fmt: skip
     job_id, run_dir = job["job_id"], Path(job["run_dir"])
+    events = run_dir / "events"
 
-    requeued = 0
-    while requeued < 2:
+    for _ in range(2):
         # Once the running start has committed a checkpoint of its own: preempt it.
         wait_for(lambda: _running_with_own_commit(job_id, run_dir), 240,
                  "a start that committed a checkpoint")  # fmt: skip
         count = len(starts(run_dir))
-        if subprocess.run(["scontrol", "requeue", job_id], capture_output=True).returncode:
-            continue  # the time limit ended that start first
-        requeued += 1
+        subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True)
         wait_for(lambda c=count: len(starts(run_dir)) > c, 180, "the next start")
+
+    # The third start reaches its time limit. As it begins, its limit drops to GRACE_S,
+    # so SLURM's USR2 (--signal=B:USR2@GRACE_S) is due at once; SLURM sends it at its
+    # next check (every 30 s), well before the job could finish on any machine, and the
+    # job has GRACE_S to save before the limit kills it. The waiting in a natural limit
+    # would be 1-2 minutes.
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={GRACE_S // 60}"],
+                   check=True, capture_output=True)  # fmt: skip
+    wait_for(lambda: "requeued after time limit" in _text(events)
+             or scontrol_job(job_id).get("JobState") in FINAL_STATES, 240,
+             "the time limit's requeue")  # fmt: skip
+    # Back to a far limit while it waits out its requeue hold (cred_expire).
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=15"],
+                   check=True, capture_output=True)  # fmt: skip
 
     assert wait_final(job_id, 900) == "COMPLETED", (run_dir / "logs/batch.log").read_text()
     assert wait_final(reference["job_id"], 300) == "COMPLETED"
-    events = (run_dir / "events").read_text()
-    assert events.count("stop requested: SIGTERM") >= 2, events
-    assert "requeued after time limit" in events, events
+    log = _text(events)
+    assert log.count("stop requested: SIGTERM") >= 2, log
+    assert "requeued after time limit" in log, log
 
     # Each start resumed from the newest checkpoint committed before it began.
     commits = committed_steps(run_dir)
@@ -87,6 +98,10 @@ def test_requeues_and_time_limits_resume_bit_exact_into_one_run(
     assert status["step"] == STEPS
 
 
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
 def _running_with_own_commit(job_id: str, run_dir: Path) -> bool:
     history = starts(run_dir)
     if not history or scontrol_job(job_id).get("JobState") != "RUNNING":
@@ -108,7 +123,7 @@ def test_a_stop_while_the_runtime_starts_saves_and_requeues(
     subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
 
     events = run_dir / "events"
-    wait_for(lambda: "requeue" in (events.read_text() if events.exists() else "")
+    wait_for(lambda: "requeue" in _text(events)
              or scontrol_job(job_id).get("JobState") in FINAL_STATES, 180,
              "the requeue decision")  # fmt: skip
     subprocess.run(["scancel", job_id], check=False)
