@@ -14,6 +14,15 @@ import yaml
 
 from stoker.data.synth import synth_dataset
 
+# `python -m stoker.runtime.train ARGS`, then what SIGUSR2 does while Python exits.
+AS_MAIN_THEN_DISPOSITION = """
+import signal, sys
+from stoker.runtime.train import main
+code = main(sys.argv[1:])
+print("SIGUSR2 ignored after main:", signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN, flush=True)
+sys.exit(code)
+"""
+
 
 def test_entry_point_creates_its_run_and_finishes(tmp_path: Path, isolated_home: Path) -> None:
     data = tmp_path / "data"
@@ -28,11 +37,14 @@ def test_entry_point_creates_its_run_and_finishes(tmp_path: Path, isolated_home:
     }))  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "STOKER_RUN"))}
     result = subprocess.run(
-        [sys.executable, "-m", "stoker.runtime.train", "--config", str(config)],
+        [sys.executable, "-c", AS_MAIN_THEN_DISPOSITION, "--config", str(config)],
         capture_output=True, text=True, timeout=300, env=env, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "finished at step 2" in result.stdout
+    # Python's exit would restore SIGUSR2's default action: a stop that came while a
+    # finished rank exits would kill it and fail the job.
+    assert result.stdout.splitlines()[-1] == "SIGUSR2 ignored after main: True"
     assert (config.parent / "checkpoints" / "step-2" / "COMMIT.json").is_file()
     assert not (config.parent / "checkpoints" / "step-1").exists()  # keep_last 1
     assert not (config.parent / "progress.json").exists()  # written only with STOKER_PROGRESS_FILE
