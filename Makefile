@@ -1,9 +1,6 @@
 # The README's two commands: `make run` and `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# Two pytest-xdist workers: the cluster tests one after another in one, the other
-# modules beside them (tests/conftest.py). PYTEST_PARALLEL= runs them all in one process.
-PYTEST_PARALLEL ?= -n 2 --dist loadgroup
 CLUSTER := $(PY) tests/cluster/localslurm.py
 
 .PHONY: run test install install-dev cluster-up cluster-down lint
@@ -18,13 +15,15 @@ install-dev:
 run: install
 	$(VENV)/bin/stoker run
 
-# Install everything, start the local SLURM cluster, run the whole suite, lint,
+# Install everything, start the local SLURM cluster, run the whole suite (the cluster
+# tests and the rest side by side: scripts/test-suite; STOKER_TEST_SERIAL=1 for one
+# process), lint,
 # stop the cluster (also when tests fail) and keep pytest's exit status.
 test: install-dev
 	$(CLUSTER) install
 	$(CLUSTER) start
 	status=0; \
-	$(PY) -m pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS) || status=$$?; \
+	STOKER_VENV=$(VENV) scripts/test-suite $(PYTEST_ARGS) || status=$$?; \
 	$(MAKE) --no-print-directory lint || status=$$((status ? status : 1)); \
 	$(CLUSTER) stop || true; \
 	exit $$status

@@ -26,16 +26,15 @@ def _module(item: pytest.Item) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist's `--dist loadgroup` (`make test` runs two workers): every
-    module with a test on the SLURM cluster runs in one worker, one test at a time (they
-    share its three nodes, and some freeze one), while the other worker takes the other
-    modules, each whole (its module fixtures made once). The cluster tests spend about a
-    third of their time waiting on SLURM; the CPU-bound tests fill it."""
+    """Marks `cluster_module` every test of a module with a test on the SLURM cluster.
+    `make test` runs them in one pytest process, one at a time (they share its three
+    nodes, and some freeze one), and the other modules in a second process beside it:
+    the cluster tests spend about a third of their time waiting on SLURM, and the
+    CPU-bound tests fill it."""
     cluster_modules = {_module(item) for item in items if _uses_cluster(item)}
     for item in items:
-        module = _module(item)
-        group = "slurm-cluster" if module in cluster_modules else module
-        item.add_marker(pytest.mark.xdist_group(group))
+        if _module(item) in cluster_modules:
+            item.add_marker(pytest.mark.cluster_module)
 
 
 @pytest.fixture(autouse=True)
