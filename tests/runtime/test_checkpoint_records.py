@@ -114,7 +114,9 @@ def test_checkpoint_is_logged_as_metrics_and_an_external_model(
     outputs = client.get_run(run_id).outputs.model_outputs
     assert [(o.model_id, o.step) for o in outputs] == [(model.model_id, 100)]
     assert logger.stats().models == 1
-    assert enqueue_s < 0.02, f"log_checkpoint took {enqueue_s * 1e3:.1f} ms"
+    # A queue put, not the store's writes (a logged model and its metrics: 100s of ms);
+    # room for a busy 2-core machine.
+    assert enqueue_s < 0.1, f"log_checkpoint took {enqueue_s * 1e3:.1f} ms"
 
 
 def test_checkpoints_logged_while_the_server_is_down_are_registered_once(

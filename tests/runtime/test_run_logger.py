@@ -89,10 +89,12 @@ def test_store_outage_does_not_stop_training_and_loses_nothing(
     trainer.join()
     logger.close("FINISHED")
 
-    # The trainer never waited on the store.
+    # The trainer never waited on the store: a call that did would take the client's
+    # retries and timeouts (seconds). The bound leaves room for a busy 2-core machine (34 ms
+    # seen beside the cluster tests; ~0.3 ms quiet).
     with capfd.disabled():
         print(f"\nlongest log_metrics call: {max(durations) * 1e3:.2f} ms of {len(durations)}")
-    assert max(durations) < 0.020
+    assert max(durations) < 0.5
     assert client.get_run(run_id).info.status == "FINISHED"
     assert_each_step_once(client, run_id, ["loss", "lr", "grad_norm"], range(last_step[0] + 1))
     stats = logger.stats()
