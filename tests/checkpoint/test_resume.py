@@ -102,6 +102,7 @@ def _weights(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
 
+@pytest.mark.usefixtures("one_torch_thread")  # 13 s, but 164 s on 2 busy threads
 def test_resume_is_bit_exact(
     tmp_path: Path, data_url: str, root: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -135,6 +136,7 @@ def test_resume_is_bit_exact(
     assert [r.step for r in ck.list_checkpoints(root)] == [20, 15]
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_broken_newest_checkpoint_falls_back_with_a_warning(
     tmp_path: Path,
     data_url: str,
