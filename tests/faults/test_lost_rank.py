@@ -7,6 +7,7 @@ resumes from its last committed checkpoint, and MLflow holds every step once."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -88,8 +89,10 @@ def test_killed_then_stopped_rank_each_restart_the_job(
            "restart 1 of job.max_restarts=2" in events[0], events  # fmt: skip
     # srun --kill-on-bad-exit ends the other rank at once, well inside the timeout.
     assert float(events[0].split()[0]) - killed_at < TIMEOUT_S, (killed_at, events)
-    assert events[1].endswith("restarting after failure (a lost rank, exit 76): restart 2 of "
-                              "job.max_restarts=2"), events  # fmt: skip
+    # Rank 0 exits 76; srun's own status is 76, or 143 when it ended the stopped rank
+    # first (SIGCONT, SIGTERM): the task's 76 is what names the lost rank.
+    assert re.search(r"restarting after failure \(a lost rank, exit (76|143)\): restart 2 of "
+                     r"job\.max_restarts=2$", events[1]), events  # fmt: skip
     assert TIMEOUT_S - 2 < float(events[1].split()[0]) - stopped_at < TIMEOUT_S + 20, (
         stopped_at, events)  # fmt: skip
     survivor = (run_dir / "logs/r1/rank-0.log").read_text()
