@@ -75,10 +75,11 @@ def test_bench_step_writes_the_result_document(tmp_path: Path) -> None:
         assert row["mfu"] is None and row["peak_memory_gb"] is None  # the CPU has no peak
         assert math.isfinite(row["loss"]) and row["nonfinite_steps"] == 0
     ms = {v: rows[v]["step_ms"] for v in rows}
+    # The document rounds ratios to 3 decimals (0.024 for a busy machine's 0.0243).
     assert rows["reference"]["speedup"] == {"reference": 1.0, "compile": pytest.approx(
-        ms["compile"] / ms["reference"], rel=1e-2)}  # fmt: skip
+        ms["compile"] / ms["reference"], rel=1e-2, abs=1e-3)}  # fmt: skip
     assert rows["compile"]["speedup"]["reference"] == pytest.approx(
-        ms["reference"] / ms["compile"], rel=1e-2
+        ms["reference"] / ms["compile"], rel=1e-2, abs=1e-3
     )
 
 
