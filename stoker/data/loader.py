@@ -258,12 +258,15 @@ def _start_fork_server_deaf() -> None:
     """Start multiprocessing's fork server (and its resource tracker) with the stop
     signals ignored, which exec keeps and the workers it forks inherit. The rank's own
     handlers are back within the few milliseconds a fork and exec take. Only the main
-    thread may change them; elsewhere the workers' own SIG_IGN has to do."""
+    thread may change them, and only Python's handlers can be put back; otherwise the
+    workers' own SIG_IGN has to do."""
     if threading.current_thread() is not threading.main_thread():
         return
     from multiprocessing import forkserver, resource_tracker
 
     saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    if any(handler is None for handler in saved.values()):
+        return  # a handler set outside Python: it could not be put back
     try:
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
