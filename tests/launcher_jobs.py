@@ -33,8 +33,9 @@ def scontrol_job(job_id: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in out.split() if "=" in item)
 
 
-def wait_final(job_id: str, timeout: float = 120) -> str:
-    """Poll slurmctld until the job has ended for good; a requeued job is not final."""
+def wait_final(job_id: str, timeout: float = 120, run_dir: Path | None = None) -> str:
+    """Poll slurmctld until the job has ended for good; a requeued job is not final.
+    On a timeout, says why SLURM holds it (and the run folder's events and starts)."""
     deadline = time.monotonic() + timeout
     state = ""
     while time.monotonic() < deadline:
@@ -42,7 +43,19 @@ def wait_final(job_id: str, timeout: float = 120) -> str:
         if state in FINAL_STATES:
             return state
         time.sleep(0.3)
-    pytest.fail(f"job {job_id} still {state or 'unknown'} after {timeout} s")
+    job = scontrol_job(job_id)
+    nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T %E"], capture_output=True,
+                           text=True, check=False).stdout  # fmt: skip
+    history = ""
+    for name in ("attempts", "events", "failures"):
+        path = (run_dir / name) if run_dir else None
+        if path and path.exists():
+            history += f"\n{name}:\n{path.read_text()}"
+    pytest.fail(
+        f"job {job_id} still {state or 'unknown'} after {timeout} s: "
+        f"Reason={job.get('Reason')} ExcNodeList={job.get('ExcNodeList')} "
+        f"NodeList={job.get('NodeList')} Restarts={job.get('Restarts')}\nnodes:\n{nodes}{history}"
+    )
 
 
 def rank_lines(run_dir: Path, restart: int = 0) -> dict[int, str]:

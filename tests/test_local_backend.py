@@ -98,3 +98,34 @@ def test_two_local_submits_at_once_get_different_ids(tmp_path: Path) -> None:
     }
     assert len(ids) == 2
     assert {r.job_id for r in Ledger().list()} == ids
+
+
+def test_cancel_never_signals_a_process_that_took_a_dead_supervisors_pid(tmp_path: Path) -> None:
+    """A supervisor killed outright leaves its state RUNNING; once the pid is reused,
+    `stoker cancel` must leave the new process alone (and say the job is not running)."""
+    import subprocess
+
+    from tests.launcher_jobs import local_job
+
+    ledger = Ledger()
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        time.sleep(0.1)
+        for job_id, started in (("local-old", time.time() - 3600), ("local-live", time.time())):
+            local_job(
+                ledger,
+                tmp_path,
+                job_id,
+                {"state": "RUNNING", "supervisor_pid": stranger.pid, "started": started},
+            )
+        # The state is an hour older than the process now holding its pid.
+        stale = stoker("cancel", "local-old")
+        assert stale.returncode == 2 and "is not running" in stale.stderr, stale.stderr
+        time.sleep(0.2)
+        assert stranger.poll() is None, "cancel signalled a process it did not start"
+        # The control: a state as young as the process is its supervisor, and gets TERM.
+        stoker("cancel", "local-live", check=True)
+        assert stranger.wait(10) == -15
+    finally:
+        stranger.kill()
+        stranger.wait()

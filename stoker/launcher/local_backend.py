@@ -132,11 +132,15 @@ def _start_supervisor(spec: LaunchSpec, job_id: str) -> None:
 
 
 def cancel_local(run_dir: Path) -> bool:
-    """Send the supervisor SIGTERM; it stops the ranks. False when it is not running."""
-    from stoker.launcher.status import read_local_state
+    """Send the supervisor SIGTERM; it stops the ranks. False when it is not running:
+    also when it died and its pid now belongs to a younger process, which must not get
+    the signal (pids wrap around in minutes on a busy machine)."""
+    from stoker.launcher.status import process_alive, read_local_state
 
     state = read_local_state(RunDir(run_dir))
     if state is None or state.state != "RUNNING" or state.supervisor_pid is None:
+        return False
+    if not process_alive(state.supervisor_pid, state.started):
         return False
     try:
         os.kill(state.supervisor_pid, signal.SIGTERM)

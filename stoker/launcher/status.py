@@ -590,7 +590,7 @@ def _local_status(
     if state == "RUNNING" and local.supervisor_pid is not None:
         if record.cluster != socket.gethostname():
             reason = f"runs on {record.cluster}; cannot check its supervisor from here"
-        elif not _process_alive(local.supervisor_pid, local.started):
+        elif not process_alive(local.supervisor_pid, local.started):
             state, reason = "FAILED", "supervisor died"
             ended = _mtime(run.local_state)
     elif state == "FAILED":
@@ -612,7 +612,7 @@ def _mtime(path: Path) -> float | None:
         return None
 
 
-def _process_alive(pid: int, started: float | None) -> bool:
+def process_alive(pid: int, started: float | None) -> bool:
     """Is `pid` still the supervisor that wrote `started`? A reused pid belongs to a
     process that started later; a zombie has exited."""
     try:

@@ -70,7 +70,7 @@ def test_requeues_and_time_limits_resume_bit_exact_into_one_run(
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=15"],
                    check=True, capture_output=True)  # fmt: skip
 
-    assert wait_final(job_id, 900) == "COMPLETED", (run_dir / "logs/batch.log").read_text()
+    assert wait_final(job_id, 900, run_dir) == "COMPLETED", (run_dir / "logs/batch.log").read_text()
     assert wait_final(reference["job_id"], 300) == "COMPLETED"
     log = _text(events)
     assert log.count("stop requested: SIGTERM") >= 2, log

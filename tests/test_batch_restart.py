@@ -1,0 +1,139 @@
+"""The batch script's restart after a failed start, run under bash with SLURM's commands
+replaced by shims: which node it leaves out, and when it must not. The same decisions
+run on the real cluster in tests/faults/test_lost_rank.py and test_hang.py; here the
+cases that a real cluster gives only by chance (the order of srun's lines, a partition
+too small to leave a node out) are set up exactly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from stoker.launcher.render import render_sbatch
+from tests.test_render import make_spec
+
+JOB_ID = "42"
+# srun: print the start's lines about the tasks (as srun does, to the batch script's
+# stderr, which SLURM writes to logs/batch.log) and exit with srun's status.
+SRUN = """#!/bin/bash
+cat "$SRUN_LINES_FILE" >&2
+exit "$SRUN_RC"
+"""
+# scontrol: the questions the script asks, the changes it makes (written to $CALLS).
+SCONTROL = """#!/bin/bash
+case "$1 $2" in
+"show hostnames") tr ',' '\\n' <<<"$3" | grep . ;;
+"show node") echo "NodeName=$3 NodeAddr=10.0.0.7" ;;
+"show job") echo "JobId=$JOB JobState=RUNNING NumNodes=$NEED Partition=debug" \\
+    "ExcNodeList=$EXCLUDED" ;;
+*) echo "scontrol $*" >>"$CALLS" ;;
+esac
+"""
+# sinfo: no node of the job is down; the partition's nodes and their states.
+SINFO = """#!/bin/bash
+if [[ " $* " == *" -p "* ]]; then cat "$PARTITION_FILE"; fi
+"""
+
+
+def _run_start(
+    tmp_path: Path,
+    srun_lines: list[str],
+    rc: int,
+    partition: list[str],
+    need: int = 2,
+    excluded: str = "(null)",
+    task_logs: dict[int, str] | None = None,
+) -> tuple[list[str], list[str]]:
+    """One failed start of a 2-node job with job.max_restarts=2: (events, scontrol calls)."""
+    run_dir = tmp_path / "run"
+    spec = make_spec(
+        ["job.max_restarts=2"], {"job.nodes": (2, "--nodes")},
+        command=["python", "train.py"], run_dir=run_dir, workdir=tmp_path,
+    )  # fmt: skip
+    script = tmp_path / "job.sh"
+    script.write_text(render_sbatch(spec).text)
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    for name, text in {"srun": SRUN, "scontrol": SCONTROL, "sinfo": SINFO}.items():
+        (shims / name).write_text(text)
+        (shims / name).chmod(0o755)
+    (run_dir / "logs" / "r0").mkdir(parents=True)
+    for task, text in (task_logs or {}).items():
+        (run_dir / "logs" / "r0" / f"rank-{task}.log").write_text(text)
+    (tmp_path / "srun-lines").write_text("".join(f"{line}\n" for line in srun_lines))
+    (tmp_path / "partition").write_text("".join(f"{line}\n" for line in partition))
+    calls = tmp_path / "calls"
+    env = {
+        **os.environ,
+        "PATH": f"{shims}:{os.environ['PATH']}",
+        "SRUN_LINES_FILE": str(tmp_path / "srun-lines"), "SRUN_RC": str(rc),
+        "PARTITION_FILE": str(tmp_path / "partition"), "CALLS": str(calls),
+        "JOB": JOB_ID, "NEED": str(need), "EXCLUDED": excluded,
+        "SLURM_JOB_ID": JOB_ID, "SLURM_JOB_NODELIST": "n1,n3", "SLURM_NTASKS": "2",
+    }  # fmt: skip
+    with open(run_dir / "logs" / "batch.log", "ab") as batch_log:
+        result = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, stdout=batch_log,
+                                stderr=batch_log, timeout=60, check=False)  # fmt: skip
+    assert result.returncode == 0, (run_dir / "logs" / "batch.log").read_text()
+    events = [line.split(" ", 1)[1] for line in (run_dir / "events").read_text().splitlines()]
+    return events, calls.read_text().splitlines() if calls.exists() else []
+
+
+THREE_NODES = ["n1 idle", "n2 idle", "n3 idle"]
+CANCELLED = (
+    f"slurmstepd-n1: error: *** STEP {JOB_ID}.0 ON n1 CANCELLED AT 2026-11-21T19:31:55 ***\n"
+)
+
+
+def test_a_killed_task_leaves_its_node_out(tmp_path: Path) -> None:
+    events, calls = _run_start(
+        tmp_path,
+        ["srun: error: n3: task 1: Killed", "srun: error: n1: task 0: Exited with exit code 76"],
+        rc=137, partition=THREE_NODES, task_logs={0: "step 15/60\n", 1: "step 15/60\n"},
+    )  # fmt: skip
+    assert events == ["restarting after failure (n3: task 1: Killed, exit 137) without node n3: "
+                      "restart 1 of job.max_restarts=2"]  # fmt: skip
+    assert calls == [f"scontrol requeuehold {JOB_ID}",
+                     f"scontrol update JobId={JOB_ID} ExcNodeList=n3",
+                     f"scontrol release {JOB_ID}"]  # fmt: skip
+
+
+def test_a_task_slurm_killed_after_cancelling_its_step_blames_no_node(tmp_path: Path) -> None:
+    """Rank 0 waited in a collective on a frozen rank 1 when SLURM cancelled the step:
+    KILL after KillWait, and srun named it first. Its node is fine; rank 1's exit 76
+    (a lost peer) is what happened."""
+    events, calls = _run_start(
+        tmp_path,
+        ["srun: error: n1: task 0: Killed", "srun: error: n3: task 1: Exited with exit code 76"],
+        rc=137, partition=THREE_NODES, excluded="n2",
+        task_logs={0: f"step 15/60\n{CANCELLED}\n", 1: "Connection closed by peer\n"},
+    )  # fmt: skip
+    assert events == ["restarting after failure (a lost rank, exit 137): "
+                      "restart 1 of job.max_restarts=2"]  # fmt: skip
+    assert calls == [f"scontrol requeuehold {JOB_ID}", f"scontrol release {JOB_ID}"]
+
+
+@pytest.mark.parametrize(
+    ("partition", "excluded", "left"),
+    [(THREE_NODES, "n2", 1),  # n2 left out by an earlier restart
+     (["n1 idle", "n2 down*", "n3 mix"], "(null)", 1),  # n2 is down
+     (["n1 idle", "n2 drain", "n3 alloc", "n4 idle*"], "(null)", 1)],  # n4 not responding
+)  # fmt: skip
+def test_a_node_is_not_left_out_when_the_job_would_no_longer_fit(
+    tmp_path: Path, partition: list[str], excluded: str, left: int
+) -> None:
+    """Leaving n3 out would leave one usable node for a 2-node job: SLURM would accept
+    the ExcNodeList and keep the job pending for good."""
+    events, calls = _run_start(
+        tmp_path, ["srun: error: n3: task 1: Killed"], rc=137, partition=partition,
+        excluded=excluded, task_logs={1: "step 15/60\n"},
+    )  # fmt: skip
+    assert events == [
+        f"not excluding node n3: {left} usable node(s) would be left in partition debug for a "
+        "2-node job",
+        "restarting after failure (n3: task 1: Killed, exit 137): restart 1 of job.max_restarts=2",
+    ]
+    assert calls == [f"scontrol requeuehold {JOB_ID}", f"scontrol release {JOB_ID}"]
