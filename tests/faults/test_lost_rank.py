@@ -97,7 +97,14 @@ def test_killed_then_stopped_rank_each_restart_the_job(
     assert TIMEOUT_S - 2 < float(events[1].split()[0]) - stopped_at < TIMEOUT_S + 20, (
         stopped_at, events)  # fmt: skip
     survivor = (run_dir / "logs/r1/rank-0.log").read_text()
-    assert "Timed out waiting" in survivor and "a collective lost a peer" in survivor
+    if "Timed out waiting" in survivor:
+        assert "a collective lost a peer" in survivor
+    else:
+        # Seen once in CI on a loaded machine: SLURM cancelled the step 15 s after the
+        # stop, before rank 0's timeout, and KILLed rank 0 after KillWait. The stopped
+        # rank, continued, then found its peer gone: a lost rank all the same.
+        assert "CANCELLED AT" in survivor, survivor
+        assert "a collective lost a peer" in (run_dir / "logs/r1/rank-1.log").read_text()
 
     (_, _, first), (_, _, second), (_, _, third) = starts(run_dir)
     assert node in hostnames(first) and node not in hostnames(second) | hostnames(third)
