@@ -120,7 +120,7 @@ def test_a_task_slurm_killed_after_cancelling_its_step_blames_no_node(tmp_path: 
     ("partition", "excluded", "left"),
     [(THREE_NODES, "n2", 1),  # n2 left out by an earlier restart
      (["n1 idle", "n2 down*", "n3 mix"], "(null)", 1),  # n2 is down
-     (["n1 idle", "n2 drain", "n3 alloc", "n4 idle*"], "(null)", 1)],  # n4 not responding
+     (["n1 idle", "n2 drain", "n3 alloc", "n4 fail"], "(null)", 1)],
 )  # fmt: skip
 def test_a_node_is_not_left_out_when_the_job_would_no_longer_fit(
     tmp_path: Path, partition: list[str], excluded: str, left: int
@@ -137,3 +137,15 @@ def test_a_node_is_not_left_out_when_the_job_would_no_longer_fit(
         "restarting after failure (n3: task 1: Killed, exit 137): restart 1 of job.max_restarts=2",
     ]
     assert calls == [f"scontrol requeuehold {JOB_ID}", f"scontrol release {JOB_ID}"]
+
+
+def test_a_node_that_misses_pings_still_counts(tmp_path: Path) -> None:
+    """`idle*`: SLURM has not heard from n2's slurmd lately (a loaded machine); it is
+    no reason to start the job on a node a task was killed on."""
+    events, calls = _run_start(
+        tmp_path, ["srun: error: n3: task 1: Killed"], rc=137,
+        partition=["n1 mix*", "n2 idle*", "n3 mix"], task_logs={1: "step 15/60\n"},
+    )  # fmt: skip
+    assert events == ["restarting after failure (n3: task 1: Killed, exit 137) without node n3: "
+                      "restart 1 of job.max_restarts=2"]  # fmt: skip
+    assert f"scontrol update JobId={JOB_ID} ExcNodeList=n3" in calls

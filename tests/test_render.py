@@ -200,6 +200,27 @@ def test_hostile_values_reach_the_task_verbatim(tmp_path: Path) -> None:
     assert env["MASTER_PORT"] == str(20000 + 42)
 
 
+def test_master_port_is_below_the_ephemeral_range() -> None:
+    """Outgoing connections take their ports from ip_local_port_range; one holding
+    MASTER_PORT (35053 then) failed a restart's rendezvous with EADDRINUSE in CI."""
+    lines = render_sbatch(make_spec()).text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("stoker_ports="))
+    last = next(i for i, line in enumerate(lines) if line.startswith("export MASTER_PORT="))
+    script = "\n".join([*lines[first : last + 1], 'echo "$MASTER_PORT"'])
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+
+    def port(job: int, restart: int) -> int:
+        env = {**os.environ, "SLURM_JOB_ID": str(job), "STOKER_RESTART": str(restart)}
+        return int(subprocess.run(["bash", "-c", script], env=env, capture_output=True,
+                                  text=True, check=True).stdout)  # fmt: skip
+
+    jobs = (42, 7134, 12767, 12768, 99_999, 4_000_000)
+    ports = {(job, restart): port(job, restart) for job in jobs for restart in range(4)}
+    assert all(20000 <= p < low for p in ports.values()), ports
+    assert ports[42, 0] == 20042
+    assert len({ports[7134, restart] for restart in range(4)}) == 4, "each start its own port"
+
+
 @pytest.mark.parametrize(
     ("command", "ignored"),
     [(["python", "-m", TRAIN_MODULE, "--config", Shell('"$STOKER_CONFIG"')], True),
