@@ -32,9 +32,12 @@ case "$1 $2" in
 *) echo "scontrol $*" >>"$CALLS" ;;
 esac
 """
-# sinfo: no node of the job is down; the partition's nodes and their states.
+# sinfo: the job's nodes SLURM has not heard from lately ($NO_RESPOND; none is down);
+# the partition's nodes and their states.
 SINFO = """#!/bin/bash
 if [[ " $* " == *" -p "* ]]; then cat "$PARTITION_FILE"; fi
+if [[ " $* " == *" -t no_respond "* ]]; then tr ' ' '\\n' <<<"$NO_RESPOND" | grep .; fi
+exit 0
 """
 
 
@@ -46,6 +49,7 @@ def _run_start(
     need: int = 2,
     excluded: str = "(null)",
     task_logs: dict[int, str] | None = None,
+    no_respond: str = "",
 ) -> tuple[list[str], list[str]]:
     """One failed start of a 2-node job with job.max_restarts=2: (events, scontrol calls)."""
     run_dir = tmp_path / "run"
@@ -71,7 +75,8 @@ def _run_start(
         "PATH": f"{shims}:{os.environ['PATH']}",
         "SRUN_LINES_FILE": str(tmp_path / "srun-lines"), "SRUN_RC": str(rc),
         "PARTITION_FILE": str(tmp_path / "partition"), "CALLS": str(calls),
-        "JOB": JOB_ID, "NEED": str(need), "EXCLUDED": excluded,
+        "JOB": JOB_ID, "NEED": str(need), "EXCLUDED": excluded, "NO_RESPOND": no_respond,
+        "SLURMD_NODENAME": "n1",  # the batch script runs on the job's first node
         "SLURM_JOB_ID": JOB_ID, "SLURM_JOB_NODELIST": "n1,n3", "SLURM_NTASKS": "2",
     }  # fmt: skip
     with open(run_dir / "logs" / "batch.log", "ab") as batch_log:
@@ -149,3 +154,18 @@ def test_a_node_that_misses_pings_still_counts(tmp_path: Path) -> None:
     assert events == ["restarting after failure (n3: task 1: Killed, exit 137) without node n3: "
                       "restart 1 of job.max_restarts=2"]  # fmt: skip
     assert f"scontrol update JobId={JOB_ID} ExcNodeList=n3" in calls
+
+
+@pytest.mark.parametrize(
+    ("no_respond", "event"),
+    [("n1", "(n3: task 1: Killed, exit 137) without node n3"),  # the script's own node
+     ("n1 n3", "(node n3 is down, drained or not responding, exit 137) without node n3")],
+)  # fmt: skip
+def test_the_scripts_own_node_is_never_blamed_for_missed_pings(
+    tmp_path: Path, no_respond: str, event: str
+) -> None:
+    events, _ = _run_start(
+        tmp_path, ["srun: error: n3: task 1: Killed"], rc=137, partition=THREE_NODES,
+        task_logs={1: "step 15/60\n"}, no_respond=no_respond,
+    )  # fmt: skip
+    assert events == [f"restarting after failure {event}: restart 1 of job.max_restarts=2"]
