@@ -6,8 +6,10 @@ too small to leave a node out) are set up exactly."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,7 @@ def _run_start(
     excluded: str = "(null)",
     task_logs: dict[int, str] | None = None,
     no_respond: str = "",
+    heartbeats: dict[int, float] | None = None,
 ) -> tuple[list[str], list[str]]:
     """One failed start of a 2-node job with job.max_restarts=2: (events, scontrol calls)."""
     run_dir = tmp_path / "run"
@@ -67,6 +70,11 @@ def _run_start(
     (run_dir / "logs" / "r0").mkdir(parents=True)
     for task, text in (task_logs or {}).items():
         (run_dir / "logs" / "r0" / f"rank-{task}.log").write_text(text)
+    (run_dir / "heartbeat" / "r0").mkdir(parents=True)
+    for task, written_at in (heartbeats or {}).items():
+        beat = {"rank": task, "host": "n1", "pid": 1, "step": 18, "phase": "backward",
+                "progress_at": written_at - 16, "written_at": written_at}  # fmt: skip
+        (run_dir / "heartbeat" / "r0" / f"rank-{task}.json").write_text(json.dumps(beat))
     (tmp_path / "srun-lines").write_text("".join(f"{line}\n" for line in srun_lines))
     (tmp_path / "partition").write_text("".join(f"{line}\n" for line in partition))
     calls = tmp_path / "calls"
@@ -88,9 +96,9 @@ def _run_start(
 
 
 THREE_NODES = ["n1 idle", "n2 idle", "n3 idle"]
-CANCELLED = (
-    f"slurmstepd-n1: error: *** STEP {JOB_ID}.0 ON n1 CANCELLED AT 2026-11-21T19:31:55 ***\n"
-)
+CANCELLED_AT = "2026-11-21T19:31:55"  # as slurmstepd writes it: the node's local time
+CANCELLED = f"slurmstepd-n1: error: *** STEP {JOB_ID}.0 ON n1 CANCELLED AT {CANCELLED_AT} ***"
+CANCEL_TIME = time.mktime(time.strptime(CANCELLED_AT, "%Y-%m-%dT%H:%M:%S"))
 
 
 def test_a_killed_task_leaves_its_node_out(tmp_path: Path) -> None:
@@ -107,18 +115,40 @@ def test_a_killed_task_leaves_its_node_out(tmp_path: Path) -> None:
 
 
 def test_a_task_slurm_killed_after_cancelling_its_step_blames_no_node(tmp_path: Path) -> None:
-    """Rank 0 waited in a collective on a frozen rank 1 when SLURM cancelled the step:
-    KILL after KillWait, and srun named it first. Its node is fine; rank 1's exit 76
-    (a lost peer) is what happened."""
+    """Rank 0 waited in a collective on a frozen rank 1 when SLURM cancelled the step
+    (seen in CI): KILL after KillWait, and srun named it first. Its heartbeat, written
+    2 s after the cancel, proves it was alive then; rank 1's exit 76 (a lost peer) is
+    what happened."""
     events, calls = _run_start(
         tmp_path,
         ["srun: error: n1: task 0: Killed", "srun: error: n3: task 1: Exited with exit code 76"],
         rc=137, partition=THREE_NODES, excluded="n2",
         task_logs={0: f"step 15/60\n{CANCELLED}\n", 1: "Connection closed by peer\n"},
+        heartbeats={0: CANCEL_TIME + 2.2, 1: CANCEL_TIME + 5.3},
     )  # fmt: skip
     assert events == ["restarting after failure (a lost rank, exit 137): "
                       "restart 1 of job.max_restarts=2"]  # fmt: skip
     assert calls == [f"scontrol requeuehold {JOB_ID}", f"scontrol release {JOB_ID}"]
+
+
+@pytest.mark.parametrize("written_after_cancel", [0.5, -1.5, None])
+def test_a_killed_first_task_of_its_node_is_blamed_though_its_log_says_cancelled(
+    tmp_path: Path, written_after_cancel: float | None
+) -> None:
+    """slurmstepd writes "CANCELLED" into the log of its node's first task, here the
+    task that was killed (and made srun cancel the step): its last heartbeat, in the
+    second of the cancel or before it (or none: not the runtime), proves nothing, so its
+    node is left out. n2's task 2 then died of the cancel, and is not blamed."""
+    heartbeats = {} if written_after_cancel is None else {0: CANCEL_TIME + written_after_cancel}
+    events, calls = _run_start(
+        tmp_path,
+        ["srun: error: n1: task 0: Killed", "srun: error: n2: task 2: Killed"],
+        rc=137, partition=THREE_NODES, task_logs={0: f"step 15/60\n{CANCELLED}\n"},
+        heartbeats={**heartbeats, 2: CANCEL_TIME + 4.0},
+    )  # fmt: skip
+    assert events == ["restarting after failure (n1: task 0: Killed, exit 137) without node n1: "
+                      "restart 1 of job.max_restarts=2"]  # fmt: skip
+    assert f"scontrol update JobId={JOB_ID} ExcNodeList=n1" in calls
 
 
 @pytest.mark.parametrize(
