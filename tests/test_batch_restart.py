@@ -7,14 +7,13 @@ too small to leave a node out) are set up exactly."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from stoker.launcher.render import render_sbatch
+from tests.faults.batch_shim import run_batch_script
 from tests.test_render import make_spec
 
 JOB_ID = "42"
@@ -60,13 +59,6 @@ def _run_start(
         ["job.max_restarts=2"], {"job.nodes": (2, "--nodes")},
         command=["python", "train.py"], run_dir=run_dir, workdir=tmp_path,
     )  # fmt: skip
-    script = tmp_path / "job.sh"
-    script.write_text(render_sbatch(spec).text)
-    shims = tmp_path / "bin"
-    shims.mkdir()
-    for name, text in {"srun": SRUN, "scontrol": SCONTROL, "sinfo": SINFO}.items():
-        (shims / name).write_text(text)
-        (shims / name).chmod(0o755)
     (run_dir / "logs" / "r0").mkdir(parents=True)
     for task, text in (task_logs or {}).items():
         (run_dir / "logs" / "r0" / f"rank-{task}.log").write_text(text)
@@ -79,18 +71,16 @@ def _run_start(
     (tmp_path / "partition").write_text("".join(f"{line}\n" for line in partition))
     calls = tmp_path / "calls"
     env = {
-        **os.environ,
-        "PATH": f"{shims}:{os.environ['PATH']}",
         "SRUN_LINES_FILE": str(tmp_path / "srun-lines"), "SRUN_RC": str(rc),
         "PARTITION_FILE": str(tmp_path / "partition"), "CALLS": str(calls),
         "JOB": JOB_ID, "NEED": str(need), "EXCLUDED": excluded, "NO_RESPOND": no_respond,
         "SLURMD_NODENAME": "n1",  # the batch script runs on the job's first node
         "SLURM_JOB_ID": JOB_ID, "SLURM_JOB_NODELIST": "n1,n3", "SLURM_NTASKS": "2",
     }  # fmt: skip
-    with open(run_dir / "logs" / "batch.log", "ab") as batch_log:
-        result = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, stdout=batch_log,
-                                stderr=batch_log, timeout=60, check=False)  # fmt: skip
-    assert result.returncode == 0, (run_dir / "logs" / "batch.log").read_text()
+    batch_log = run_dir / "logs" / "batch.log"
+    shims = {"srun": SRUN, "scontrol": SCONTROL, "sinfo": SINFO}
+    result = run_batch_script(render_sbatch(spec).text, tmp_path, env, shims, batch_log)
+    assert result.returncode == 0, batch_log.read_text()
     events = [line.split(" ", 1)[1] for line in (run_dir / "events").read_text().splitlines()]
     return events, calls.read_text().splitlines() if calls.exists() else []
 

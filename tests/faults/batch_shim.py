@@ -42,32 +42,41 @@ class ShimRun:
         return path.read_text().split("\0")[:-1] if path.exists() else []
 
 
-def run_batch_script(text: str, folder: Path, env: dict[str, str] | None = None) -> ShimRun:
+def run_batch_script(
+    text: str,
+    folder: Path,
+    env: dict[str, str] | None = None,
+    shims: dict[str, str] | None = None,
+    log: Path | None = None,
+) -> ShimRun:
     """Write `text` to `folder`/job.sh and run it with the shims first on PATH; the task
-    and the shims find their output folder in $SHIM_OUT."""
-    shims = folder / "shim-bin"
-    shims.mkdir(exist_ok=True)
-    for name, body in (("srun", _SRUN), ("scontrol", _SCONTROL), ("apptainer", _APPTAINER)):
-        (shims / name).write_text(body)
-        (shims / name).chmod(0o755)
+    and the shims find their output folder in $SHIM_OUT. `shims` replaces or adds shims
+    (name -> script). With `log`, the script's output is appended there, as sbatch's
+    --output does (the result's stdout and stderr are then empty)."""
+    bin_dir = folder / "shim-bin"
+    bin_dir.mkdir(exist_ok=True)
+    bodies = {"srun": _SRUN, "scontrol": _SCONTROL, "apptainer": _APPTAINER, **(shims or {})}
+    for name, body in bodies.items():
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
     out = folder / "shim-out"
     out.mkdir(exist_ok=True)
     script = folder / "job.sh"
     script.write_text(text)
-    result = subprocess.run(
-        ["bash", str(script)],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={
-            **os.environ,
-            "PATH": f"{shims}:{os.environ['PATH']}",
-            "SHIM_OUT": str(out),
-            "SLURM_JOB_ID": "42",
-            "SLURM_JOB_NODELIST": "n1",
-            "SLURM_NTASKS": "1",
-            **(env or {}),
-        },
-    )
-    return ShimRun(result.returncode, result.stdout, result.stderr, out)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SHIM_OUT": str(out),
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NODELIST": "n1",
+        "SLURM_NTASKS": "1",
+        **(env or {}),
+    }
+    if log is None:
+        result = subprocess.run(["bash", str(script)], cwd=folder, capture_output=True,
+                                text=True, timeout=30, env=env)  # fmt: skip
+        return ShimRun(result.returncode, result.stdout, result.stderr, out)
+    with open(log, "ab") as output:
+        code = subprocess.run(["bash", str(script)], cwd=folder, stdout=output,
+                              stderr=output, timeout=30, env=env).returncode  # fmt: skip
+    return ShimRun(code, "", "", out)
