@@ -299,13 +299,12 @@ class RunLogger:
             for name, value in HTTP_DEFAULTS.items():
                 os.environ.setdefault(name, value)
         try:
-            from mlflow.tracking import MlflowClient
+            import mlflow.tracking  # noqa: F401  (the client is made in _connect)
         except ImportError as exc:
             raise StokerError(
                 f"cannot import mlflow to log into {self.tracking_uri}: {exc}",
                 fix="install it in the job's environment: pip install 'mlflow>=3.5'",
             ) from exc
-        self._client = MlflowClient(tracking_uri=self.tracking_uri)
         self._connect(at_start=True)
         self._thread = threading.Thread(target=self._run, name="stoker-run-logger", daemon=True)
         self._thread.start()
@@ -534,6 +533,12 @@ class RunLogger:
         """Learn the run's state, mark it RUNNING, replay the spool; on a failure that
         may pass, note the outage (at start, a missing run raises StokerError)."""
         try:
+            if self._client is None:
+                # A sqlite store is opened (and its schema checked) here: a process that
+                # holds its lock (a rank frozen mid-write) makes this an outage too.
+                from mlflow.tracking import MlflowClient
+
+                self._client = MlflowClient(tracking_uri=self.tracking_uri)
             run = self._client.get_run(self.run_id)
             if run.info.lifecycle_stage == "deleted":
                 raise StokerError(

@@ -323,3 +323,49 @@ def test_system_sampler_reads_the_visible_gpus_through_nvml(
         "gpu2/power_w": 100.009,
     }
     assert {"system/n1/cpu_percent", "system/n1/memory_gb"} <= set(values)
+
+
+LOCKED_START = """
+import sys, pathlib
+from stoker.runtime.run_logger import RunLogger
+uri, run_id, folder = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3])
+logger = RunLogger(uri, run_id, folder / "spool.jsonl", flush_interval_s=0.1, retry_max_s=1)
+logger.start()  # the store is locked: an outage, not an exception
+for step in range(5):
+    logger.log_metrics({"loss": 1.0 / (step + 1)}, step)
+(folder / "started").touch()
+logger.close("FINISHED", timeout_s=60)
+"""
+
+
+def test_a_sqlite_store_locked_at_start_is_an_outage_not_a_crash(
+    server: RestartableServer, tmp_path: Path
+) -> None:
+    """A rank frozen while writing holds the sqlite store's lock; the next start's
+    ranks open the store while it is held. Seen in CI: they died of "database is
+    locked" while making the MLflow client, and the restart failed for good."""
+    import sqlite3
+
+    from mlflow.tracking import MlflowClient
+
+    uri = server.db_uri
+    run_id = ensure_run(uri, "local", "locked", {}, {})
+    holder = sqlite3.connect(uri.removeprefix("sqlite:///"), isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # a fresh process cannot even read the schema
+    child = subprocess.Popen([sys.executable, "-c", LOCKED_START, uri, run_id, str(tmp_path)],
+                             cwd=REPO, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while not (tmp_path / "started").exists() and child.poll() is None:
+            assert time.monotonic() < deadline, "start() did not return while the store was locked"
+            time.sleep(0.2)
+        assert (tmp_path / "started").exists(), child.communicate()[1]
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 0, err
+    assert "does not answer" in err and "database is locked" in err, err
+    client = MlflowClient(tracking_uri=uri)
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert_each_step_once(client, run_id, ["loss"], range(5))
