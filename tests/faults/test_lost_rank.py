@@ -29,7 +29,7 @@ from tests.faults.training_jobs import (
     resumed_step,
     starts,
 )
-from tests.launcher_jobs import JOBS, submit_json, wait_final, wait_for
+from tests.launcher_jobs import JOBS, scontrol_job, submit_json, wait_final, wait_for
 
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
@@ -181,3 +181,37 @@ def test_program_errors_and_failures_beyond_max_restarts_are_left_failed(
     assert wait_final(error["job_id"], 60) == "FAILED"
     error_dir = Path(error["run_dir"])
     assert len(starts(error_dir)) == 1 and not (error_dir / "events").exists()
+
+
+def test_a_node_is_not_left_out_when_the_job_would_no_longer_fit(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
+    """A job on every node of its partition: leaving the failed node out would keep it
+    pending for good, so it starts again on all of them (seen in CI as a job pending
+    after two restarts had left two of three nodes out)."""
+    listing = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %P"], capture_output=True,
+                             text=True, check=True).stdout  # fmt: skip
+    nodes = sorted({line.split()[0] for line in listing.splitlines() if line.endswith("*")})
+    state = tmp_path / "steps.txt"
+    job = submit_json(
+        "job.max_restarts=1", "--nodes", str(len(nodes)), "--ntasks-per-node", "1", "--time", "5",
+        "--", "bash", "-c", f'echo "$$ $SLURMD_NODENAME" > {tmp_path}/rank-$RANK; '
+        f"exec python3 {JOBS / 'count_steps.py'} {state} 40 0.2", cwd=tmp_path,
+    )  # fmt: skip
+    last = len(nodes) - 1
+    wait_for(lambda: state.exists() and len(state.read_text().split()) >= 2, 60, "2 steps")
+    pid, node = (tmp_path / f"rank-{last}").read_text().split()
+    kill_task(job["job_id"], node, int(pid))
+    assert wait_final(job["job_id"], 240, Path(job["run_dir"])) == "COMPLETED"
+    run_dir = Path(job["run_dir"])
+    events = [line.split(" ", 1)[1] for line in (run_dir / "events").read_text().splitlines()]
+    assert events[0] == (
+        f"not excluding node {node}: {last} usable node(s) would be left in partition "
+        f"{scontrol_job(job['job_id'])['Partition']} for a {len(nodes)}-node job"
+    ), events
+    # srun's own status: 137, or 143 when it reports a terminated task's.
+    restart = rf"restarting after failure \({node}: task {last}: Killed, exit (137|143)\): "
+    assert re.fullmatch(restart + r"restart 1 of job\.max_restarts=1", events[1]), events
+    assert len(events) == 2, events
+    assert [hostnames(nodelist) for _, _, nodelist in starts(run_dir)] == [set(nodes)] * 2
+    assert scontrol_job(job["job_id"]).get("ExcNodeList") in ("(null)", None)
