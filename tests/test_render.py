@@ -12,7 +12,7 @@ import pytest
 
 from stoker.config import resolve_config
 from stoker.errors import StokerError
-from stoker.launcher.protocol import TRAIN_MODULE
+from stoker.protocol import TRAIN_MODULE
 from stoker.launcher.render import Shell, render_sbatch
 from stoker.launcher.spec import LaunchSpec
 

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from stoker.protocol import STRAGGLER_RATIO
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -63,7 +65,7 @@ def status(
 
     One refresh asks SLURM once (one squeue and one sacct call for all jobs);
     jobs already seen to end are answered from the ledger. STRAGGLER names a rank
-    whose own time per step (data wait + forward compute) was over 1.2x the median
+    whose own time per step (data wait + forward compute) was over {ratio}x the median
     rank's in the last log window: r3@node7 1.45x data (its loader) or compute
     (its GPU or node).
 
@@ -108,6 +110,10 @@ def status(
         out().print(_rich_table(rows))
     else:
         _print_plain(rows)
+
+
+# The help quotes the ratio the flag uses (stoker/protocol.py: no heavy imports).
+status.__doc__ = (status.__doc__ or "").replace("{ratio}", str(STRAGGLER_RATIO))
 
 
 def _watch(refresh: Callable[[], list[JobStatus]], interval: float) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from stoker.atomic_write import write_text_atomic
 from stoker.errors import StokerError
 from stoker.launcher.ledger import Ledger
-from stoker.launcher.protocol import (
+from stoker.protocol import (
     ENV_CONFIG,
     ENV_JOB_ID,
     ENV_PROGRESS_FILE,

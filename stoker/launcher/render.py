@@ -19,7 +19,7 @@ from typing import Any
 
 from stoker import __version__
 from stoker.errors import StokerError
-from stoker.launcher.protocol import EXIT_PEER_LOST, EXIT_REQUEUE, runs_the_runtime
+from stoker.protocol import EXIT_PEER_LOST, EXIT_REQUEUE, runs_the_runtime
 from stoker.launcher.spec import LaunchSpec
 from stoker.redact import one_line
 

@@ -91,7 +91,7 @@ def run_here(
         use_profile=use_profile,
     )
     if resolved.config.data.url is None:
-        from stoker.runtime.synthetic_data import ensure_synthetic_data
+        from stoker.data.synthetic import ensure_synthetic_data
 
         ensure_synthetic_data(resolved.config.data, progress=say)
     submitted = submit(resolved, SubmitOptions(local=True))

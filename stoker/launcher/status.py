@@ -69,6 +69,7 @@ from typing import Any
 from stoker.errors import StokerError
 from stoker.launcher.ledger import JobRecord, Ledger
 from stoker.launcher.rundir import RunDir
+from stoker.protocol import STRAGGLER_RATIO
 from stoker.launcher.slurm_cli import SlurmError
 from stoker.launcher.slurm_query import (
     TERMINAL_STATES,
@@ -81,9 +82,6 @@ from stoker.launcher.slurm_query import (
 
 # Jobs that ended this long ago still show without --all.
 RECENT_S = 24 * 3600
-# A rank that takes more than this times the median rank's time to get ready for the
-# step's all-reduce is a straggler: every rank waits for it, every step.
-STRAGGLER_RATIO = 1.2
 # A sacct row submitted this long before the ledger recorded the job belongs to an
 # older job with the same id (job ids restart when slurmctld loses its state).
 _CLOCK_SLACK_S = 120.0

@@ -25,7 +25,7 @@ from stoker.atomic_write import write_text_atomic
 from stoker.config import ResolvedConfig, freeze_config
 from stoker.errors import StokerError
 from stoker.launcher.ledger import JobRecord, Ledger
-from stoker.launcher.protocol import TRAIN_MODULE
+from stoker.protocol import TRAIN_MODULE
 from stoker.launcher.render import RenderedScript, Shell, render_sbatch
 from stoker.launcher.rundir import RunDir, new_run_dir, runs_root
 from stoker.launcher.slurm_cli import run_slurm

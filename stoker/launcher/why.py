@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.launcher.logs import split_batch_by_restart
-from stoker.launcher.protocol import HANG_FILE, HEARTBEAT_DIR, STACK_HEADER
+from stoker.protocol import HANG_FILE, HEARTBEAT_DIR, STACK_HEADER
 from stoker.launcher.rundir import RunDir
 from stoker.launcher.slurm_query import normalise_state, parse_elapsed
 from stoker.launcher.status import Target, read_local_state

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stoker.launcher.protocol import EXIT_HANG, HANG_FILE, HEARTBEAT_DIR, STACK_HEADER
+from stoker.protocol import EXIT_HANG, HANG_FILE, HEARTBEAT_DIR, STACK_HEADER
 
 COLLECTIVE_PHASE = "sync"
 """The phase where a rank waits for every other: not where a hang starts."""

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stoker.atomic_write import write_text_atomic
-from stoker.launcher.protocol import ENV_PROGRESS_FILE
-from stoker.launcher.status import STRAGGLER_RATIO
+from stoker.protocol import ENV_PROGRESS_FILE, STRAGGLER_RATIO
 
 if TYPE_CHECKING:
     from stoker.runtime.stragglers import Slowest

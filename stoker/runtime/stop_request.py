@@ -1,5 +1,5 @@
 """When to stop early, and why: the launcher's stop protocol
-(stoker/launcher/protocol.py) and termination.
+(stoker/protocol.py) and termination.
 
 A stop is requested by the stop file appearing (the batch script creates it
 when SLURM signals the time limit or a preemption) or by SIGUSR2 sent to the
@@ -18,7 +18,7 @@ import signal
 from pathlib import Path
 from types import FrameType
 
-from stoker.launcher.protocol import ENV_STOP_FILE
+from stoker.protocol import ENV_STOP_FILE
 
 
 class StopRequest:

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from stoker.config import load_frozen
-    from stoker.launcher.protocol import ENV_RESTART, ENV_RUN_DIR, EXIT_HANG, EXIT_PEER_LOST
+    from stoker.protocol import ENV_RESTART, ENV_RUN_DIR, EXIT_HANG, EXIT_PEER_LOST
     from stoker.runtime import dist_env
     from stoker.runtime.heartbeat import hang_reported
     from stoker.runtime.tracking_setup import open_tracking

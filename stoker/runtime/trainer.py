@@ -33,7 +33,7 @@ from stoker.checkpoint.checkpointer import Checkpointer, SaveRecord, save_metric
 from stoker.checkpoint.train_state import TrainState
 from stoker.config import ExperimentConfig, config_hash
 from stoker.errors import StokerError
-from stoker.launcher.protocol import ENV_RESTART, EXIT_REQUEUE
+from stoker.protocol import ENV_RESTART, EXIT_REQUEUE
 from stoker.runtime.dist_env import DistEnv
 from stoker.runtime.heartbeat import COLLECTIVE_PHASE, Heartbeat
 from stoker.runtime.optim import build_optimizer, build_scheduler
@@ -139,7 +139,7 @@ class Trainer:
         torch.manual_seed(cfg.train.seed * 100_003 + self.env.rank)
         url = cfg.data.url
         if url is None:
-            from stoker.runtime.synthetic_data import ensure_synthetic_data
+            from stoker.data.synthetic import ensure_synthetic_data
 
             say = print if self.env.is_main else None
             url = str(ensure_synthetic_data(cfg.data, progress=say))
@@ -209,7 +209,7 @@ class Trainer:
                     "train.eval_every is set but data.eval_url is null: no held-out data set",
                     fix="set data.eval_url to a held-out data set, or train.eval_every=0",
                 )
-            from stoker.runtime.synthetic_data import ensure_synthetic_data
+            from stoker.data.synthetic import ensure_synthetic_data
 
             say = print if self.env.is_main else None
             url = str(ensure_synthetic_data(self.cfg.data, say, split="eval"))

@@ -31,7 +31,7 @@ import yaml
 from stoker.checkpoint import commit as ck
 from stoker.config import ExperimentConfig, resolve_config
 from stoker.data.synth import synth_dataset
-from stoker.launcher.protocol import EXIT_REQUEUE
+from stoker.protocol import EXIT_REQUEUE
 from stoker.runtime.dist_env import detect
 from stoker.runtime.trainer import Trainer
 from tests.clirun import stoker

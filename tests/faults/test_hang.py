@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from stoker.launcher.protocol import EXIT_HANG, STACK_HEADER
+from stoker.protocol import EXIT_HANG, STACK_HEADER
 from stoker.runtime.heartbeat import PY_SPY_HEADER, Beat, find_stall
 from tests.clirun import stoker
 from tests.faults.training_jobs import TWO_NODES, hostnames, starts, synth_experiment

@@ -15,7 +15,7 @@ import yaml
 from stoker.config import ExperimentConfig, resolve_config
 from stoker.data.synth import synth_dataset
 from stoker.errors import StokerError
-from stoker.launcher.protocol import EXIT_REQUEUE
+from stoker.protocol import EXIT_REQUEUE
 from stoker.runtime.dist_env import detect
 from stoker.runtime.trainer import Trainer
 

@@ -1,8 +1,8 @@
-"""The contract between the sbatch script and the processes it starts.
+"""The contract between the batch script, the launcher and the tasks it starts.
 
-The runtime ([5/7]) and any user command learn about the job only through
-these environment variables and files; nothing here imports SLURM knowledge
-into them.
+Both sides import this module: the launcher (templates, `status`, `why`) and the
+runtime, which learns about the job only through these environment variables,
+exit codes and files. Nothing here imports SLURM knowledge into the tasks.
 """
 
 from __future__ import annotations
@@ -50,3 +50,9 @@ HEARTBEAT_DIR = "heartbeat"
 HANG_FILE = "hang.json"
 STACK_HEADER = "stoker: Python stacks of rank"
 EXIT_HANG = 124  # as timeout(1) exits
+
+# progress.json (ENV_PROGRESS_FILE) carries the last log window's slowest rank; a rank
+# that takes more than this times the median rank's time to get ready for the step's
+# all-reduce is a straggler: every rank waits for it, every step. The runtime's console
+# line and `stoker status` flag it.
+STRAGGLER_RATIO = 1.2
