@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.machine import machine_info
 from stoker.launcher import slurm_cli
 from stoker.launcher.ledger import JobRecord, Ledger
-from stoker.launcher.status import collect_status, select_jobs
+from stoker.launcher.status import collect_status
+from stoker.launcher.targets import select_jobs
 
 TARGET_S = 0.5
 STOKER = str(Path(sys.executable).with_name("stoker"))
@@ -93,7 +94,7 @@ def make_ledger(path: Path, job_ids: list[str], runs: Path, submitted_at: float)
                 cluster="bench",
                 name=f"bench{i}",
                 run_dir=str(run_dir),
-                config_hash="0",
+                config_digest="0",
                 template="default",
                 submitted_at=submitted_at,
             )

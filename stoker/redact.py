@@ -10,7 +10,7 @@ A secret is:
   with them);
 - the password of a URL, `https://user:PASSWORD@host`.
 
-The config refuses them (stoker/config.py): a value written there would be copied into
+The config refuses them (stoker/config/unsafe_values.py): a value written there would be copied into
 the frozen config, the job script, the MLflow params and the console. `job.pass_env`
 hands a variable from the submitting environment to the job by name instead.
 """
@@ -82,7 +82,7 @@ def redact_mapping(mapping: Mapping[str, Any]) -> dict[str, Any]:
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def one_line(text: str) -> str:
+def printable_line(text: str) -> str:
     """`text` on one printable line, for a message, a comment or `--explain`: control
     characters as escapes (`\\n`), bytes that are not UTF-8 as `\\udcff`."""
     text = _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)

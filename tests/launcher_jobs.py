@@ -85,7 +85,7 @@ def local_job(ledger: Ledger, tmp_path: Path, job_id: str, state: dict[str, Any]
             cluster=os.uname().nodename,
             name=job_id,
             run_dir=str(run_dir),
-            config_hash="0",
+            config_digest="0",
             template="default",
         )
     )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,9 +15,10 @@ from stoker.config import (
     Source,
     load_frozen,
     resolve_config,
+    state_hash,
     write_frozen,
 )
-from stoker.config_keys import field_at, leaf_paths
+from stoker.config.keys import field_at, leaf_paths
 from stoker.errors import StokerError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -246,7 +250,7 @@ def test_every_key_has_a_one_line_description() -> None:
         assert "\n" not in info.description, f"{'.'.join(path)}: description spans lines"
 
 
-def test_keys_later_issues_rely_on_exist() -> None:
+def test_keys_the_launcher_and_runtime_read_exist() -> None:
     for key in (
         "train.steps",
         "checkpoint.every",
@@ -278,3 +282,33 @@ def test_stoker_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, isolated_h
     assert stoker_home() == isolated_home / ".stoker"
     monkeypatch.setenv("STOKER_HOME", str(tmp_path / "state"))
     assert stoker_home() == tmp_path / "state"
+
+
+def test_state_hash_covers_only_what_a_checkpoint_holds() -> None:
+    base = state_hash(resolve_config().config)
+    assert len(base) == 16 and int(base, 16) >= 0
+    # Resources, tracking and checkpoint placement may change between a save and a resume.
+    for other in ("job.nodes=4", "tracking.experiment=x", "checkpoint.every=7"):
+        assert state_hash(resolve_config(overrides=[other]).config) == base, other
+    for other in ("train.seed=1", "optim.lr=1e-3", "data.fps=4", "model.size=small"):
+        assert state_hash(resolve_config(overrides=[other]).config) != base, other
+
+
+def test_package_names_resolve_to_their_home_module() -> None:
+    import stoker.config as package
+
+    for name in package.__all__:
+        home = importlib.import_module(f"stoker.config.{package._HOME[name]}")
+        assert getattr(package, name) is getattr(home, name), name
+    assert sorted(package.__all__) == sorted(package._HOME)
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _ = package.no_such_name
+
+
+def test_importing_the_package_is_light() -> None:
+    # Login-node code imports stoker.config submodules; the package itself costs nothing.
+    code = "import sys, stoker.config; print(sorted({'pydantic', 'yaml'} & set(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "[]"

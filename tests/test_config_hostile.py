@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stoker.config import ExperimentConfig, resolve_config
-from stoker.config_keys import dotted, leaf_paths
+from stoker.config.keys import dotted, leaf_paths
 from stoker.errors import StokerError
 
 # Plus entries of the free mappings, where a scalar and a mapping can collide.

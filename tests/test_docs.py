@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from stoker.config_render import render_config_reference
+from stoker.config.render import render_config_reference
 from tests.clirun import stoker
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from stoker.launcher.doctor import (
     summarize_gpus,
 )
 from stoker.launcher.slurm_cli import CALLS
-from stoker.launcher.tracking import TrackingTarget, resolve_tracking_uri
+from stoker.tracking.store import TrackingTarget, resolve_tracking_uri
 from tests.clirun import STOKER, stoker, stoker_in_tty
 from tests.cluster.localslurm import ClusterSettings
 from tests.mlflow_server import Server, free_port

@@ -46,3 +46,15 @@ def test_restarts_never_go_down_and_final_state_can_be_reopened(tmp_path: Path) 
 def test_local_ids_are_reserved_once(tmp_path: Path) -> None:
     ledger = Ledger(tmp_path / "l.sqlite")
     assert [ledger.reserve_local_id() for _ in range(3)] == ["local-1", "local-2", "local-3"]
+
+
+def test_the_config_digest_keeps_its_column_name(tmp_path: Path) -> None:
+    """`JobRecord.config_digest` is stored in the column `config_hash`, as ledgers
+    written before the field's rename have it."""
+    import sqlite3
+
+    path = tmp_path / "l.sqlite"
+    Ledger(path).add(JobRecord("7", "slurm", "c", "n", "/r", "ab" * 32, "default"))
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT config_hash FROM jobs").fetchone() == ("ab" * 32,)
+    assert Ledger(path).require("7").config_digest == "ab" * 32

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from stoker.launcher.ledger import Ledger
+from stoker.launcher.local_state import LocalState, read_local_state
 from stoker.launcher.rundir import RunDir
-from stoker.launcher.status import LocalState, read_local_state
 from tests.clirun import stoker
 from tests.launcher_jobs import JOBS, submit_json, wait_for
 

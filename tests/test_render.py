@@ -12,9 +12,9 @@ import pytest
 
 from stoker.config import resolve_config
 from stoker.errors import StokerError
-from stoker.protocol import TRAIN_MODULE
 from stoker.launcher.render import Shell, render_sbatch
 from stoker.launcher.spec import LaunchSpec
+from stoker.protocol import TRAIN_MODULE
 
 GOLDEN = Path(__file__).parent / "golden" / "default.sbatch"
 REFRESH = "STOKER_UPDATE_GOLDEN"
@@ -280,7 +280,7 @@ def test_sweep_script_gives_each_array_task_its_own_run() -> None:
     ],
 )
 def test_time_limit_forms(text: str, seconds: int | None) -> None:
-    from stoker.launcher.submit import time_limit_seconds
+    from stoker.launcher.launch_checks import time_limit_seconds
 
     assert time_limit_seconds(text) == seconds
 

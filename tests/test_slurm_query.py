@@ -16,6 +16,7 @@ from stoker.launcher.slurm_query import (
     normalise_state,
     parse_elapsed,
     parse_sacct,
+    parse_show_config,
     parse_squeue,
 )
 
@@ -177,3 +178,20 @@ def test_expand_job_id(job_id: str, expanded: list[str]) -> None:
 )
 def test_count_hosts(node_list: str, count: int) -> None:
     assert count_hosts(node_list) == count
+
+
+def test_show_config_keys_and_values() -> None:
+    text = (
+        "Configuration data as of 2026-11-21T06:00:00\n"
+        "AccountingStorageType   = accounting_storage/slurmdbd\n"
+        "ClusterName             = stoker\n"
+        "PlugStackConfig         = (null)\n"
+        "SlurmctldParameters     = enable_configless,idle_on_node_suspend\n"
+        "\n"
+        "Cgroup Support Configuration:\n"
+    )
+    config = parse_show_config(text)
+    assert config["AccountingStorageType"] == "accounting_storage/slurmdbd"
+    assert config["ClusterName"] == "stoker" and config["PlugStackConfig"] == "(null)"
+    assert config["SlurmctldParameters"] == "enable_configless,idle_on_node_suspend"
+    assert len(config) == 4

@@ -26,7 +26,15 @@ import pytest
 
 from stoker.launcher import slurm_cli
 from stoker.launcher.ledger import JobRecord, Ledger
-from stoker.launcher.status import collect_status, select_jobs
+from stoker.launcher.local_state import (
+    pid_exists,
+    process_alive,
+    read_local_state,
+    write_local_state,
+)
+from stoker.launcher.rundir import RunDir
+from stoker.launcher.status import collect_status
+from stoker.launcher.targets import select_jobs
 from tests.clirun import STOKER, stoker, stoker_in_tty
 from tests.launcher_jobs import local_job
 
@@ -149,7 +157,7 @@ def _ledger(jobs: Jobs, tmp_path: Path, roles: list[str] | None = None) -> Ledge
                 cluster="stoker",
                 name=f"st-{role}",
                 run_dir=str(run_dir),
-                config_hash="0" * 8,
+                config_digest="0" * 8,
                 template="default",
                 submitted_at=jobs.submitted_at,
                 array_size=2 if role == "array" else None,
@@ -269,7 +277,7 @@ def test_without_accounting_falls_back_to_squeue_with_a_note(jobs: Jobs, tmp_pat
             cluster="stoker",
             name="gone",
             run_dir=str(tmp_path / "runs" / "gone"),
-            config_hash="0",
+            config_digest="0",
             template="default",
         )
     )
@@ -384,7 +392,7 @@ def test_default_shows_recent_jobs_and_all_shows_old_ones(tmp_path: Path) -> Non
                 cluster="stoker",
                 name=f"old-{job_id}",
                 run_dir=str(tmp_path / job_id),
-                config_hash="0",
+                config_digest="0",
                 template="default",
                 submitted_at=time.time() - age_days * 86400,
                 final_state=final,
@@ -402,6 +410,25 @@ def test_default_shows_recent_jobs_and_all_shows_old_ones(tmp_path: Path) -> Non
     assert [t.job_id for t in select_jobs(ledger)] == ["12", "11"]
     result = stoker("status", "--json", check=True)
     assert [row["job_id"] for row in json.loads(result.stdout)] == ["12", "11"]
+
+
+def test_local_state_file_round_trip_and_process_checks(tmp_path: Path) -> None:
+    run = RunDir(tmp_path)
+    assert read_local_state(run) is None
+    state = {"state": "failed", "exit_code": 1, "supervisor_pid": os.getpid(),
+             "started": 10.5, "ended": None, "ranks": {"0": 0, "1": 7, "x": 3}}  # fmt: skip
+    write_local_state(run, state)
+    local = read_local_state(run)
+    assert local is not None and (local.state, local.exit_code) == ("FAILED", 1)
+    assert (local.started, local.ended, local.ranks) == (10.5, None, {0: 0, 1: 7})
+    run.local_state.write_text("[1, 2]")  # not an object: as if caught mid-write
+    assert read_local_state(run) is None
+    assert pid_exists(os.getpid()) and process_alive(os.getpid(), None)
+    # This process started long after epoch 10.5: its pid is not that supervisor's.
+    assert not process_alive(os.getpid(), 10.5) or not Path("/proc/stat").exists()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert not pid_exists(gone.pid) and not process_alive(gone.pid, None)
 
 
 def test_local_jobs_read_the_supervisor_state_without_slurm(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The login-node side of MLflow (stoker/launcher/tracking.py), against real stores: a
+"""Runs made at submit (stoker/tracking/runs.py, store.py), against real stores: a
 sqlite file in tmp_path and a real `mlflow server` over HTTP, started once per module."""
 
 from __future__ import annotations
@@ -18,15 +18,14 @@ from typing import Any
 import pytest
 
 from stoker.errors import StokerError
-from stoker.launcher.tracking import (
-    MAX_PARAM_VALUE,
+from stoker.tracking.limits import MAX_PARAM_VALUE
+from stoker.tracking.runs import (
     ChildSpec,
-    TrackingTarget,
     mark_run_failed_to_submit,
     precreate_run,
     precreate_sweep,
-    resolve_tracking_uri,
 )
+from stoker.tracking.store import TrackingTarget, resolve_tracking_uri
 from tests.mlflow_server import Server, free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -367,7 +366,8 @@ CONCURRENT_SUBMIT = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from stoker.launcher.tracking import precreate_run, resolve_tracking_uri
+    from stoker.tracking.runs import precreate_run
+    from stoker.tracking.store import resolve_tracking_uri
 
     import mlflow.tracking  # paid before the start line, so the processes overlap
     Path(sys.argv[2] + "." + sys.argv[3]).touch()  # ready
@@ -440,10 +440,13 @@ def test_a_sqlite_store_can_be_served_as_its_link_says(mlflow_server: Server) ->
     assert served.data.params == {"optim.lr": "0.001"}
 
 
-def test_importing_the_module_does_not_import_mlflow() -> None:
+def test_importing_the_tracking_package_does_not_import_mlflow() -> None:
+    """Launcher modules import stoker.tracking on login nodes: every module of it is light."""
     code = (
-        "import sys, stoker.launcher.tracking\n"
-        "heavy = ('mlflow', 'sqlalchemy', 'requests')\n"
+        "import importlib, pkgutil, sys, stoker.tracking\n"
+        "for m in pkgutil.iter_modules(stoker.tracking.__path__):\n"
+        "    importlib.import_module('stoker.tracking.' + m.name)\n"
+        "heavy = ('mlflow', 'sqlalchemy', 'requests', 'torch')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
     )
     result = subprocess.run(

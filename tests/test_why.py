@@ -22,7 +22,13 @@ import pytest
 
 from stoker.launcher import slurm_cli
 from stoker.launcher.ledger import Ledger
-from stoker.launcher.logs import resolve_job
+from stoker.launcher.slurm_query import (
+    ScontrolJob,
+    parse_mem,
+    parse_sacct_steps,
+    parse_scontrol_job,
+)
+from stoker.launcher.targets import resolve_job
 from stoker.launcher.why import (
     SIGNATURES,
     JobFacts,
@@ -34,9 +40,6 @@ from stoker.launcher.why import (
     gather_facts,
     judge,
     last_traceback,
-    parse_mem,
-    parse_sacct_rows,
-    parse_scontrol_job,
     parse_task_failures,
 )
 from tests.clirun import stoker
@@ -224,14 +227,14 @@ def test_signature_table_order_decides() -> None:
 
 
 def test_sacct_and_scontrol_parsers() -> None:
-    rows = parse_sacct_rows(OVERMEM_SACCT)
+    rows = parse_sacct_steps(OVERMEM_SACCT)
     assert [r.step_id for r in rows] == ["6", "6.batch", "6.0"]
     job, _, step = rows
     assert job.is_job and job.state == "FAILED" and job.req_mem == 200 * 2**20
     assert job.time_limit_s == 60 and job.elapsed_s == 1 and job.node_list == "n1"
     assert step.state == "CANCELLED" and step.cancelled_by == 0 and step.signal == 9
     assert step.max_rss == 423016 * 1024 and step.ntasks == 2 and step.nnodes == 1
-    timeout = parse_sacct_rows(TIMEOUT_SACCT)[0]
+    timeout = parse_sacct_steps(TIMEOUT_SACCT)[0]
     assert timeout.state == "TIMEOUT" and timeout.elapsed_s == 79 and timeout.max_rss is None
     assert parse_mem("1.5G") == int(1.5 * 2**30) and parse_mem("4000Mn") == 4000 * 2**20
     assert parse_mem("") is None
@@ -239,6 +242,13 @@ def test_sacct_and_scontrol_parsers() -> None:
     assert fields["JobState"] == "PENDING" and fields["Reason"] == "BeginTime"
     assert fields["Restarts"] == "1" and fields["Command"] == "/home/a b/job.sbatch"
     assert fields["NodeList"] == ""
+    live = ScontrolJob.from_fields(fields)
+    assert live.state == "PENDING" and live.reason == "BeginTime" and live.restarts == 1
+    assert live.exit_code == 0 and live.signal is None and live.node_list is None
+    assert live.time_limit_s == 300 and live.elapsed_s == 0 and live.end is None
+    assert live.min_mem == 64 * 2**30 and live.min_mem_text == "64G"
+    bare = ScontrolJob.from_fields({"JobId": "601"})
+    assert bare.state is None and bare.reason is None and bare.min_mem is None
 
 
 def recorded_timeout(*, hung: bool) -> JobFacts:
@@ -280,7 +290,7 @@ def test_time_limit_with_and_without_a_hung_rank() -> None:
 
 
 def test_memory_kill_by_slurm_names_used_and_allowed() -> None:
-    rows = parse_sacct_rows(OVERMEM_SACCT)
+    rows = parse_sacct_steps(OVERMEM_SACCT)
     facts = JobFacts(
         job_id="6",
         state="FAILED",

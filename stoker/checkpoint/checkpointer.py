@@ -106,7 +106,7 @@ class Checkpointer:
         keep_last: int = 3,
         keep_every: int | None = None,
         mesh: dict[str, Any] | None = None,
-        config_hash: str | None = None,
+        state_hash: str | None = None,
         fs_options: dict[str, Any] | None = None,
         full_verify_on_load: bool = False,
         on_commit: Callable[[SaveRecord], None] | None = None,
@@ -116,7 +116,7 @@ class Checkpointer:
         self.is_coordinator = rank == 0
         self.async_save = async_save
         self.keep_last, self.keep_every = keep_last, keep_every
-        self.mesh, self.config_hash = mesh, config_hash
+        self.mesh, self.state_hash = mesh, state_hash
         self.fs_options = fs_options
         self.full_verify_on_load = full_verify_on_load
         self.on_commit = on_commit
@@ -268,7 +268,7 @@ class Checkpointer:
                 step=step,
                 world_size=self.world_size,
                 mesh=self.mesh,
-                config_hash=self.config_hash,
+                state_hash=self.state_hash,
                 known=known,
                 fs_options=self.fs_options,
             )

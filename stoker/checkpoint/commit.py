@@ -43,7 +43,9 @@ class Commit:
     step: int
     world_size: int
     mesh: dict[str, Any] | None
-    config_hash: str | None
+    state_hash: str | None
+    """stoker.config.state_hash of the experiment that saved it (COMMIT.json key
+    `config_hash`, kept for the checkpoints already written)."""
     torch_version: str
     format_version: int
     created: str
@@ -58,6 +60,7 @@ class Commit:
     def to_json(self) -> str:
         data = asdict(self)
         data["files"] = [asdict(f) for f in self.files]
+        data["config_hash"] = data.pop("state_hash")
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
 
@@ -147,7 +150,7 @@ def write_commit(
     step: int,
     world_size: int,
     mesh: dict[str, Any] | None = None,
-    config_hash: str | None = None,
+    state_hash: str | None = None,
     extra: dict[str, Any] | None = None,
     known: dict[str, tuple[int, str]] | None = None,
     fs_options: dict[str, Any] | None = None,
@@ -180,7 +183,7 @@ def write_commit(
         step=step,
         world_size=world_size,
         mesh=mesh,
-        config_hash=config_hash,
+        state_hash=state_hash,
         torch_version=_torch_version(),
         format_version=FORMAT_VERSION,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -233,7 +236,7 @@ def _parse(raw: bytes, where: str) -> Commit:
             step=int(data["step"]),
             world_size=int(data["world_size"]),
             mesh=data.get("mesh"),
-            config_hash=data.get("config_hash"),
+            state_hash=data.get("config_hash"),
             torch_version=str(data["torch_version"]),
             format_version=version,
             created=str(data["created"]),

@@ -121,8 +121,8 @@ def export_weights(
         "step": str(commit.step),
         "stoker_format": str(commit.format_version),
     }
-    if commit.config_hash:
-        metadata["config_hash"] = commit.config_hash
+    if commit.state_hash:
+        metadata["config_hash"] = commit.state_hash
     _write(tensors, out_fs, out_path, fmt, metadata)
     return ExportResult(
         step=commit.step,

@@ -75,6 +75,7 @@ def kernels(
     from stoker.cli.bench_device import parse_device
     from stoker.cli.output import out as console
     from stoker.cli.output import print_json
+    from stoker.kernels import KernelBackendError
     from stoker.kernels.bench import cases, run
 
     chosen = list(cases.CASES) if names == "all" else _names(names)
@@ -94,6 +95,8 @@ def kernels(
             reps=reps,
             progress=progress,
         )
+    except KernelBackendError as exc:
+        raise StokerError(exc.message, fix=exc.fix) from exc
     except ValueError as exc:
         raise StokerError(str(exc), fix="see stoker bench kernels --help") from exc
     path = run.write_result(result, out)

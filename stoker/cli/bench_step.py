@@ -78,6 +78,7 @@ def step(
     from stoker.cli.bench_device import parse_device
     from stoker.cli.output import out as console
     from stoker.cli.output import print_json
+    from stoker.kernels import KernelBackendError
     from stoker.runtime import bench_step
 
     dev = parse_device(device)
@@ -99,6 +100,8 @@ def step(
             activation_checkpointing=activation_checkpointing,
             progress=progress,
         )
+    except KernelBackendError as exc:
+        raise StokerError(exc.message, fix=exc.fix) from exc
     except MemoryError as exc:
         raise StokerError(
             str(exc), fix="lower --batch-size, or use --activation-checkpointing selective or full"

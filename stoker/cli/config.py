@@ -55,7 +55,7 @@ def show(
         print_json(resolved.config.model_dump(mode="json", by_alias=True))
         return
 
-    from stoker.config_render import yaml_scalar
+    from stoker.config.render import yaml_scalar
 
     console = out()
     rows = list(resolved.rows())
@@ -97,6 +97,6 @@ def schema(
 
         print_json(ExperimentConfig.model_json_schema(by_alias=True))
         return
-    from stoker.config_render import render_config_reference
+    from stoker.config.render import render_config_reference
 
     sys.stdout.write(render_config_reference())

@@ -27,7 +27,7 @@ def init(
 
     from stoker.atomic_write import write_text_atomic
     from stoker.cli.output import note
-    from stoker.config_render import render_experiment_template, render_profile_template
+    from stoker.config.render import render_experiment_template, render_profile_template
     from stoker.errors import StokerError
     from stoker.home import default_profile_path
 

@@ -61,11 +61,11 @@ def logs(
         compile_grep,
         job_state,
         parse_restart,
-        resolve_job,
     )
     from stoker.launcher.logs import (
         follow as follow_logs,
     )
+    from stoker.launcher.targets import resolve_job
 
     target = resolve_job(job_id)
     log_filter = LogFilter(

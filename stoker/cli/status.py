@@ -74,7 +74,8 @@ def status(
     from stoker.cli.output import note, out, print_json
     from stoker.errors import StokerError
     from stoker.launcher.ledger import Ledger
-    from stoker.launcher.status import collect_status, select_jobs
+    from stoker.launcher.status import collect_status
+    from stoker.launcher.targets import select_jobs
 
     if watch and as_json:
         raise StokerError(

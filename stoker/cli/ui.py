@@ -24,7 +24,7 @@ def ui(
 
     from stoker.cli.output import note
     from stoker.errors import StokerError
-    from stoker.launcher.tracking import resolve_tracking_uri
+    from stoker.tracking.store import resolve_tracking_uri
 
     target = resolve_tracking_uri(uri)
     if target.is_server:

@@ -25,7 +25,7 @@ def why(
     Example: stoker why 123 --json | jq -r .cause
     """
     from stoker.cli.output import out, print_json
-    from stoker.launcher.logs import resolve_job
+    from stoker.launcher.targets import resolve_job
     from stoker.launcher.why import diagnose
 
     diagnosis = diagnose(resolve_job(job_id, command="why"))

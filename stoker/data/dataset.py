@@ -18,7 +18,7 @@ from stoker.data.shard_format import (
 from stoker.errors import StokerError
 
 # One filesystem object per process and URL protocol options: s3fs instances hold
-# an event loop and connection pool, which must not cross a fork (FACTS).
+# an event loop and connection pool, which must not cross a fork.
 _FS_LOCK = threading.Lock()
 
 

@@ -2,8 +2,8 @@
 GOP, and FLAC.
 
 Short GOPs matter for training: a reader seeks to a random clip offset, and a
-seek costs a decode from the previous keyframe (FACTS: 1.5 frames/s with a
-600-frame GOP). One keyframe per second of video keeps that cost bounded.
+seek costs a decode from the previous keyframe (measured: 1.5 frames/s
+with a 600-frame GOP). One keyframe per second of video keeps that cost bounded.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ missing and leaves the others untouched. The manifest is written last, and only
 when every shard is there: a data set with a manifest is complete.
 
 Local workers are 'forkserver' (or 'spawn') processes, never forked copies of this
-one: fsspec's async filesystems (s3fs, gcsfs) are not fork-safe (FACTS). A
+one: fsspec's async filesystems (s3fs, gcsfs) are not fork-safe. A
 memory:// filesystem exists only in this process, so it is packed here.
 """
 

@@ -3,7 +3,7 @@ asked, and write the tar and its index under DST.
 
 Runs in a worker process or a SLURM array task, so everything it needs travels in
 a picklable `ShardTask` and it opens both filesystems itself (fsspec's async
-filesystems are not fork-safe: FACTS). Bad media never fail a shard: a sample
+filesystems are not fork-safe). Bad media never fail a shard: a sample
 whose files cannot be read, probed or decoded is left out and reported. The
 shard's report goes to DST/pack-skipped/ before the tar, so "index present" (the
 shard is finished) also means its report is there for a resuming run.

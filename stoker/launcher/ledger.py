@@ -4,7 +4,7 @@
 from a script, `status --watch` in another terminal): WAL mode lets readers go on
 while one writes, a busy timeout makes each write wait for the others, and a call
 that still meets "database is locked" is run again with backoff for up to 60 s
-(stoker/launcher/sqlite_retry.py) before it fails with an error naming the file.
+(stoker/sqlite_retry.py) before it fails with an error naming the file.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from stoker.errors import StokerError
 from stoker.home import stoker_home
-from stoker.launcher.sqlite_retry import BUDGET_S, retry_while_locked
+from stoker.sqlite_retry import BUDGET_S, retry_while_locked
 
 T = TypeVar("T")
 # What one attempt waits in sqlite's busy handler; retry_while_locked tries again after it.
@@ -62,6 +62,10 @@ _COLUMNS = (
     "final_state",
     "extra",
 )
+# The JobRecord field of each column where their names differ: the column `config_hash`
+# keeps its first name (existing ledgers), the field says what it holds.
+_FIELD_OF_COLUMN = {"config_hash": "config_digest"}
+_FIELDS = tuple(_FIELD_OF_COLUMN.get(column, column) for column in _COLUMNS)
 
 
 @dataclass
@@ -73,7 +77,8 @@ class JobRecord:
     cluster: str
     name: str
     run_dir: str
-    config_hash: str
+    config_digest: str
+    """The frozen configs' SHA-256 (`frozen_config_digest`), in the column `config_hash`."""
     template: str
     submitted_at: float = field(default_factory=time.time)
     mlflow_run_id: str | None = None
@@ -84,13 +89,13 @@ class JobRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def _row(self) -> tuple[Any, ...]:
-        values = [getattr(self, name) for name in _COLUMNS]
+        values = [getattr(self, name) for name in _FIELDS]
         values[-1] = json.dumps(self.extra, sort_keys=True)
         return tuple(values)
 
     @classmethod
     def _from_row(cls, row: Sequence[Any]) -> JobRecord:
-        data = dict(zip(_COLUMNS, row, strict=True))
+        data = dict(zip(_FIELDS, row, strict=True))
         data["extra"] = json.loads(data["extra"] or "{}")
         return cls(**data)
 

@@ -22,6 +22,9 @@ from typing import Any
 from stoker.atomic_write import write_text_atomic
 from stoker.errors import StokerError
 from stoker.launcher.ledger import Ledger
+from stoker.launcher.render import ENV_DEFAULTS
+from stoker.launcher.rundir import RunDir
+from stoker.launcher.spec import LaunchSpec
 from stoker.protocol import (
     ENV_CONFIG,
     ENV_JOB_ID,
@@ -30,9 +33,6 @@ from stoker.protocol import (
     ENV_RUN_DIR,
     ENV_STOP_FILE,
 )
-from stoker.launcher.render import ENV_DEFAULTS
-from stoker.launcher.rundir import RunDir
-from stoker.launcher.spec import LaunchSpec
 
 LAUNCH_FILE = "local-launch.json"
 
@@ -135,7 +135,7 @@ def cancel_local(run_dir: Path) -> bool:
     """Send the supervisor SIGTERM; it stops the ranks. False when it is not running:
     also when it died and its pid now belongs to a younger process, which must not get
     the signal (pids wrap around in minutes on a busy machine)."""
-    from stoker.launcher.status import process_alive, read_local_state
+    from stoker.launcher.local_state import process_alive, read_local_state
 
     state = read_local_state(RunDir(run_dir))
     if state is None or state.state != "RUNNING" or state.supervisor_pid is None:

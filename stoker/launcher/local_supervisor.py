@@ -1,7 +1,7 @@
 """The supervisor of a `--local` job: `python -m stoker.launcher.local_supervisor RUN_DIR`.
 
-Its own output is the job's logs/batch.log. It writes local-state.json before the
-first rank starts and after the last one ends.
+Its own output is the job's logs/batch.log. It writes local-state.json
+(stoker/launcher/local_state.py) before the first rank starts and after the last one ends.
 """
 
 from __future__ import annotations
@@ -15,15 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stoker.atomic_write import write_text_atomic
 from stoker.launcher.local_backend import LAUNCH_FILE
+from stoker.launcher.local_state import write_local_state
 from stoker.launcher.rundir import RunDir
 
 KILL_WAIT_S = 5.0  # as SLURM's KillWait: TERM, then KILL
-
-
-def _write_state(run_dir: Path, state: dict[str, Any]) -> None:
-    write_text_atomic(RunDir(run_dir).local_state, json.dumps(state, indent=2))
 
 
 def _stop(procs: dict[int, subprocess.Popen[bytes]]) -> None:
@@ -57,7 +53,7 @@ def supervise(run_dir: Path) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    _write_state(run_dir, state)
+    write_local_state(RunDir(run_dir), state)
     with open(run_dir / "attempts", "a") as attempts:
         attempts.write(f"{int(time.time())} restart=0 job={plan['job_id']} nodes=localhost\n")
 
@@ -109,7 +105,7 @@ def supervise(run_dir: Path) -> int:
     state["exit_code"] = exit_code
     state["state"] = "CANCELLED" if cancelled else ("FAILED" if exit_code else "COMPLETED")
     state["ended"] = time.time()
-    _write_state(run_dir, state)
+    write_local_state(RunDir(run_dir), state)
     return exit_code
 
 

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stoker.errors import StokerError
-from stoker.launcher.ledger import Ledger
+from stoker.launcher.local_state import pid_exists, read_local_state
 from stoker.launcher.rundir import RunDir
-from stoker.launcher.status import Target, read_local_state, select_jobs
+from stoker.launcher.targets import Target
 
 BATCH = "batch"
 _READ_CHUNK = 1 << 20
@@ -48,26 +48,6 @@ _STEP_TEARDOWN_END = re.compile(r"^srun: launch/slurm: _step_signal: Terminating
 _RESTART_START = re.compile(r"^stoker: start restart=(\d+)")
 _REQUEUED_BY_SCRIPT = re.compile(r"^stoker: requeued after .*: restart (\d+)")
 _REQUEUED_FROM_OUTSIDE = re.compile(r"\*\*\* JOB \S+ ON \S+ CANCELLED AT \S+ DUE TO JOB REQUEUE")
-
-
-# ---------------------------------------------------------------- which job
-
-
-def resolve_job(job_id: str, ledger: Ledger | None = None, *, command: str = "logs") -> Target:
-    """The one job (or array task) `job_id` names.
-
-    Raises the ledger's StokerError for an unknown id, and a StokerError listing
-    the task ids when `job_id` is a whole job array.
-    """
-    targets = select_jobs(ledger or Ledger(), [job_id])
-    if len(targets) == 1:
-        return targets[0]
-    ids = [t.job_id for t in targets]
-    shown = ", ".join(ids[:10]) + (f", ... ({len(ids)} in all)" if len(ids) > 10 else "")
-    raise StokerError(
-        f"job {job_id} is a job array of {len(ids)} tasks: {shown}",
-        fix=f"name one task, e.g. `stoker {command} {ids[0]}`",
-    )
 
 
 # ---------------------------------------------------------------- filter
@@ -266,7 +246,7 @@ class LogReader:
             ranks = sorted({r for restart in restarts for r in self.run.rank_logs(restart)})
             if ranks and rank not in ranks:
                 raise StokerError(
-                    f"--rank {rank}: the job has logs of rank(s) {_ranges(ranks)}",
+                    f"--rank {rank}: the job has logs of rank(s) {format_ranges(ranks)}",
                     fix="pick one of those ranks",
                 )
 
@@ -347,7 +327,7 @@ class LogReader:
             self._emit(prefix + text)
 
 
-def _ranges(numbers: Sequence[int]) -> str:
+def format_ranges(numbers: Sequence[int]) -> str:
     """[0, 1, 2, 5] -> "0-2, 5"."""
     parts: list[str] = []
     start = prev = None
@@ -388,7 +368,7 @@ def job_state(target: Target) -> JobState:
         if local is None:
             return JobState("UNKNOWN", "no local-state.json yet", False)
         pid = local.supervisor_pid
-        if local.state == "RUNNING" and pid is not None and not _pid_alive(pid):
+        if local.state == "RUNNING" and pid is not None and not pid_exists(pid):
             return JobState("FAILED", "supervisor died", True)
         return JobState(local.state, None, local.state != "RUNNING")
     if record.final_state and target.task is None:
@@ -401,16 +381,6 @@ def job_state(target: Target) -> JobState:
     if row is None:
         return JobState("ENDED", "no longer in the queue", True)
     return JobState(row.state, row.reason, row.state in TERMINAL_STATES)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ---------------------------------------------------------------- follow

@@ -19,9 +19,9 @@ from typing import Any
 
 from stoker import __version__
 from stoker.errors import StokerError
-from stoker.protocol import EXIT_PEER_LOST, EXIT_REQUEUE, runs_the_runtime
 from stoker.launcher.spec import LaunchSpec
-from stoker.redact import one_line
+from stoker.protocol import EXIT_PEER_LOST, EXIT_REQUEUE, runs_the_runtime
+from stoker.redact import printable_line
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "slurm_templates"
 BUILTIN_TEMPLATES = ("default", "pyxis", "apptainer")
@@ -53,7 +53,7 @@ class Directive:
     def render(self, explain: bool) -> str:
         line = f"#SBATCH {self.option}"
         # A source names a file or an override as given: keep it on this comment line.
-        return f"{line}  # {one_line(self.source)}" if explain else line
+        return f"{line}  # {printable_line(self.source)}" if explain else line
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def _directive_value(value: str) -> str:
     # line and make the rest a command of the script (the config refuses them first).
     if re.search(r"[\x00-\x1f\x7f]", value):
         raise StokerError(
-            f"#SBATCH value {one_line(value)!r} holds a control character",
+            f"#SBATCH value {printable_line(value)!r} holds a control character",
             fix="use one line of text",
         )
     return shlex.quote(value)
@@ -225,7 +225,7 @@ def render_sbatch(spec: LaunchSpec, *, explain: bool = False) -> RenderedScript:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        near = one_line(exc.object[max(0, exc.start - 40) : exc.end])
+        near = printable_line(exc.object[max(0, exc.start - 40) : exc.end])
         raise StokerError(
             f"the script would hold bytes that are not UTF-8 text (at ...{near}): a file "
             "name, a folder or an argument in another encoding",

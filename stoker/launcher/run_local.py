@@ -66,10 +66,11 @@ def run_here(
 ) -> RunResult:
     from stoker.config import resolve_config
     from stoker.launcher.local_backend import cancel_local
-    from stoker.launcher.logs import LogFilter, LogReader, follow, job_state, resolve_job
+    from stoker.launcher.local_state import read_local_state
+    from stoker.launcher.logs import LogFilter, LogReader, follow, job_state
     from stoker.launcher.rundir import RunDir
-    from stoker.launcher.status import read_local_state
     from stoker.launcher.submit import SubmitOptions, submit
+    from stoker.launcher.targets import resolve_job
 
     ranks = nproc or default_nproc()
     gpus = _gpus()

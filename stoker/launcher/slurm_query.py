@@ -1,4 +1,5 @@
-"""Batched scheduler queries: one `squeue` and one `sacct` call for any number of jobs.
+"""What SLURM says about jobs, and the parsers of its answers: one batched `squeue` and
+one batched `sacct` call for any number of jobs (`stoker status`, `logs`):
 
     squeue --jobs=1,2,3 -h -r -t all -O JobArrayID:|,State:|,...   live jobs (and jobs
         that ended less than MinJobAge ago, 300 s by default); one line per array task
@@ -8,8 +9,17 @@
 
 Both are cheap for slurmctld/slurmdbd when batched (about 20 ms and 100 ms for
 34 jobs here); the per-job loop that users write by hand is what overloads a
-controller. The parsers are pure functions of the text, tested on recorded
-outputs in tests/test_slurm_query.py.
+controller. `stoker why` looks closer at one job, with two more calls:
+
+    scontrol show job -o ID                                        one line of
+        Key=Value fields, while slurmctld still knows the job
+    sacct -j ID -n -P --format=JobID,State,...,MaxRSS,ReqMem,...   the job and each
+        of its steps (no -X), with memory and time limits
+
+and `stoker doctor` reads the controller's settings (`scontrol show config`).
+
+The parsers are pure functions of the text, tested on recorded outputs in
+tests/test_slurm_query.py and tests/test_why.py.
 
 Facts of SLURM 22.05 this module relies on (checked on the test cluster):
 - `squeue --jobs=ID` with a single id that slurmctld no longer knows fails with
@@ -33,6 +43,11 @@ from dataclasses import dataclass
 
 from stoker.launcher.slurm_cli import SlurmError, run_slurm
 
+# States of a job that has not started (again) yet, and of one that runs.
+PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED"})
+RUNNING_STATES = frozenset(
+    {"RUNNING", "CONFIGURING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING"}
+)
 # States after which a job never runs again on its own (requeue by hand aside).
 TERMINAL_STATES = frozenset(
     {
@@ -71,9 +86,28 @@ _SACCT_FIELDS = (
     "Submit",
 )
 SACCT_FORMAT = ",".join(_SACCT_FIELDS)
+# sacct fields of one job and its steps (`stoker why`).
+_STEP_FIELDS = (
+    "JobID",
+    "State",
+    "ExitCode",
+    "DerivedExitCode",
+    "MaxRSS",
+    "ReqMem",
+    "Timelimit",
+    "Elapsed",
+    "NodeList",
+    "End",
+    "NTasks",
+    "NNodes",
+)
+STEP_FORMAT = ",".join(_STEP_FIELDS)
 
 _ARRAY_ID = re.compile(r"^(\d+)_\[([0-9,\-]+)(?:%\d+)?\]$")
 _ELAPSED = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.\d+)?$")
+_MEM = re.compile(r"^(\d+(?:\.\d+)?)([KMGTP]?)([nc]?)$")
+_MEM_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+_SCONTROL_KEY = re.compile(r"(?:^|\s)([A-Za-z][\w:/]*)=")
 
 
 @dataclass(frozen=True)
@@ -104,6 +138,68 @@ class AcctRow:
     submitted: float | None  # epoch seconds; a requeued attempt is submitted anew
 
 
+@dataclass(frozen=True)
+class StepRow:
+    """The job or one of its steps ("123", "123.batch", "123.0"), as sacct shows it."""
+
+    step_id: str
+    state: str
+    cancelled_by: int | None  # uid from "CANCELLED by 0"
+    exit_code: int | None
+    signal: int | None
+    max_rss: int | None  # bytes, the largest task of the step
+    req_mem: int | None  # bytes, per node
+    req_mem_text: str | None
+    time_limit_s: int | None
+    elapsed_s: int | None
+    node_list: str | None
+    end: float | None
+    ntasks: int | None
+    nnodes: int | None
+
+    @property
+    def is_job(self) -> bool:
+        return "." not in self.step_id
+
+
+@dataclass(frozen=True)
+class ScontrolJob:
+    """One job as `scontrol show job -o` shows it: what slurmctld knows now."""
+
+    state: str | None  # None when the line has no JobState
+    reason: str | None  # why it is pending, or how it ended
+    exit_code: int | None
+    signal: int | None
+    elapsed_s: int | None  # RunTime
+    time_limit_s: int | None
+    end: float | None
+    node_list: str | None
+    restarts: int  # requeues
+    min_mem: int | None  # bytes per node (MinMemoryNode)
+    min_mem_text: str | None
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, str]) -> ScontrolJob:
+        """From `parse_scontrol_job`'s {key: value}."""
+        reason = fields.get("Reason")
+        code, signal = _exit_code(fields.get("ExitCode", ""))
+        min_mem_text = fields.get("MinMemoryNode", "")
+        min_mem = parse_mem(min_mem_text, default_unit="M")
+        return cls(
+            state=normalise_state(fields["JobState"]) if "JobState" in fields else None,
+            reason=None if reason in (None, "None", "(null)") else reason,
+            exit_code=code,
+            signal=signal,
+            elapsed_s=parse_elapsed(fields.get("RunTime", "")),
+            time_limit_s=parse_elapsed(fields.get("TimeLimit", "")),
+            end=_epoch(fields.get("EndTime", "")),
+            node_list=_optional(fields.get("NodeList", ""), "(null)"),
+            restarts=_int(fields.get("Restarts", "0")) or 0,
+            min_mem=min_mem or None,
+            min_mem_text=min_mem_text if min_mem else None,
+        )
+
+
 def normalise_state(raw: str) -> str:
     """SLURM's state name: "CANCELLED by 0" -> "CANCELLED", "running" -> "RUNNING"."""
     words = raw.strip().split()
@@ -117,6 +213,15 @@ def parse_elapsed(text: str) -> int | None:
         return None
     days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def parse_mem(text: str, default_unit: str = "") -> int | None:
+    """SLURM memory ("426132K", "100M", "1.5G", "4000Mn") in bytes; None if blank."""
+    match = _MEM.match(text.strip())
+    if not match:
+        return None
+    number, unit, _per = match.groups()
+    return int(float(number) * _MEM_UNITS[unit or default_unit])
 
 
 def format_elapsed(seconds: float) -> str:
@@ -241,6 +346,71 @@ def parse_sacct(text: str) -> dict[str, list[AcctRow]]:
     return rows
 
 
+def parse_sacct_steps(text: str) -> list[StepRow]:
+    """Rows of `sacct -n -P --format=STEP_FORMAT`: the job's row and its steps' rows."""
+    rows: list[StepRow] = []
+    for line in text.splitlines():
+        fields = line.split("|")
+        if len(fields) < len(_STEP_FIELDS):
+            continue
+        (
+            job_id,
+            state,
+            exit_code,
+            _derived,
+            max_rss,
+            req_mem,
+            limit,
+            elapsed,
+            node_list,
+            end,
+            ntasks,
+            nnodes,
+        ) = fields[: len(_STEP_FIELDS)]
+        code, signal = _exit_code(exit_code)
+        by = re.search(r"CANCELLED by (\d+)", state)
+        rows.append(
+            StepRow(
+                step_id=job_id.strip(),
+                state=normalise_state(state),
+                cancelled_by=int(by.group(1)) if by else None,
+                exit_code=code,
+                signal=signal,
+                max_rss=parse_mem(max_rss),
+                req_mem=parse_mem(req_mem, default_unit="M"),
+                req_mem_text=_optional(req_mem),
+                time_limit_s=parse_elapsed(limit),
+                elapsed_s=parse_elapsed(elapsed),
+                node_list=_optional(node_list, "None assigned"),
+                end=_epoch(end),
+                ntasks=_int(ntasks),
+                nnodes=_int(nnodes),
+            )
+        )
+    return rows
+
+
+def parse_scontrol_job(text: str) -> dict[str, str]:
+    """`scontrol show job -o ID` as {key: value}; values may contain spaces."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    matches = list(_SCONTROL_KEY.finditer(line))
+    fields: dict[str, str] = {}
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        fields[match.group(1)] = line[match.end() : end].strip()
+    return fields
+
+
+def parse_show_config(text: str) -> dict[str, str]:
+    """`Key = value` lines of `scontrol show config`; other lines are skipped."""
+    config: dict[str, str] = {}
+    for line in text.splitlines():
+        match = re.match(r"^(\S+)\s*=\s?(.*)$", line)
+        if match:
+            config[match.group(1)] = match.group(2).strip()
+    return config
+
+
 def _id_list(job_ids: Iterable[str]) -> str:
     return ",".join(dict.fromkeys(job_ids))
 
@@ -281,3 +451,31 @@ def query_accounting(job_ids: Sequence[str]) -> dict[str, list[AcctRow]]:
         f"--format={SACCT_FORMAT}",
     ]
     return parse_sacct(run_slurm(argv, timeout=30))
+
+
+def query_job(job_id: str) -> ScontrolJob | None:
+    """One `scontrol show job` call; None when slurmctld no longer knows the job.
+
+    Raises SlurmError when scontrol is missing or fails for another reason.
+    """
+    try:
+        text = run_slurm(["scontrol", "show", "job", "-o", job_id], timeout=30)
+    except SlurmError as exc:
+        if "Invalid job id" in exc.stderr:
+            return None
+        raise
+    fields = parse_scontrol_job(text)
+    return ScontrolJob.from_fields(fields) if fields else None
+
+
+def query_steps(job_id: str) -> list[StepRow]:
+    """One sacct call: the rows of `job_id` and of its steps (not -X), no other job's.
+
+    Raises SlurmError when sacct is missing or accounting is off or unreachable.
+    """
+    text = run_slurm(["sacct", "-j", job_id, "-n", "-P", f"--format={STEP_FORMAT}"], timeout=30)
+    return [
+        row
+        for row in parse_sacct_steps(text)
+        if row.step_id == job_id or row.step_id.startswith(job_id + ".")
+    ]

@@ -11,7 +11,8 @@ of jobs (stoker/launcher/slurm_query.py). Where each value comes from:
     step, loss, throughput, ETA     the run folder's progress.json (below)
     straggler                       progress.json's slowest rank, when its ratio is above
                                     STRAGGLER_RATIO
-    local jobs (backend "local")    the run folder's local-state.json (below); no SLURM call
+    local jobs (backend "local")    the run folder's local-state.json
+                                    (stoker/launcher/local_state.py); no SLURM call
 
 Without accounting (sacct missing or failing) ended jobs that squeue has already
 forgotten show their cached final state, else "UNKNOWN"; `StatusReport.notes`
@@ -44,21 +45,13 @@ ETA (running jobs only): `eta_s` minus the time since `time`; without `eta_s`,
 the steps left divided by the step rate of this start,
 (step - start_step) / (time - started).
 
-local-state.json, written by the local backend's supervisor:
-
-    {"state": "RUNNING" | "COMPLETED" | "FAILED" | "CANCELLED",
-     "exit_code": int | null, "supervisor_pid": int, "started": epoch,
-     "ended": epoch | null, "ranks": {"0": exit_code | null, ...}}
-
-A RUNNING state whose supervisor process is gone reads as FAILED, reason
+A local job RUNNING whose supervisor process is gone reads as FAILED, reason
 "supervisor died" (what NODE_FAIL is on a cluster).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import socket
 import time
 from collections.abc import Sequence
@@ -66,10 +59,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from stoker.errors import StokerError
 from stoker.launcher.ledger import JobRecord, Ledger
+from stoker.launcher.local_state import process_alive, read_local_state
 from stoker.launcher.rundir import RunDir
-from stoker.protocol import STRAGGLER_RATIO
 from stoker.launcher.slurm_cli import SlurmError
 from stoker.launcher.slurm_query import (
     TERMINAL_STATES,
@@ -79,31 +71,12 @@ from stoker.launcher.slurm_query import (
     query_accounting,
     query_queue,
 )
+from stoker.launcher.targets import Target, targets_of
+from stoker.protocol import STRAGGLER_RATIO
 
-# Jobs that ended this long ago still show without --all.
-RECENT_S = 24 * 3600
 # A sacct row submitted this long before the ledger recorded the job belongs to an
 # older job with the same id (job ids restart when slurmctld loses its state).
 _CLOCK_SLACK_S = 120.0
-# Looking for a recent end among jobs submitted this long ago is not worth a stat each.
-_LOOKBACK_S = 30 * 24 * 3600
-
-
-@dataclass(frozen=True)
-class Target:
-    """One row to show: a job, or one task of an array job."""
-
-    record: JobRecord
-    task: int | None = None
-
-    @property
-    def job_id(self) -> str:
-        return self.record.job_id if self.task is None else f"{self.record.job_id}_{self.task}"
-
-    @property
-    def run(self) -> RunDir:
-        run = RunDir(Path(self.record.run_dir))
-        return run if self.task is None else run.task(self.task)
 
 
 @dataclass
@@ -164,70 +137,6 @@ class _SchedulerView:
     source: str
 
 
-# ---------------------------------------------------------------- which jobs
-
-
-def select_jobs(
-    ledger: Ledger, job_ids: Sequence[str] = (), *, all_jobs: bool = False, now: float | None = None
-) -> list[Target]:
-    """The rows to show: `job_ids` (an array id gives all its tasks, "123_4" one task),
-    else every job with `all_jobs`, else active jobs and those that ended in the last 24 h.
-
-    Raises StokerError for an id the ledger does not know.
-    """
-    if job_ids:
-        targets: list[Target] = []
-        for job_id in job_ids:
-            targets.extend(_targets_for_id(ledger, job_id.strip()))
-        return list({t.job_id: t for t in targets}.values())  # each row once
-    now = time.time() if now is None else now
-    records = ledger.list()
-    if not all_jobs:
-        records = [r for r in records if r.final_state is None or _recent(r, now)]
-    return [t for r in records for t in _expand(r)]
-
-
-def _expand(record: JobRecord) -> list[Target]:
-    if record.array_size:
-        return [Target(record, i) for i in range(record.array_size)]
-    return [Target(record)]
-
-
-def _targets_for_id(ledger: Ledger, job_id: str) -> list[Target]:
-    record = ledger.get(job_id)
-    if record is not None:
-        return _expand(record)
-    base, sep, index = job_id.partition("_")
-    if sep and index.isdigit():
-        parent = ledger.require(base)
-        if parent.array_size and int(index) < parent.array_size:
-            return [Target(parent, int(index))]
-        size = f"{parent.array_size} tasks" if parent.array_size else "no array tasks"
-        raise StokerError(
-            f"job {base} has {size}, so {job_id} is not one of them",
-            fix=f"`stoker status {base}` lists its tasks",
-        )
-    ledger.require(job_id)  # raises with the fix
-    return []
-
-
-def _recent(record: JobRecord, now: float) -> bool:
-    """Did this ended job end in the last RECENT_S? Judged by when its run folder was
-    last written (the batch log, the local supervisor's state file)."""
-    if record.submitted_at >= now - RECENT_S:
-        return True  # it cannot have ended before it was submitted
-    if record.submitted_at < now - _LOOKBACK_S:
-        return False
-    run = RunDir(Path(record.run_dir))
-    for path in (run.batch_log, run.local_state, run.attempts):
-        try:
-            if path.stat().st_mtime >= now - RECENT_S:
-                return True
-        except OSError:
-            continue
-    return False
-
-
 # ---------------------------------------------------------------- collection
 
 
@@ -274,7 +183,7 @@ def collect_status(
     views: dict[str, _SchedulerView | None] = {}
     for job_id in to_query:
         record = records[job_id]
-        for target in _expand(record):
+        for target in targets_of(record):
             views[target.job_id] = _scheduler_view(
                 target.job_id, queue, accounting, record.submitted_at
             )
@@ -427,7 +336,7 @@ def _write_back(
             else:
                 states = {
                     view.state if view else None
-                    for target in _expand(record)
+                    for target in targets_of(record)
                     for view in [views.get(target.job_id)]
                 }
                 if len(states) == 1:
@@ -539,42 +448,6 @@ def _mlflow_run_id(target: Target) -> str | None:
 # ---------------------------------------------------------------- local backend
 
 
-@dataclass(frozen=True)
-class LocalState:
-    """The local backend's local-state.json (see the module docstring)."""
-
-    state: str
-    exit_code: int | None
-    supervisor_pid: int | None
-    started: float | None
-    ended: float | None
-    ranks: dict[int, int | None]
-
-
-def read_local_state(run: RunDir) -> LocalState | None:
-    """The supervisor's last record, or None (absent, caught mid-write, or not an object)."""
-    try:
-        data = json.loads(run.local_state.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("state"), str):
-        return None
-    ranks: dict[int, int | None] = {}
-    raw_ranks = data.get("ranks")
-    if isinstance(raw_ranks, dict):
-        for rank, code in raw_ranks.items():
-            if str(rank).isdigit():
-                ranks[int(rank)] = code if isinstance(code, int) else None
-    return LocalState(
-        state=data["state"].upper(),
-        exit_code=_int(data, "exit_code"),
-        supervisor_pid=_int(data, "supervisor_pid"),
-        started=_float(data, "started"),
-        ended=_float(data, "ended"),
-        ranks=ranks,
-    )
-
-
 def _local_status(
     record: JobRecord, run: RunDir, now: float
 ) -> tuple[str, str | None, int | None, int | None, str]:
@@ -608,26 +481,3 @@ def _mtime(path: Path) -> float | None:
         return path.stat().st_mtime
     except OSError:
         return None
-
-
-def process_alive(pid: int, started: float | None) -> bool:
-    """Is `pid` still the supervisor that wrote `started`? A reused pid belongs to a
-    process that started later; a zombie has exited."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by someone else
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        with open("/proc/stat") as proc_stat:
-            boot = next(float(line.split()[1]) for line in proc_stat if line.startswith("btime"))
-    except (OSError, StopIteration, ValueError):
-        return True  # no /proc (macOS): trust kill(0)
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] == "Z":
-        return False
-    process_start = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    # btime is whole seconds and the supervisor writes `started` after it starts.
-    return started is None or process_start <= started + 2.0

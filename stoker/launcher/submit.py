@@ -4,6 +4,10 @@ Order matters, so that a failure loses nothing and leaves nothing half-done:
 validate → run folder → code snapshot → frozen config(s) → MLflow run(s) → render →
 `sbatch --test-only` → `sbatch --parsable` → ledger. A refusal by SLURM marks the
 MLflow run failed and removes the run folder; no job runs from an invalid config.
+
+`submit` checks and freezes what it was given into a `SubmitRequest`, renders the
+script once as a last check (and the answer of a dry run), then `_submit_in` creates
+things, one step per call.
 """
 
 from __future__ import annotations
@@ -11,12 +15,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
-import os
-import re
 import shutil
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,18 +26,29 @@ from typing import Any
 from stoker.atomic_write import write_text_atomic
 from stoker.config import ResolvedConfig, freeze_config
 from stoker.errors import StokerError
+from stoker.launcher.launch_checks import (
+    check_command,
+    check_launch,
+    check_run_root,
+    check_same_job,
+)
 from stoker.launcher.ledger import JobRecord, Ledger
-from stoker.protocol import TRAIN_MODULE
 from stoker.launcher.render import RenderedScript, Shell, render_sbatch
 from stoker.launcher.rundir import RunDir, new_run_dir, runs_root
 from stoker.launcher.slurm_cli import run_slurm
 from stoker.launcher.spec import LaunchSpec
-from stoker.launcher.tracking import config_params
-
-# `--after 123`, `--after 123_4`, `--after 123:456` (all must succeed).
-_AFTER = re.compile(r"^\d+(_\d+)?(:\d+(_\d+)?)*$")
-# Characters that would break an `#SBATCH --output=` path or the script's quoting rules.
-_UNSAFE_PATH = re.compile(r"[\s'\"\\\x00-\x1f\x7f]")
+from stoker.protocol import TRAIN_MODULE
+from stoker.tracking.runs import (
+    ChildSpec,
+    CreatedRun,
+    config_params,
+    mark_run_failed_to_submit,
+    precreate_run,
+    precreate_sweep,
+    run_link,
+    update_submitted_runs,
+)
+from stoker.tracking.store import TrackingTarget, resolve_tracking_uri
 
 
 class NotRecordedError(StokerError):
@@ -59,6 +72,38 @@ class SubmitOptions:
 
 
 @dataclass(frozen=True)
+class SubmitRequest:
+    """One submission, checked and frozen, before anything is created."""
+
+    configs: tuple[ResolvedConfig, ...]
+    """One per task of a job array; one for a single job."""
+    frozen: tuple[str, ...]
+    """Each config's frozen YAML, as its task reads it."""
+    config_digest: str
+    """`frozen_config_digest(frozen)`: in the ledger and the MLflow tag `stoker.config_hash`."""
+    is_array: bool
+    """A job array (`stoker sweep`), whatever its number of tasks."""
+    command: tuple[str, ...]
+    """The argv every task runs; items may be `render.Shell`."""
+    options: SubmitOptions
+    runs_root: Path
+    """The folder the run folder is made in (checked: SLURM can write logs there)."""
+    tracking: TrackingTarget
+    """The MLflow store the runs are created in, and the job logs into."""
+    sweep_params: tuple[Mapping[str, str], ...]
+    """Each task's swept values, tagged `sweep.<key>` on its run; `{}` for a single job."""
+
+    @property
+    def base(self) -> ResolvedConfig:
+        """The first task's config: job.*, tracking.* and the script come from it."""
+        return self.configs[0]
+
+    @property
+    def array_size(self) -> int | None:
+        return len(self.configs) if self.is_array else None
+
+
+@dataclass(frozen=True)
 class Submitted:
     job_id: str
     run_dir: Path
@@ -79,6 +124,30 @@ class Submitted:
         return data
 
 
+@dataclass(frozen=True)
+class _Code:
+    """Where the tasks run: the snapshot's folder, or the current folder without one."""
+
+    workdir: Path
+    sha256: str | None
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """The MLflow runs made for a job."""
+
+    created: CreatedRun
+    """The job's run: a single job's, or a sweep's parent."""
+    task_run_ids: list[str]
+    """The run each task logs into (a single job's run, or a sweep's children)."""
+    parent_run_id: str | None
+
+    @property
+    def all_ids(self) -> list[str]:
+        return list(dict.fromkeys([self.created.run_id, *self.task_run_ids]))
+
+
 def task_command(resolved: ResolvedConfig, options: SubmitOptions) -> list[str]:
     """The argv each task runs: the user's command, or the training runtime on the config."""
     if options.command:
@@ -94,80 +163,43 @@ def task_command(resolved: ResolvedConfig, options: SubmitOptions) -> list[str]:
     return [python, "-m", TRAIN_MODULE, "--config", Shell('"$STOKER_CONFIG"')]
 
 
-def config_hash(frozen_bodies: Sequence[str]) -> str:
+def frozen_config_digest(frozen_bodies: Sequence[str]) -> str:
+    """SHA-256 (64 hex digits) of the frozen configs' values, comments left out: equal
+    digests, equal experiments. Not `stoker.config.state_hash`, which checkpoints keep."""
     digest = hashlib.sha256()
     for body in frozen_bodies:
-        # The header carries a time stamp; the hash is of the values only.
+        # The header carries a time stamp; the digest is of the values only.
         digest.update(
             "".join(line for line in body.splitlines(True) if not line.startswith("#")).encode()
         )
     return digest.hexdigest()
 
 
-def check_run_root(root: Path) -> None:
-    if _UNSAFE_PATH.search(str(root)):
-        raise StokerError(
-            f"the runs folder {str(root)!r} contains whitespace, a quote, a backslash or a "
-            "control character, which SLURM's #SBATCH --output cannot take",
-            fix="set STOKER_HOME to a path without them",
-        )
-
-
 def submit(
     resolved: ResolvedConfig | Sequence[ResolvedConfig],
     options: SubmitOptions,
     *,
-    sweep_params: Sequence[dict[str, str]] | None = None,
+    sweep_params: Sequence[Mapping[str, str]] | None = None,
 ) -> Submitted:
     """Submit one job, or one job array when given several configs (a sweep).
 
     Returns at once with the job id; with `dry_run` nothing is created or submitted
     and `job_id` is empty.
     """
-    configs = [resolved] if isinstance(resolved, ResolvedConfig) else list(resolved)
-    is_array = not isinstance(resolved, ResolvedConfig)
-    base = configs[0]
-    command = task_command(base, options)
-    check_command(command)
-    for cfg in configs[1:]:
-        if cfg.config.job != base.config.job:
-            raise StokerError(
-                "a sweep may not vary job.* keys: all tasks of a job array share one allocation",
-                fix="sweep over model, data, optim or train keys; submit job variants separately",
-            )
-    root = runs_root()
-    check_run_root(root)
-    frozen = [freeze_config(cfg) for cfg in configs]
-    chash = config_hash(frozen)
-
-    from stoker.launcher.tracking import resolve_tracking_uri
-
-    target = resolve_tracking_uri(base.config.tracking.uri)
-
+    request = _request(resolved, options, sweep_params)
     # Rendered before anything is created, for a dry run and as the last check of a
     # real one: a template or setup line that fails here leaves no run folder or MLflow run.
-    preview_dir = RunDir(root / f"{base.config.job.name}-<time>-<id>")
-    placeholder = ["<MLflow run id, created at submit>"] * len(configs)
-    preview = _spec(
-        base,
-        options,
-        preview_dir,
-        command,
-        options.cwd,
-        target.uri,
-        placeholder,
-        None,
-        len(configs) if is_array else None,
-    )
+    name = request.base.config.job.name
+    preview_dir = RunDir(request.runs_root / f"{name}-<time>-<id>")
+    placeholder = ["<MLflow run id, created at submit>"] * len(request.configs)
+    preview = _spec(request, preview_dir, options.cwd, placeholder, None)
     script = render_sbatch(preview, explain=options.explain)
     if options.dry_run:
         return Submitted("", preview_dir.path, None, None, script)
 
-    run_dir = new_run_dir(base.config.job.name, root)
+    run_dir = new_run_dir(name, request.runs_root)
     try:
-        return _submit_in(
-            run_dir, configs, frozen, chash, is_array, command, options, target, sweep_params
-        )
+        return _submit_in(request, run_dir)
     except NotRecordedError:
         raise
     except BaseException:
@@ -175,141 +207,214 @@ def submit(
         raise
 
 
-def _submit_in(
-    run_dir: RunDir,
-    configs: list[ResolvedConfig],
-    frozen: list[str],
-    chash: str,
-    is_array: bool,
-    command: list[str],
+def _request(
+    resolved: ResolvedConfig | Sequence[ResolvedConfig],
     options: SubmitOptions,
-    target: Any,
-    sweep_params: Sequence[dict[str, str]] | None,
-) -> Submitted:
-    from stoker.launcher import tracking
+    sweep_params: Sequence[Mapping[str, str]] | None,
+) -> SubmitRequest:
+    """Check what was given and freeze the configs; creates nothing."""
+    is_array = not isinstance(resolved, ResolvedConfig)
+    configs = (resolved,) if isinstance(resolved, ResolvedConfig) else tuple(resolved)
+    command = task_command(configs[0], options)
+    check_command(command)
+    check_same_job(configs)
+    root = runs_root()
+    check_run_root(root)
+    frozen = tuple(freeze_config(cfg) for cfg in configs)
+    return SubmitRequest(
+        configs=configs,
+        frozen=frozen,
+        config_digest=frozen_config_digest(frozen),
+        is_array=is_array,
+        command=tuple(command),
+        options=options,
+        runs_root=root,
+        tracking=resolve_tracking_uri(configs[0].config.tracking.uri),
+        sweep_params=tuple(sweep_params or [{}] * len(configs)),
+    )
+
+
+def _submit_in(request: SubmitRequest, run_dir: RunDir) -> Submitted:
+    """Create the job in `run_dir`, step by step. A failure before the job is queued
+    raises, once its MLflow runs exist after marking them failed (the caller removes
+    the run folder); a failure to record a queued job raises NotRecordedError, and
+    the job runs."""
+    code = _snapshot(request, run_dir)
+    folders = _write_configs(request, run_dir)
+    cluster = socket.gethostname() if request.options.local else _cluster_name()
+    runs = _create_runs(request, folders, _run_tags(request, run_dir, cluster, code))
+    spec = _spec(request, run_dir, code.workdir, runs.task_run_ids, runs.parent_run_id)
+    try:
+        script = render_sbatch(spec, explain=False)
+        write_text_atomic(run_dir.script, script.text)
+        job_id = _queue(request, run_dir, spec)
+    except BaseException as exc:
+        for run_id in runs.all_ids:
+            # The submit error is the one to show, not a failure to record it.
+            with contextlib.suppress(StokerError):
+                mark_run_failed_to_submit(request.tracking, run_id, str(exc))
+        raise
+    _record_in_ledger(request, run_dir, job_id, cluster, script, runs, code)
+    _record_in_runs(request, job_id, script, runs)
+    return Submitted(
+        job_id,
+        run_dir.path,
+        runs.created.run_id,
+        run_link(request.tracking, runs.created.experiment_id, runs.created.run_id),
+        script,
+        tuple(runs.task_run_ids) if request.is_array else (),
+        code.notes,
+    )
+
+
+def _snapshot(request: SubmitRequest, run_dir: RunDir) -> _Code:
+    """The code snapshot in the run folder, unless --no-snapshot or outside git."""
     from stoker.launcher.snapshot import snapshot_code
 
-    base = configs[0]
-    job = base.config.job
-    notes: list[str] = []
-    workdir = options.cwd
-    code_sha = None
-    if options.snapshot:
-        snap = snapshot_code(options.code, run_dir.code, cwd=options.cwd)
-        if snap is None:
-            notes.append(
-                f"{options.cwd} is not in a git repository: the job runs there, not from a "
-                "snapshot (use --code DIR to snapshot a folder)"
-            )
-        else:
-            workdir = snap.workdir
-            code_sha = snap.sha256
-            notes += snap.notes
+    options = request.options
+    if not options.snapshot:
+        return _Code(options.cwd, None, ())
+    snap = snapshot_code(options.code, run_dir.code, cwd=options.cwd)
+    if snap is None:
+        note = (
+            f"{options.cwd} is not in a git repository: the job runs there, not from a "
+            "snapshot (use --code DIR to snapshot a folder)"
+        )
+        return _Code(options.cwd, None, (note,))
+    return _Code(snap.workdir, snap.sha256, tuple(snap.notes))
 
-    folders = [run_dir.task(i) for i in range(len(configs))] if is_array else [run_dir]
-    for folder, body in zip(folders, frozen, strict=True):
-        (folder.logs).mkdir(parents=True, exist_ok=True)
+
+def _write_configs(request: SubmitRequest, run_dir: RunDir) -> list[RunDir]:
+    """Each task's frozen config (and logs folder); a job array's folders, one per task."""
+    if request.is_array:
+        folders = [run_dir.task(i) for i in range(len(request.configs))]
+    else:
+        folders = [run_dir]
+    for folder, body in zip(folders, request.frozen, strict=True):
+        folder.logs.mkdir(parents=True, exist_ok=True)
         write_text_atomic(folder.config, body)
-    if is_array:
+    if request.is_array:
         run_dir.logs.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(run_dir.config, frozen[0])
+        write_text_atomic(run_dir.config, request.frozen[0])
+    return folders
 
-    cluster = _cluster_name() if not options.local else socket.gethostname()
-    tags = {
+
+def _run_tags(request: SubmitRequest, run_dir: RunDir, cluster: str, code: _Code) -> dict[str, str]:
+    """The tags of the job's MLflow run(s); the experiment's tracking.tags last."""
+    config = request.base.config
+    job = config.job
+    return {
         "stoker.run_dir": str(run_dir.path),
-        "stoker.config_hash": chash,
-        "stoker.command": " ".join(command),
+        "stoker.config_hash": request.config_digest,  # the tag keeps its first name
+        "stoker.command": " ".join(request.command),
         "slurm.cluster": cluster,
         "slurm.nodes": str(job.nodes),
         "slurm.tasks_per_node": str(job.tasks_per_node),
         "slurm.gpus_per_node": str(job.gpus_per_node),
         "slurm.time_limit": job.time,
         "slurm.partition": job.partition or "(default)",
-        **({"stoker.code_sha256": code_sha} if code_sha else {}),
-        **base.config.tracking.tags,
+        **({"stoker.code_sha256": code.sha256} if code.sha256 else {}),
+        **config.tracking.tags,
     }
-    run_name = base.config.tracking.run_name or job.name
-    parent_run_id: str | None = None
-    if is_array:
-        children = [
-            tracking.ChildSpec(
-                run_name=f"{run_name}-{i}",
-                params=config_params(cfg),
-                tags={
-                    **tags,
-                    "stoker.run_dir": str(folders[i].path),
-                    **{
-                        f"sweep.{k}": v for k, v in (sweep_params or [{}] * len(configs))[i].items()
-                    },
-                },
-                artifacts={"config.yaml": frozen[i]},
-            )
-            for i, cfg in enumerate(configs)
-        ]
-        parent, child_runs = tracking.precreate_sweep(
-            target,
-            experiment=base.config.tracking.experiment,
-            parent_name=run_name,
-            parent_params={"sweep.size": len(configs)},
-            parent_tags=tags,
-            children=children,
-        )
-        created = parent
-        run_ids = [c.run_id for c in child_runs]
-        parent_run_id = parent.run_id
-    else:
-        created = tracking.precreate_run(
-            target,
-            experiment=base.config.tracking.experiment,
+
+
+def _create_runs(request: SubmitRequest, folders: list[RunDir], tags: dict[str, str]) -> _Runs:
+    """The job's MLflow run, with the config as params and config.yaml as artifact;
+    for a job array, a parent run and one child run per task."""
+    base = request.base.config
+    run_name = base.tracking.run_name or base.job.name
+    if not request.is_array:
+        created = precreate_run(
+            request.tracking,
+            experiment=base.tracking.experiment,
             run_name=run_name,
-            params=config_params(base),
+            params=config_params(request.base),
             tags=tags,
-            artifacts={"config.yaml": frozen[0]},
+            artifacts={"config.yaml": request.frozen[0]},
         )
-        run_ids = [created.run_id]
-
-    spec = _spec(
-        base,
-        options,
-        run_dir,
-        command,
-        workdir,
-        target.uri,
-        run_ids,
-        parent_run_id,
-        len(configs) if is_array else None,
+        return _Runs(created, [created.run_id], None)
+    children = [
+        ChildSpec(
+            run_name=f"{run_name}-{i}",
+            params=config_params(cfg),
+            tags={
+                **tags,
+                "stoker.run_dir": str(folders[i].path),
+                **{f"sweep.{k}": v for k, v in request.sweep_params[i].items()},
+            },
+            artifacts={"config.yaml": request.frozen[i]},
+        )
+        for i, cfg in enumerate(request.configs)
+    ]
+    parent, child_runs = precreate_sweep(
+        request.tracking,
+        experiment=base.tracking.experiment,
+        parent_name=run_name,
+        parent_params={"sweep.size": len(request.configs)},
+        parent_tags=tags,
+        children=children,
     )
-    try:
-        script = render_sbatch(spec, explain=False)
-        write_text_atomic(run_dir.script, script.text)
-        if options.local:
-            from stoker.launcher.local_backend import start_local
+    return _Runs(parent, [c.run_id for c in child_runs], parent.run_id)
 
-            job_id = start_local(spec, Ledger())
-        else:
-            preflight(run_dir.script)
-            job_id = sbatch(run_dir.script)
-    except BaseException as exc:
-        for run_id in dict.fromkeys([created.run_id, *run_ids]):
-            # The submit error is the one to show, not a failure to record it.
-            with contextlib.suppress(StokerError):
-                tracking.mark_run_failed_to_submit(target, run_id, str(exc))
-        raise
+
+def _spec(
+    request: SubmitRequest,
+    run_dir: RunDir,
+    workdir: Path,
+    run_ids: Sequence[str],
+    parent_run_id: str | None,
+) -> LaunchSpec:
+    """What the renderer takes, after the checks the script depends on."""
+    check_launch(request.base, request.options.after)
+    return LaunchSpec(
+        resolved=request.base,
+        run_dir=run_dir.path,
+        command=list(request.command),
+        workdir=workdir,
+        tracking_uri=request.tracking.uri,
+        mlflow_run_ids=run_ids,
+        parent_run_id=parent_run_id,
+        array_size=request.array_size,
+        max_parallel=request.options.max_parallel,
+        after=request.options.after,
+    )
+
+
+def _queue(request: SubmitRequest, run_dir: RunDir, spec: LaunchSpec) -> str:
+    """Start the job: `sbatch --test-only`, then `sbatch`; or the local backend. Its id."""
+    if request.options.local:
+        from stoker.launcher.local_backend import start_local
+
+        return start_local(spec, Ledger())
+    preflight(run_dir.script)
+    return sbatch(run_dir.script)
+
+
+def _record_in_ledger(
+    request: SubmitRequest,
+    run_dir: RunDir,
+    job_id: str,
+    cluster: str,
+    script: RenderedScript,
+    runs: _Runs,
+    code: _Code,
+) -> None:
+    """The ledger's record of the queued job (`stoker status`, `logs`, `why`, `cancel`)."""
     record = JobRecord(
         job_id=job_id,
-        backend="local" if options.local else "slurm",
+        backend="local" if request.options.local else "slurm",
         cluster=cluster,
-        name=job.name,
+        name=request.base.config.job.name,
         run_dir=str(run_dir.path),
-        config_hash=chash,
+        config_digest=request.config_digest,
         template=script.template,
-        mlflow_run_id=created.run_id,
-        tracking_uri=target.uri,
-        array_size=len(configs) if is_array else None,
+        mlflow_run_id=runs.created.run_id,
+        tracking_uri=request.tracking.uri,
+        array_size=request.array_size,
         extra={
-            "command": list(map(str, command)),
-            **({"child_run_ids": run_ids} if is_array else {}),
-            **({"code_sha256": code_sha} if code_sha else {}),
+            "command": list(map(str, request.command)),
+            **({"child_run_ids": runs.task_run_ids} if request.is_array else {}),
+            **({"code_sha256": code.sha256} if code.sha256 else {}),
         },
     )
     try:
@@ -321,140 +426,27 @@ def _submit_in(
             fix=f"follow it with `squeue -j {job_id}` and in its run folder {run_dir.path}; "
             f"{exc.fix or 'check that STOKER_HOME is writable'}",
         ) from exc
+
+
+def _record_in_runs(
+    request: SubmitRequest, job_id: str, script: RenderedScript, runs: _Runs
+) -> None:
+    """The job id on the MLflow run(s) (each task's on its child), the script as a param."""
     updates: dict[str, tuple[dict[str, str], dict[str, str]]] = {
-        created.run_id: ({"job.sbatch": script.text}, {"slurm.job_id": job_id})
+        runs.created.run_id: ({"job.sbatch": script.text}, {"slurm.job_id": job_id})
     }
-    if is_array:
-        for index, run_id in enumerate(run_ids):
+    if request.is_array:
+        for index, run_id in enumerate(runs.task_run_ids):
             updates[run_id] = ({}, {"slurm.job_id": f"{job_id}_{index}"})
     try:
-        tracking.update_submitted_runs(target, updates)
+        update_submitted_runs(request.tracking, updates)
     except StokerError as exc:
         raise NotRecordedError(
             f"job {job_id} was submitted and is in the ledger (`stoker status {job_id}`), "
-            f"but its MLflow run {created.run_id} lacks the job id and job.sbatch: "
+            f"but its MLflow run {runs.created.run_id} lacks the job id and job.sbatch: "
             f"{exc.message}",
             fix=exc.fix,
         ) from exc
-    link = tracking.run_link(target, created.experiment_id, created.run_id)
-    return Submitted(
-        job_id,
-        run_dir.path,
-        created.run_id,
-        link,
-        script,
-        tuple(run_ids) if is_array else (),
-        tuple(notes),
-    )
-
-
-def _spec(
-    base: ResolvedConfig,
-    options: SubmitOptions,
-    run_dir: RunDir,
-    command: list[str],
-    workdir: Path,
-    tracking_uri: str,
-    run_ids: Sequence[str],
-    parent_run_id: str | None,
-    array_size: int | None,
-) -> LaunchSpec:
-    if options.after is not None and not _AFTER.fullmatch(options.after):
-        raise StokerError(
-            f"--after {options.after!r} is not a SLURM job id",
-            fix="give a job id such as 1234 or 1234_5, several joined with ':'",
-        )
-    check_stop_grace(base)
-    check_eval_data(base)
-    check_pass_env(base)
-    return LaunchSpec(
-        resolved=base,
-        run_dir=run_dir.path,
-        command=command,
-        workdir=workdir,
-        tracking_uri=tracking_uri,
-        mlflow_run_ids=run_ids,
-        parent_run_id=parent_run_id,
-        array_size=array_size,
-        max_parallel=options.max_parallel,
-        after=options.after,
-    )
-
-
-def time_limit_seconds(text: str) -> int | None:
-    """sbatch's --time forms in seconds; None for UNLIMITED."""
-    if text == "UNLIMITED":
-        return None
-    days = 0
-    if "-" in text:  # D-H, D-H:M, D-H:M:S
-        day_text, text = text.split("-", 1)
-        days = int(day_text)
-        hours, minutes, seconds = [*map(int, text.split(":")), 0, 0][:3]
-    else:
-        parts = [int(p) for p in text.split(":")]
-        if len(parts) == 1:  # a bare number is minutes
-            hours, minutes, seconds = 0, parts[0], 0
-        elif len(parts) == 2:
-            hours, minutes, seconds = 0, parts[0], parts[1]
-        else:
-            hours, minutes, seconds = parts
-    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-
-
-def check_stop_grace(resolved: ResolvedConfig) -> None:
-    """The stop signal comes job.stop_grace seconds before the limit: it must fit in it."""
-    job = resolved.config.job
-    limit = time_limit_seconds(job.time)
-    if limit is not None and job.stop_grace >= limit:
-        raise StokerError(
-            f"job.stop_grace={job.stop_grace} s ({resolved.source_of(('job', 'stop_grace'))}) "
-            f"is not shorter than job.time={job.time} ({resolved.source_of(('job', 'time'))}): "
-            "the job would be told to save and stop as soon as it starts",
-            fix=f"set job.stop_grace below {limit} s (a step plus a checkpoint), "
-            f"e.g. job.stop_grace={max(10, limit // 3)}, or give the job more time",
-        )
-
-
-def check_command(command: Sequence[str]) -> None:
-    """Each argument goes into the script and the `stoker.command` tag as UTF-8 text."""
-    for arg in command:
-        try:
-            str(arg).encode("utf-8")
-        except UnicodeEncodeError:
-            raise StokerError(
-                f"the command argument {str(arg)!r} is not UTF-8 text",
-                fix="pass it in UTF-8 (or through a file the command reads)",
-            ) from None
-
-
-def check_pass_env(resolved: ResolvedConfig) -> None:
-    """Every job.pass_env variable is set here: sbatch (and the local backend) hands the
-    job this environment, so a missing one would fail the job only once it starts."""
-    names = resolved.config.job.pass_env
-    missing = [name for name in names if name not in os.environ]
-    if missing:
-        source = resolved.source_of(("job", "pass_env"))
-        verb = "is" if len(missing) == 1 else "are"
-        raise StokerError(
-            f"job.pass_env ({source}) names {', '.join(missing)}, which {verb} not set in "
-            "this environment",
-            fix=f"export {missing[0]}=... in this shell before submitting (the job gets it "
-            "by name; its value is written nowhere), or remove it from job.pass_env",
-        )
-
-
-def check_eval_data(resolved: ResolvedConfig) -> None:
-    """Evaluation needs a held-out set: given (data.eval_url), or made with the
-    synthetic training set (data.url null)."""
-    cfg = resolved.config
-    if cfg.train.eval_every and cfg.data.url is not None and cfg.data.eval_url is None:
-        raise StokerError(
-            f"train.eval_every={cfg.train.eval_every} "
-            f"({resolved.source_of(('train', 'eval_every'))}) but data.eval_url is null: "
-            f"there is no held-out data set to evaluate on",
-            fix="set data.eval_url to a held-out data set (packed like data.url), "
-            "or train.eval_every=0",
-        )
 
 
 def preflight(script: Path) -> None:

@@ -27,7 +27,7 @@ that is gone, else the stalled rank outside "sync" whose progress is oldest:
 the others reached their wait after it stopped.
 
 `stoker why` reads hang.json and the culprit's stack from its log
-(stoker/launcher/why.py).
+(stoker/launcher/why/hang.py).
 """
 
 from __future__ import annotations

@@ -42,10 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from stoker.config import load_frozen
+    from stoker.kernels import KernelBackendError
     from stoker.protocol import ENV_RESTART, ENV_RUN_DIR, EXIT_HANG, EXIT_PEER_LOST
     from stoker.runtime import dist_env
     from stoker.runtime.heartbeat import hang_reported
-    from stoker.runtime.tracking_setup import open_tracking
+    from stoker.runtime.rank_tracking import open_tracking
     from stoker.runtime.trainer import Trainer
 
     cfg = load_frozen(args.config)
@@ -76,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         if env.is_main:
             print(f"{outcome.status.lower()} at step {outcome.step}", flush=True)
         return outcome.exit_code
-    except StokerError as exc:
+    except (StokerError, KernelBackendError) as exc:
+        # The kernels know nothing of stoker; their user errors read the same.
         print(f"stoker: rank {env.rank}: {exc}", file=sys.stderr, flush=True)
         return 1
     except Exception as exc:

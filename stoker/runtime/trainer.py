@@ -7,41 +7,45 @@
           [non-finite?, stop wanted?] over the ranks           (the step's only sync)
         optimizer and schedule step, unless non-finite         (optimizer)
         every log_every steps: one all-gather of the window's metrics and each
-          rank's own time (stragglers.py), log
+          rank's own time (stragglers.py), evaluate every eval_every, log
         on a stop request: save, exit EXIT_REQUEUE (75)
+        every checkpoint.every steps: save (in the background with checkpoint.async)
 
 Losses and norms stay on the device between log steps; the flags all-reduce is
 the one host sync per step (a skipped step must be decided on every rank).
+Heartbeat, profiler and per-rank timing watch the step from one object
+(stoker/runtime/step_watch.py); what is reported goes to a `MetricsSink`
+(stoker/runtime/metrics_sink.py).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import resource
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
-from stoker.checkpoint.checkpointer import Checkpointer, SaveRecord, save_metrics
+from stoker.checkpoint.checkpointer import Checkpointer, SaveRecord
 from stoker.checkpoint.train_state import TrainState
-from stoker.config import ExperimentConfig, config_hash
+from stoker.config import ExperimentConfig, state_hash
 from stoker.errors import StokerError
-from stoker.protocol import ENV_RESTART, EXIT_REQUEUE
+from stoker.protocol import EXIT_REQUEUE
 from stoker.runtime.dist_env import DistEnv
-from stoker.runtime.heartbeat import COLLECTIVE_PHASE, Heartbeat
+from stoker.runtime.heartbeat import COLLECTIVE_PHASE
+from stoker.runtime.metrics_sink import MetricsSink, NullSink
 from stoker.runtime.optim import build_optimizer, build_scheduler
 from stoker.runtime.parallelize import parallelize
-from stoker.runtime.profiling import StepProfiler
 from stoker.runtime.progress import Progress
+from stoker.runtime.step_watch import StepTimes, StepWatch
 from stoker.runtime.stop_request import StopRequest
-from stoker.runtime.stragglers import ForwardClock, Slowest, node_name
+from stoker.runtime.stragglers import Slowest, node_name
 
 # A step whose loss or gradient norm is not finite is skipped; this many in a
 # row means the run has diverged and stops (FAILED) instead of burning hours.
@@ -58,15 +62,6 @@ def _all_gather(output: torch.Tensor, tensor: torch.Tensor) -> None:
     gather(output, tensor)
 
 
-class MetricsSink(Protocol):
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
-
-
-class NullSink:
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        pass
-
-
 @dataclass
 class Window:
     """What accumulates between two log steps, on the device where it can."""
@@ -81,6 +76,23 @@ class Window:
     optim_s: float = 0.0
     skipped_steps: int = 0
     started: float = field(default_factory=time.perf_counter)
+
+    def add_step(self, times: StepTimes, samples: int) -> None:
+        """Any finished step, skipped or not: its samples and this rank's times."""
+        self.steps += 1
+        self.samples += samples
+        self.data_s += times.data_s
+        self.forward_s += times.forward_s
+        self.fwd_bwd_s += times.fwd_bwd_s
+        self.optim_s += times.optim_s
+
+    def add_good_step(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """A step the optimizer took: its loss into the sum, its norm into the max."""
+        self.loss_sum = loss_sum if self.loss_sum is None else self.loss_sum + loss_sum
+        norm = grad_norm.detach().float()
+        self.grad_norm_max = (
+            norm if self.grad_norm_max is None else torch.maximum(self.grad_norm_max, norm)
+        )
 
 
 @dataclass
@@ -178,24 +190,20 @@ class Trainer:
             keep_last=ckpt.keep_last,
             keep_every=ckpt.keep_every,
             mesh=mesh,
-            config_hash=config_hash(self.cfg),
+            state_hash=state_hash(self.cfg),
             full_verify_on_load=ckpt.verify == "full",
             on_commit=self._report_save if self.env.is_main else None,
         )
 
     def _report_save(self, record: SaveRecord) -> None:
         """Called from the checkpoint thread when a save has committed."""
-        log_checkpoint = getattr(self.sink, "log_checkpoint", None)
-        if log_checkpoint is not None:
-            log_checkpoint(
-                record.step,
-                record.url,
-                bytes=record.bytes,
-                blocking_s=record.blocking_s,
-                background_s=record.background_s,
-            )
-        else:
-            self.sink.log_metrics(save_metrics(record), record.step)
+        self.sink.log_checkpoint(
+            record.step,
+            record.url,
+            bytes=record.bytes,
+            blocking_s=record.blocking_s,
+            background_s=record.background_s,
+        )
 
     def _eval_loader(self, micro_cfg: ExperimentConfig) -> Any:
         """The held-out split's loader: clips from their start, the same
@@ -281,110 +289,51 @@ class Trainer:
         return self._generators[: len(positions)]
 
     def train(self) -> Outcome:
+        """Train from `start_step` to train.steps; a stop request ends it after a save."""
         cfg, env = self.cfg, self.env
-        total = cfg.train.steps
-        accum = cfg.train.grad_accum
+        total, accum = cfg.train.steps, cfg.train.grad_accum
         self.stop.install()
-        progress = Progress(total, self.start_step) if env.is_main else None
         batches = self._batches()
-        profiler = StepProfiler(cfg.train.profile_steps, self.run_dir, self.env.rank, self.device)
-        heartbeat = self._heartbeat()
-
-        def phase(name: str) -> AbstractContextManager[Any]:
-            if heartbeat is not None:
-                heartbeat.beat(step + 1, name)
-            return profiler.phase(name)
-
-        window = Window()
-        forward_clock = ForwardClock(self.model.blocks, self.device)
-        bad_in_row = 0
         params = [p for p in self.model.parameters() if p.requires_grad]
         max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip is not None else math.inf
-        step = self.start_step
+        watch = StepWatch(
+            cfg.train,
+            self.run_dir,
+            rank=env.rank,
+            world_size=env.world_size,
+            device=self.device,
+            blocks=self.model.blocks,
+        )
+        progress = Progress(total, self.start_step) if env.is_main else None
+        window, bad_in_row, step = Window(), 0, self.start_step
         try:
             while step < total:
-                profiler.before_step(step + 1)
-                t0 = time.perf_counter()
-                forward_clock.reset()
-                with phase("data"):
+                watch.begin(step + 1)
+                with watch.phase("data"):
                     micro = [next(batches) for _ in range(accum)]
-                t1 = time.perf_counter()
-                loss_sum = torch.zeros((), device=self.device)
-                for index, batch in enumerate(micro):
-                    if hasattr(self.model, "set_requires_gradient_sync"):
-                        # FSDP2: reduce-scatter gradients on the last micro-batch only.
-                        self.model.set_requires_gradient_sync(index == accum - 1)
-                    with phase("forward"), self.autocast():
-                        loss = self.model.loss(batch, self.noise_for(batch)) / accum
-                    with phase("backward"):
-                        loss.backward()
-                    loss_sum += loss.detach().float()
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-                if hasattr(grad_norm, "full_tensor"):
-                    grad_norm = grad_norm.full_tensor()
-                flags = torch.stack(
-                    [
-                        (~torch.isfinite(loss_sum) | ~torch.isfinite(grad_norm)).float(),
-                        torch.tensor(float(self.stop.wanted()), device=self.device),
-                    ]
-                )
-                if heartbeat is not None:
-                    heartbeat.beat(step + 1, COLLECTIVE_PHASE)
-                if env.distributed:
-                    torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-                nonfinite, stop_wanted = (bool(v) for v in flags.tolist())  # the sync
-                t2 = time.perf_counter()
+                watch.lap("data")
+                loss_sum = self._forward_backward(micro, watch)
+                grad_norm = self._clip_grad_norm(params, max_norm)
+                nonfinite, stop_wanted = self._agree(loss_sum, grad_norm, watch)  # host sync
+                watch.lap("fwd_bwd")
                 if nonfinite:
                     bad_in_row += 1
                     window.skipped_steps += 1
-                    if env.is_main:
-                        print(f"step {step + 1}: non-finite loss or gradient, skipped", flush=True)
-                    if bad_in_row >= MAX_NONFINITE_IN_ROW:
-                        raise StokerError(
-                            f"{bad_in_row} steps in a row had a non-finite loss or gradient "
-                            f"(last at step {step + 1}): training diverged",
-                            fix="lower optim.lr, raise optim.warmup_steps, or set "
-                            "optim.grad_clip; check the data with `stoker data inspect`",
-                        )
+                    self._skip(step + 1, bad_in_row)
                 else:
                     bad_in_row = 0
-                    with phase("optimizer"):
+                    with watch.phase("optimizer"):
                         self.optimizer.step()
                         self.scheduler.step()
-                    window.loss_sum = (
-                        loss_sum if window.loss_sum is None else window.loss_sum + loss_sum
-                    )
-                    norm = grad_norm.detach().float()
-                    window.grad_norm_max = (
-                        norm
-                        if window.grad_norm_max is None
-                        else torch.maximum(window.grad_norm_max, norm)
-                    )
+                    window.add_good_step(loss_sum, grad_norm)
                 self.optimizer.zero_grad(set_to_none=True)
                 step += 1
-                t3 = time.perf_counter()
-                window.steps += 1
-                window.samples += cfg.data.batch_size
-                window.data_s += t1 - t0
-                window.forward_s += forward_clock.take()  # after the sync: no wait
-                window.fwd_bwd_s += t2 - t1
-                window.optim_s += t3 - t2
-                profiler.after_step(step)
+                window.add_step(watch.end(step), cfg.data.batch_size)
                 if step % cfg.train.log_every == 0 or step == total or stop_wanted:
-                    if heartbeat is not None:
-                        heartbeat.beat(step, "log")
-                    metrics = self._reduce(window)
-                    if self.eval_loader is not None and (
-                        step % cfg.train.eval_every == 0 or step == total
-                    ):
-                        metrics["eval/loss"] = self.evaluate()
-                    self.sink.log_metrics(metrics, step)
-                    self._tag_slowest_host()
-                    if progress is not None:
-                        progress.update(step, metrics, self.slowest)
+                    watch.beat("log")
+                    self._log(step, window, progress)
                     window = Window()
-                if heartbeat is not None:
-                    heartbeat.beat(step, "save")
+                watch.beat("save")
                 if stop_wanted:
                     self.save(step, wait=True)
                     if self.stop.terminated:
@@ -398,30 +347,78 @@ class Trainer:
                 self._upload_final(step)
             return Outcome(0, "FINISHED", step)
         finally:
-            forward_clock.remove()
-            if heartbeat is not None:
-                heartbeat.stop()
-            for path in profiler.close():
-                if env.is_main and hasattr(self.sink, "log_artifact"):
+            for path in watch.close():
+                if env.is_main:
                     self.sink.log_artifact(path, "profile")
             if progress is not None:
                 progress.close()
 
-    def _heartbeat(self) -> Heartbeat | None:
-        """This rank's heartbeat and, on global rank 0, the hang watchdog
-        (stoker/runtime/heartbeat.py); None when train.hang_timeout_s is 0."""
-        timeout = self.cfg.train.hang_timeout_s
-        if not timeout:
-            return None
-        heartbeat = Heartbeat(
-            self.run_dir,
-            rank=self.env.rank,
-            world_size=self.env.world_size,
-            restart=int(os.environ.get(ENV_RESTART) or 0),
-            timeout_s=timeout,
+    def _forward_backward(self, micro: list[dict[str, Any]], watch: StepWatch) -> torch.Tensor:
+        """Forward and backward of each micro-batch; the step's loss, on the device."""
+        accum = len(micro)
+        loss_sum = torch.zeros((), device=self.device)
+        for index, batch in enumerate(micro):
+            if hasattr(self.model, "set_requires_gradient_sync"):
+                # FSDP2: reduce-scatter gradients on the last micro-batch only.
+                self.model.set_requires_gradient_sync(index == accum - 1)
+            with watch.phase("forward"), self.autocast():
+                loss = self.model.loss(batch, self.noise_for(batch)) / accum
+            with watch.phase("backward"):
+                loss.backward()
+            loss_sum += loss.detach().float()
+        return loss_sum
+
+    def _clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+        """The global gradient norm (before clipping to `max_norm`), a plain tensor."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
+            grad_norm = grad_norm.full_tensor()
+        return grad_norm
+
+    def _agree(
+        self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, watch: StepWatch
+    ) -> tuple[bool, bool]:
+        """(non-finite on some rank, stop wanted by some rank): one all-reduce (MAX) of
+        two flags, and the step's one host sync. Every rank must skip the same steps
+        and stop at the same one."""
+        flags = torch.stack(
+            [
+                (~torch.isfinite(loss_sum) | ~torch.isfinite(grad_norm)).float(),
+                torch.tensor(float(self.stop.wanted()), device=self.device),
+            ]
         )
-        heartbeat.start()
-        return heartbeat
+        watch.beat(COLLECTIVE_PHASE)
+        if self.env.distributed:
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        nonfinite, stop_wanted = (bool(v) for v in flags.tolist())  # the sync
+        return nonfinite, stop_wanted
+
+    def _skip(self, step: int, bad_in_row: int) -> None:
+        """Step `step` was non-finite and is skipped; the MAX_NONFINITE_IN_ROW-th
+        in a row fails the run."""
+        if self.env.is_main:
+            print(f"step {step}: non-finite loss or gradient, skipped", flush=True)
+        if bad_in_row >= MAX_NONFINITE_IN_ROW:
+            raise StokerError(
+                f"{bad_in_row} steps in a row had a non-finite loss or gradient "
+                f"(last at step {step}): training diverged",
+                fix="lower optim.lr, raise optim.warmup_steps, or set "
+                "optim.grad_clip; check the data with `stoker data inspect`",
+            )
+
+    def _log(self, step: int, window: Window, progress: Progress | None) -> None:
+        """A log step: the window's metrics over all ranks, the held-out loss every
+        train.eval_every steps and at the end, into the sink and progress.json."""
+        metrics = self._reduce(window)
+        eval_every = self.cfg.train.eval_every
+        if self.eval_loader is not None and (
+            step % eval_every == 0 or step == self.cfg.train.steps
+        ):
+            metrics["eval/loss"] = self.evaluate()
+        self.sink.log_metrics(metrics, step)
+        self._tag_slowest_host()
+        if progress is not None:
+            progress.update(step, metrics, self.slowest)
 
     def _reduce(self, window: Window) -> dict[str, float]:
         """The window's metrics, averaged over ranks, and with several ranks the
@@ -498,12 +495,11 @@ class Trainer:
 
     def _tag_slowest_host(self) -> None:
         """The run's tag `stoker.slowest_host`, set again when the slowest node changes
-        (metrics are numbers; a node is a name). Global rank 0, sinks with set_tags."""
-        set_tags = getattr(self.sink, "set_tags", None)
-        if self.slowest is None or not self.env.is_main or set_tags is None:
+        (metrics are numbers; a node is a name). Global rank 0 only."""
+        if self.slowest is None or not self.env.is_main:
             return
         if self.slowest.host != self._tagged_host:
-            set_tags({"stoker.slowest_host": self.slowest.host})
+            self.sink.set_tags({"stoker.slowest_host": self.slowest.host})
             self._tagged_host = self.slowest.host
 
     def _upload_final(self, step: int) -> None:
@@ -518,9 +514,7 @@ class Trainer:
             force=True,
         )
         print(f"final weights: {result.out} ({result.bytes} bytes)", flush=True)
-        log_final_model = getattr(self.sink, "log_final_model", None)
-        if log_final_model is not None:
-            log_final_model(folder, step=step)
+        self.sink.log_final_model(folder, step=step)
 
     def save(self, step: int, *, wait: bool = False) -> None:
         """Save the state after `step`; with checkpoint.async the files are written

@@ -29,10 +29,11 @@ import torch
 from stoker.checkpoint import checkpointer
 from stoker.config import load_frozen
 from stoker.runtime import dist_env
+from stoker.runtime.metrics_sink import MetricsOnlySink
 from stoker.runtime.trainer import Trainer
 
 
-class Sink:
+class Sink(MetricsOnlySink):
     def __init__(self, stop_file: Path | None, stop_at: int | None) -> None:
         self.losses: dict[int, float] = {}
         self.stop_file, self.stop_at = stop_file, stop_at

@@ -39,7 +39,7 @@ def _save(root: Path, step: int) -> Path:
 
 def _committed(root: Path, step: int) -> Path:
     folder = _save(root, step)
-    ck.write_commit(str(folder), step=step, world_size=1, mesh={"dp": 1}, config_hash="abc",
+    ck.write_commit(str(folder), step=step, world_size=1, mesh={"dp": 1}, state_hash="abc",
                     extra=None)  # fmt: skip
     return folder
 
@@ -52,7 +52,7 @@ def _flip_byte(path: Path, offset: int = 100) -> None:
 
 def test_commit_records_every_file(tmp_path: Path) -> None:
     folder = _save(tmp_path, 10)
-    commit = ck.write_commit(str(folder), step=10, world_size=1, mesh=None, config_hash="h1",
+    commit = ck.write_commit(str(folder), step=10, world_size=1, mesh=None, state_hash="h1",
                              extra={"mlflow_run_id": "r1"})  # fmt: skip
     names = [f.path for f in commit.files]
     assert names == sorted(names) and {".metadata", SHARD, "__0_0.distcp"} <= set(names)
@@ -70,12 +70,12 @@ def test_commit_refuses_a_folder_without_metadata(tmp_path: Path) -> None:
     folder = _save(tmp_path, 10)
     (folder / ".metadata").unlink()
     with pytest.raises(StokerError, match=r"step-10.*DCP has not finished: no \.metadata"):
-        ck.write_commit(str(folder), step=10, world_size=1, mesh=None, config_hash=None,
+        ck.write_commit(str(folder), step=10, world_size=1, mesh=None, state_hash=None,
                         extra=None)  # fmt: skip
     assert ck.read_commit(str(folder)) is None
     with pytest.raises(StokerError, match="no checkpoint folder"):
         ck.write_commit(str(tmp_path / "step-99"), step=99, world_size=1, mesh=None,
-                        config_hash=None, extra=None)  # fmt: skip
+                        state_hash=None, extra=None)  # fmt: skip
 
 
 def test_ls_lists_step_folders_newest_first(tmp_path: Path) -> None:
@@ -196,11 +196,11 @@ def test_commit_verify_ls_on_s3(tmp_path: Path, s3_env: S3Server) -> None:
     s3.rm_file(f"{root}/step-30/.metadata")
 
     with pytest.raises(StokerError, match=r"no \.metadata"):
-        ck.write_commit(f"{root}/step-30", step=30, world_size=1, mesh=None, config_hash=None,
+        ck.write_commit(f"{root}/step-30", step=30, world_size=1, mesh=None, state_hash=None,
                         extra=None)  # fmt: skip
     for step in (10, 20):
         commit = ck.write_commit(f"{root}/step-{step}", step=step, world_size=1, mesh=None,
-                                 config_hash=None, extra=None)  # fmt: skip
+                                 state_hash=None, extra=None)  # fmt: skip
         assert ck.read_commit(f"{root}/step-{step}") == commit
         assert ck.verify(f"{root}/step-{step}", full=True) == []
     rows = ck.list_checkpoints(root)

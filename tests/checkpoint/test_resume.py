@@ -33,6 +33,7 @@ from stoker.config import ExperimentConfig, resolve_config
 from stoker.data.synth import synth_dataset
 from stoker.protocol import EXIT_REQUEUE
 from stoker.runtime.dist_env import detect
+from stoker.runtime.metrics_sink import MetricsOnlySink
 from stoker.runtime.trainer import Trainer
 from tests.clirun import stoker
 from tests.s3_server import S3Server
@@ -75,7 +76,7 @@ def _experiment(tmp_path: Path, data_url: str, root: str, **sections: dict[str, 
     return path
 
 
-class Recorder:
+class Recorder(MetricsOnlySink):
     def __init__(self, stop_file: Path | None = None, stop_at: int | None = None) -> None:
         self.losses: dict[int, float] = {}
         self.saves: dict[int, dict[str, float]] = {}

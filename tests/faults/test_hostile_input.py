@@ -27,11 +27,11 @@ from hypothesis import strategies as st
 
 from stoker.cli.main import main
 from stoker.config import ExperimentConfig, resolve_config
-from stoker.config_keys import dotted, leaf_paths
+from stoker.config.keys import dotted, leaf_paths
 from stoker.errors import StokerError
+from stoker.launcher.launch_checks import check_run_root
 from stoker.launcher.render import render_sbatch
 from stoker.launcher.spec import LaunchSpec
-from stoker.launcher.submit import check_run_root
 from tests.faults.batch_shim import run_batch_script
 
 # Each would leave a file named PWNED behind if a shell ever ran it.

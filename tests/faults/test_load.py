@@ -28,8 +28,9 @@ import pytest
 from stoker.launcher import slurm_cli
 from stoker.launcher.ledger import JobRecord, Ledger
 from stoker.launcher.slurm_query import TERMINAL_STATES
-from stoker.launcher.sqlite_retry import DatabaseLockedError, is_locked_error, retry_while_locked
-from stoker.launcher.status import collect_status, select_jobs
+from stoker.launcher.status import collect_status
+from stoker.launcher.targets import select_jobs
+from stoker.sqlite_retry import DatabaseLockedError, is_locked_error, retry_while_locked
 from tests.clirun import STOKER
 
 if TYPE_CHECKING:
@@ -321,11 +322,12 @@ def test_lock_errors_are_recognised_through_sqlalchemy_and_mlflow(
 def test_an_mlflow_run_is_created_while_another_process_holds_the_store(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    from stoker.launcher import tracking
+    from stoker.tracking.runs import precreate_run
+    from stoker.tracking.store import resolve_tracking_uri
 
-    target = tracking.resolve_tracking_uri(None)
+    target = resolve_tracking_uri(None)
     args: dict[str, Any] = {"experiment": "load", "params": {"a": 1}, "artifacts": {}}
-    tracking.precreate_run(target, run_name="first", tags={}, **args)  # the schema
+    precreate_run(target, run_name="first", tags={}, **args)  # the schema
     db = target.db_path
     assert db is not None
     holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
@@ -333,7 +335,7 @@ def test_an_mlflow_run_is_created_while_another_process_holds_the_store(
     release = threading.Timer(1.5, holder.execute, args=("COMMIT",))
     release.start()
     started = time.monotonic()
-    run = tracking.precreate_run(target, run_name="second", tags={"t": "1"}, **args)
+    run = precreate_run(target, run_name="second", tags={"t": "1"}, **args)
     assert time.monotonic() - started >= 1.5
     release.join()
     holder.close()

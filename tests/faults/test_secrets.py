@@ -19,8 +19,8 @@ import yaml
 from stoker.config import ResolvedConfig, resolve_config
 from stoker.launcher.render import render_sbatch
 from stoker.launcher.spec import LaunchSpec
-from stoker.launcher.tracking import config_params
 from stoker.redact import REDACTED, hide_url_passwords, secret_assignments, secret_word
+from stoker.tracking.runs import config_params
 from tests.clirun import stoker
 from tests.faults.batch_shim import run_batch_script
 from tests.launcher_jobs import submit_json, wait_final

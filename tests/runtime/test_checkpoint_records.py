@@ -12,8 +12,11 @@ from typing import Any
 import pytest
 
 from stoker.errors import StokerError
-from stoker.runtime.run_logger import EXTERNAL_MODEL_TAG, RunLogger, ensure_run
-from stoker.runtime.tracking_setup import Tracking, _SystemOnly
+from stoker.runtime.rank_tracking import SystemOnly, Tracking
+from stoker.tracking.logged_models import EXTERNAL_MODEL_TAG
+from stoker.tracking.logger import RunLogger
+from stoker.tracking.runs import precreate_run
+from stoker.tracking.store import resolve_tracking_uri
 from tests.mlflow_server import RestartableServer, free_port
 
 KEYS = [
@@ -36,7 +39,10 @@ def store_uri(request: pytest.FixtureRequest, server: RestartableServer) -> str:
 
 def new_run(uri: str) -> str:
     """A SCHEDULED run, as `stoker submit` (or `stoker run`) leaves it."""
-    return ensure_run(uri, "checkpoint-records", "ckpt", {}, {})
+    target = resolve_tracking_uri(uri)
+    return precreate_run(
+        target, experiment="checkpoint-records", run_name="ckpt", params={}, tags={}, artifacts={}
+    ).run_id
 
 
 def client_of(uri: str) -> Any:
@@ -279,8 +285,23 @@ def test_model_names_and_other_nodes(tmp_path: Path) -> None:
     with pytest.raises(StokerError, match="not a name MLflow takes"):
         logger.log_final_model(tmp_path, step=1, name="final/v1")
     # Other nodes' local rank 0 and ranks without a logger record nothing.
-    for tracking in (Tracking(_SystemOnly(logger), None, "x"), Tracking(None, None, None)):
+    for tracking in (Tracking(SystemOnly(logger), None, "x"), Tracking(None, None, None)):
         checkpoint(tracking, 10)
         tracking.log_final_model(tmp_path, step=10)
     logger.close(None)  # never started: would spool what was logged
     assert not (tmp_path / "spool.jsonl").exists()
+
+
+def test_the_rank_sinks_offer_what_the_trainer_calls() -> None:
+    """Tracking (every rank's sink) and SystemOnly (other nodes') answer each call of
+    MetricsSink with its signature, as RunLogger does (tests/runtime/test_trainer.py)."""
+    import inspect
+
+    from stoker.runtime.metrics_sink import MetricsSink
+
+    names = [n for n, v in vars(MetricsSink).items() if inspect.isfunction(v) and n[0] != "_"]
+    assert names
+    for name in names:
+        declared = inspect.signature(getattr(MetricsSink, name))
+        for sink in (Tracking, SystemOnly):
+            assert inspect.signature(getattr(sink, name)) == declared, (sink, name)

@@ -18,7 +18,10 @@ from typing import Any
 
 import pytest
 
-from stoker.runtime.run_logger import RunLogger, SystemSampler, ensure_run
+from stoker.tracking.logger import RunLogger
+from stoker.tracking.runs import precreate_run
+from stoker.tracking.store import resolve_tracking_uri
+from stoker.tracking.system_metrics import SystemSampler
 from tests.mlflow_server import RestartableServer, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -156,7 +159,7 @@ def test_requeued_job_logs_every_step_once_and_params_again(
 CRASHING_JOB = """
 import sys, time
 from pathlib import Path
-from stoker.runtime.run_logger import RunLogger
+from stoker.tracking.logger import RunLogger
 
 url, run_id, spool = sys.argv[1:]
 logger = RunLogger(url, run_id, Path(spool), flush_interval_s=0.1, retry_max_s=0.5)
@@ -233,7 +236,14 @@ def test_sqlite_store(server: RestartableServer, tmp_path: Path) -> None:
     # The server's own sqlite file, opened directly as a job on a shared filesystem
     # would: a fresh store's schema takes 5 to 8 s to create here.
     uri = server.db_uri
-    run_id = ensure_run(uri, "local", "first", {"lr": 0.1}, {"stoker.command": "run"})
+    run_id = precreate_run(
+        resolve_tracking_uri(uri),
+        experiment="local",
+        run_name="first",
+        params={"lr": 0.1},
+        tags={"stoker.command": "run"},
+        artifacts={},
+    ).run_id
     logger = RunLogger(uri, run_id, tmp_path / "spool.jsonl", flush_interval_s=0.1)
     logger.start()
     logger.log_params({"lr": 0.1, "steps": 100})
@@ -249,14 +259,6 @@ def test_sqlite_store(server: RestartableServer, tmp_path: Path) -> None:
     assert run.data.params == {"lr": "0.1", "steps": "100"}
     assert run.data.tags["stoker.command"] == "run"
     assert_each_step_once(store, run_id, ["loss"], range(100))
-
-
-def test_import_does_not_import_mlflow() -> None:
-    code = "import sys, stoker.runtime.run_logger; print('mlflow' in sys.modules)"
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
-    )
-    assert result.stdout.strip() == "False"
 
 
 def test_system_sampler_logs_this_node(
@@ -327,7 +329,7 @@ def test_system_sampler_reads_the_visible_gpus_through_nvml(
 
 LOCKED_START = """
 import sys, pathlib
-from stoker.runtime.run_logger import RunLogger
+from stoker.tracking.logger import RunLogger
 uri, run_id, folder = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3])
 logger = RunLogger(uri, run_id, folder / "spool.jsonl", flush_interval_s=0.1, retry_max_s=1)
 logger.start()  # the store is locked: an outage, not an exception
@@ -349,7 +351,14 @@ def test_a_sqlite_store_locked_at_start_is_an_outage_not_a_crash(
     from mlflow.tracking import MlflowClient
 
     uri = server.db_uri
-    run_id = ensure_run(uri, "local", "locked", {}, {})
+    run_id = precreate_run(
+        resolve_tracking_uri(uri),
+        experiment="local",
+        run_name="locked",
+        params={},
+        tags={},
+        artifacts={},
+    ).run_id
     holder = sqlite3.connect(uri.removeprefix("sqlite:///"), isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")  # a fresh process cannot even read the schema
     child = subprocess.Popen([sys.executable, "-c", LOCKED_START, uri, run_id, str(tmp_path)],
@@ -369,3 +378,44 @@ def test_a_sqlite_store_locked_at_start_is_an_outage_not_a_crash(
     client = MlflowClient(tracking_uri=uri)
     assert client.get_run(run_id).info.status == "FINISHED"
     assert_each_step_once(client, run_id, ["loss"], range(5))
+
+
+def test_packing_keeps_each_step_once_and_mlflows_limits(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """No store: the step rule and the per-call limits, as the writer packs records."""
+    from stoker.tracking.packing import Packer
+
+    packer = Packer("r", batch_points=1000)
+    packer.learn({"loss": 4}, {"seed": "1"})
+    records = [
+        {"run": "r", "m": [["loss", 1.0, 0, step] for step in range(2, 8)]},
+        {"run": "r", "p": {"seed": "2", **{f"p{i}": str(i) for i in range(150)}}},
+        {"run": "r", "a": ["/tmp/x", None]},
+        {"run": "r", "m": [["loss", 9.0, 0, 7]]},  # step 7 again: dropped
+    ]
+    batches = list(packer.pack(records))
+    assert [b.points for b in batches] == [3, 0, 0]  # steps 5, 6, 7 of loss
+    assert [len(b.params) for b in batches] == [100, 50, 0]  # 100 params a call
+    assert batches[2].artifact == ["/tmp/x", None]
+    assert packer.dropped == 3 + 1 and packer.maxes == {"loss": 7}
+    assert "param 'seed'" in capfd.readouterr().err
+
+
+def test_the_spool_skips_cut_lines_and_other_runs(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from stoker.tracking.spool import Spool
+
+    spool = Spool(tmp_path / "spool.jsonl", "r")
+    spool.append([{"run": "r", "m": [["loss", 1.0, 0, 1]]}, {"run": "other", "t": {"a": "b"}}])
+    with spool.path.open("a") as handle:
+        handle.write('{"run": "r", "m": [["lo')  # a write cut short by a kill
+    fresh = Spool(spool.path, "r")
+    fresh.count()
+    assert (spool.points, fresh.points) == (1, 1)
+    assert [r["m"] for r in fresh.records()] == [[["loss", 1.0, 0, 1]]]
+    err = capfd.readouterr().err
+    assert "1 unreadable lines" in err and "other runs (other)" in err
+    fresh.clear()
+    assert not fresh.has_data() and fresh.points == 0

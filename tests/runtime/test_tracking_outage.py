@@ -26,7 +26,7 @@ STEPS = 150
 # went at least DOWN_STEPS steps further (and RunLogger said it spools).
 STOP_AT_STEP = 5
 DOWN_STEPS = 10
-# What RunLogger writes on rank 0's stderr (stoker/runtime/run_logger.py).
+# What RunLogger writes on rank 0's stderr (stoker/tracking/writer.py).
 OUTAGE_TEXT = "does not answer"
 BACK_TEXT = "answers again: replayed "
 TRAINER_KEYS = ["loss", "lr"]

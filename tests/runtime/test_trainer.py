@@ -6,6 +6,7 @@ non-finite losses aborts with a clear error."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from stoker.data.synth import synth_dataset
 from stoker.errors import StokerError
 from stoker.protocol import EXIT_REQUEUE
 from stoker.runtime.dist_env import detect
+from stoker.runtime.metrics_sink import MetricsOnlySink
 from stoker.runtime.trainer import Trainer
 
 
@@ -38,18 +40,22 @@ def _config(tmp_path: Path, data_url: str, steps: int, *overrides: str) -> Exper
     return resolve_config(exp, list(overrides), use_profile=False).config
 
 
-class Recorder:
+class Recorder(MetricsOnlySink):
     """The trainer's metrics sink; can ask for a stop at a given step."""
 
     def __init__(self, stop_file: Path | None = None, stop_at: int | None = None) -> None:
         self.losses: dict[int, float] = {}
         self.metrics: dict[int, dict[str, float]] = {}
+        self.saves: dict[int, dict[str, float]] = {}
         self.artifacts: list[tuple[Path, str | None]] = []
         self.stop_file, self.stop_at = stop_file, stop_at
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        if "checkpoint/bytes" in metrics:  # a committed save (MetricsOnlySink)
+            self.saves[step] = dict(metrics)
+            return
         self.losses[step] = metrics["loss"]
-        self.metrics[step] = metrics
+        self.metrics[step] = dict(metrics)
         if step == self.stop_at and self.stop_file is not None:
             self.stop_file.touch()
 
@@ -75,6 +81,7 @@ def test_stop_saves_exits_for_requeue_and_resumes_exactly(
     outcome = _trainer(cfg, tmp_path / "run", first).train()
     assert (outcome.exit_code, outcome.status, outcome.step) == (EXIT_REQUEUE, "REQUEUE", 4)
     assert (tmp_path / "run" / "checkpoints" / "step-4" / ".metadata").is_file()
+    assert sorted(first.saves) == [4] and first.saves[4]["checkpoint/bytes"] > 0
 
     stop_file.unlink()
     second = Recorder()
@@ -169,3 +176,25 @@ def test_stream_positions_stay_on_the_host(tmp_path: Path, data_url: str) -> Non
     trainer.device = torch.device("meta")  # any device other than the host's
     batch = trainer._to_device({"position": torch.arange(4), "audio": torch.zeros(4, 1, 8)})
     assert batch["position"].device.type == "cpu" and batch["audio"].device.type == "meta"
+
+
+def test_the_sink_interface_is_what_the_run_logger_offers() -> None:
+    """MetricsSink declares every call the trainer makes on its sink, with RunLogger's
+    signatures, and the null sink answers them all: nothing is probed."""
+    import inspect
+
+    from stoker.runtime.metrics_sink import MetricsSink, NullSink
+    from stoker.tracking.logger import RunLogger
+
+    names = sorted(n for n, v in vars(MetricsSink).items() if inspect.isfunction(v) and n[0] != "_")
+    assert names == [
+        "log_artifact",
+        "log_checkpoint",
+        "log_final_model",
+        "log_metrics",
+        "set_tags",
+    ]
+    for name in names:
+        declared = inspect.signature(getattr(MetricsSink, name))
+        assert inspect.signature(getattr(RunLogger, name)) == declared, name
+        assert inspect.signature(getattr(NullSink, name)) == declared, name

@@ -7,16 +7,16 @@ from typing import Any
 
 import yaml
 
-from stoker.config_keys import KeyPath
+from stoker.config.keys import KeyPath
+from stoker.config.yaml_source import parse_yaml_value
 from stoker.errors import StokerError
 from stoker.redact import (
     REDACTED,
     hide_url_passwords,
-    one_line,
+    printable_line,
     secret_assignments,
     secret_word,
 )
-from stoker.yaml_source import parse_yaml_value
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_][A-Za-z0-9_.-]*)*$")
 
@@ -55,4 +55,4 @@ def shown_override(text: str) -> str:
     if sep and (secret_word(key.rsplit(".", 1)[-1]) or secret_assignments(raw)):
         text = f"{key}={REDACTED}"
     # On one line: a newline here would split a message or an --explain line.
-    return one_line(hide_url_passwords(text))
+    return printable_line(hide_url_passwords(text))

@@ -1,11 +1,11 @@
-"""Which MLflow run this job writes, and who writes it.
+"""Which MLflow run this job writes, and which rank writes what.
 
 Global rank 0 logs metrics into the run `stoker submit` pre-created
 (MLFLOW_RUN_ID), or, started without one (torchrun by hand), into a run it
-creates. The store is MLFLOW_TRACKING_URI, else tracking.uri, else the
-embedded sqlite default (stoker/launcher/tracking.py). Local rank 0 of every
-node samples that node's CPU, memory and GPUs into the same run. Other ranks
-write nothing.
+creates with `precreate_run`, as `stoker submit` does. The store is tracking.uri,
+else MLFLOW_TRACKING_URI, else the embedded sqlite default
+(stoker/tracking/store.py). Local rank 0 of every node samples that node's CPU,
+memory and GPUs into the same run. Other ranks write nothing.
 
 If the store cannot be reached at start, training goes on: metrics are spooled
 in the run folder (mlflow-spool-<rank>.jsonl) and replayed when it answers.
@@ -16,32 +16,73 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from stoker.config import ExperimentConfig
 from stoker.runtime.dist_env import DistEnv
+from stoker.tracking.logger import RunLogger, Status
+from stoker.tracking.runs import config_params, precreate_run
+from stoker.tracking.store import resolve_tracking_uri
+from stoker.tracking.system_metrics import SystemSampler
+
+# What the trainer's outcome sets the run to; anything else (REQUEUE) leaves it RUNNING.
+_RUN_STATUS: dict[str, Status] = {"FINISHED": "FINISHED", "FAILED": "FAILED", "KILLED": "KILLED"}
+
+
+class SystemOnly:
+    """Another node's RunLogger, written only by its SystemSampler: the trainer's
+    records come from global rank 0 alone, and only global rank 0 ends the run."""
+
+    def __init__(self, logger: RunLogger) -> None:
+        self._logger = logger
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        pass
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        pass
+
+    def log_artifact(self, local_path: Path, artifact_path: str | None = None) -> None:
+        pass
+
+    def log_checkpoint(
+        self, step: int, uri: str, *, bytes: int, blocking_s: float, background_s: float
+    ) -> None:
+        pass
+
+    def log_final_model(self, local_dir: Path, *, step: int, name: str = "final") -> None:
+        pass
+
+    def close(self, status: Status | None) -> None:
+        self._logger.close(None)
 
 
 class Tracking:
-    """The trainer's metrics sink: a RunLogger on global rank 0, nothing elsewhere."""
+    """The trainer's metrics sink (stoker/runtime/metrics_sink.py): a RunLogger on
+    global rank 0, a `SystemOnly` on other nodes' local rank 0, nothing elsewhere."""
 
-    def __init__(self, logger: Any | None, sampler: Any | None, run_id: str | None) -> None:
+    def __init__(
+        self,
+        logger: RunLogger | SystemOnly | None,
+        sampler: SystemSampler | None,
+        run_id: str | None,
+    ) -> None:
         self.logger, self.sampler, self.run_id = logger, sampler, run_id
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         if self.logger is not None:
             self.logger.log_metrics(metrics, step)
 
-    def set_tags(self, tags: dict[str, str]) -> None:
+    def set_tags(self, tags: Mapping[str, str]) -> None:
         if self.logger is not None:
             self.logger.set_tags(tags)
 
-    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+    def log_artifact(self, local_path: Path, artifact_path: str | None = None) -> None:
         if self.logger is not None:
-            self.logger.log_artifact(path, artifact_path)
+            self.logger.log_artifact(local_path, artifact_path)
 
     def log_checkpoint(
         self, step: int, uri: str, *, bytes: int, blocking_s: float, background_s: float
@@ -60,11 +101,12 @@ class Tracking:
             self.logger.log_final_model(local_dir, step=step, name=name)
 
     def close(self, status: str | None) -> None:
-        """status None: the job exits to be requeued; the run stays RUNNING."""
+        """`status`: the trainer's outcome (FINISHED, FAILED, KILLED); None or REQUEUE:
+        the job exits to be requeued and the run stays RUNNING."""
         if self.sampler is not None:
             self.sampler.stop()
         if self.logger is not None:
-            self.logger.close(status)
+            self.logger.close(_RUN_STATUS.get(status or ""))
 
 
 def _tags(env: DistEnv, device: torch.device) -> dict[str, str]:
@@ -84,24 +126,25 @@ def _tags(env: DistEnv, device: torch.device) -> dict[str, str]:
 def open_tracking(
     cfg: ExperimentConfig, env: DistEnv, device: torch.device, run_dir: Path, config_path: Path
 ) -> Tracking:
+    """This rank's sink, its RunLogger started (raises StokerError for a run that does
+    not exist or a store that refuses a run made here; a store down is no error)."""
     if not (env.is_main or env.is_node_main):
         return Tracking(None, None, os.environ.get("MLFLOW_RUN_ID"))
     from stoker.config import resolve_config
-    from stoker.launcher.tracking import config_params, resolve_tracking_uri
-    from stoker.runtime.run_logger import RunLogger, SystemSampler, ensure_run
 
     target = resolve_tracking_uri(cfg.tracking.uri)
     run_id = os.environ.get("MLFLOW_RUN_ID")
     if not run_id:
         if not env.is_main:
             return Tracking(None, None, None)
-        run_id = ensure_run(
-            target.uri,
-            cfg.tracking.experiment,
-            cfg.tracking.run_name or cfg.job.name,
-            config_params(resolve_config(config_path, use_profile=False)),
-            dict(cfg.tracking.tags),
-        )
+        run_id = precreate_run(
+            target,
+            experiment=cfg.tracking.experiment,
+            run_name=cfg.tracking.run_name or cfg.job.name,
+            params=config_params(resolve_config(config_path, use_profile=False)),
+            tags=dict(cfg.tracking.tags),
+            artifacts={},
+        ).run_id
     logger = RunLogger(target.uri, run_id, run_dir / f"mlflow-spool-{env.rank}.jsonl")
     logger.start()
     if env.is_main:
@@ -111,35 +154,6 @@ def open_tracking(
     sampler.start()
     if not env.is_main:
         # Other nodes' local rank 0: system metrics only.
-        return Tracking(_SystemOnly(logger), sampler, run_id)
+        return Tracking(SystemOnly(logger), sampler, run_id)
     print(f"MLflow run {run_id} in {target.uri}", file=sys.stderr, flush=True)
     return Tracking(logger, sampler, run_id)
-
-
-class _SystemOnly:
-    """A node's logger used only by its SystemSampler; the trainer's metrics
-    come from global rank 0 alone."""
-
-    def __init__(self, logger: Any) -> None:
-        self._logger = logger
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        pass
-
-    def set_tags(self, tags: dict[str, str]) -> None:
-        pass
-
-    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        pass
-
-    def log_checkpoint(
-        self, step: int, uri: str, *, bytes: int, blocking_s: float, background_s: float
-    ) -> None:
-        pass
-
-    def log_final_model(self, local_dir: Path, *, step: int, name: str = "final") -> None:
-        pass
-
-    def close(self, status: str | None) -> None:
-        # Other nodes never end the run: global rank 0 does.
-        self._logger.close(None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from stoker.config_keys import KeyPath
+from stoker.config.keys import KeyPath
 from stoker.errors import StokerError
 from stoker.home import default_profile_path
 

@@ -1,8 +1,6 @@
-"""The login-node side of MLflow: which store a job is recorded in, and its run, made at submit.
+"""The MLflow store: which one a job is recorded in, and opening it from any process.
 
-`stoker submit` creates the MLflow run before the job is queued, so the user
-gets a link at once and the job only logs into an existing run
-(`MLFLOW_RUN_ID`). Where runs go, first match wins:
+Where runs go, first match wins:
 
     tracking.uri in the experiment config
     $MLFLOW_TRACKING_URI
@@ -12,7 +10,7 @@ Two stores are supported: a sqlite file (on a filesystem the compute nodes
 share) and an `mlflow server` over http(s), which many concurrent jobs should
 use. Many `stoker submit` at once on one sqlite file work: the first creates the
 schema while the others wait (`<db>.lock`), and a call that meets "database is
-locked" is retried with backoff for up to 60 s (stoker/launcher/sqlite_retry.py).
+locked" is retried with backoff for up to 60 s (stoker/sqlite_retry.py).
 
 Paths are made absolute here: the job runs in another folder on another
 node, and MLflow resolves a relative sqlite path (and the artifacts of an
@@ -28,47 +26,25 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import getpass
 import os
-import posixpath
 import random
 import re
 import shlex
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from stoker.errors import StokerError
 from stoker.home import stoker_home
-from stoker.launcher.sqlite_retry import BUDGET_S, is_locked_error, retry_while_locked
-from stoker.redact import REDACTED, has_url_password, hide_url_passwords, is_secret_name
+from stoker.redact import has_url_password, hide_url_passwords
+from stoker.sqlite_retry import BUDGET_S, retry_while_locked
 
-if TYPE_CHECKING:
-    from stoker.config import ResolvedConfig
-
-ParamValue = str | int | float
 T = TypeVar("T")
-
-# MLflow's own limits (mlflow/utils/validation.py): checked here, before anything is
-# created, so a bad key never leaves a half-made run behind.
-MAX_PARAM_VALUE = 6000
-MAX_TAG_VALUE = 8000
-MAX_KEY_LENGTH = 250
-MAX_EXPERIMENT_NAME = 500
-PARAMS_PER_BATCH = 100
-_VALID_KEY = re.compile(r"[/\w.\- :]+")
-_TRUNCATED = "...[truncated]"
-
-# Tags stoker sets on the runs it creates.
-TAG_PARENT = "mlflow.parentRunId"
-TAG_USER = "mlflow.user"
-TAG_SWEEP_INDEX = "stoker.sweep.index"
-TAG_SUBMIT_ERROR = "stoker.submit_error"
 
 # Seconds a `stoker submit` waits for another one that is creating the sqlite schema.
 LOCK_TIMEOUT = 120.0
@@ -110,32 +86,6 @@ class TrackingTarget:
     def describe(self) -> str:
         """`URI (from WHERE)`, for messages."""
         return f"{self.uri} (from {_SOURCE_TEXT.get(self.source, self.source)})"
-
-
-@dataclass(frozen=True)
-class CreatedRun:
-    """A run made by `precreate_run` / `precreate_sweep`, in status SCHEDULED."""
-
-    run_id: str
-    experiment_id: str
-    uri: str
-    """The tracking URI the run lives in (hand it to the job with the run id)."""
-    link: str
-    """What to show the user: a URL for a server, a command to run for a sqlite store."""
-    artifact_uri: str
-    truncated_params: tuple[str, ...] = ()
-    """Params whose value was cut to MLflow's 6000 characters (log the full config as an
-    artifact to keep it)."""
-
-
-@dataclass(frozen=True)
-class ChildSpec:
-    """One task of a sweep: its own run name, params, tags and artifacts."""
-
-    run_name: str
-    params: Mapping[str, ParamValue] = field(default_factory=dict)
-    tags: Mapping[str, str] = field(default_factory=dict)
-    artifacts: Mapping[str, str] = field(default_factory=dict)
 
 
 def default_target() -> TrackingTarget:
@@ -227,103 +177,9 @@ def _parse_sqlite(value: str, source: str) -> TrackingTarget:
     return TrackingTarget(uri=uri, artifact_root=str(path.parent / "artifacts"), source=source)
 
 
-# --- checks done before touching the store ---------------------------------------------
-
-
-def _check_key(kind: str, key: str) -> None:
-    bad = (
-        len(key) > MAX_KEY_LENGTH
-        or not _VALID_KEY.fullmatch(key)
-        or posixpath.normpath(key) != key
-        or key.startswith(("/", ".."))
-    )
-    if bad:
-        raise StokerError(
-            f"MLflow {kind} name {key!r} is not allowed",
-            fix=f"use at most {MAX_KEY_LENGTH} letters, digits, '_', '-', '.', ' ', ':' and "
-            "'/' (no leading '/', no '..', no '//')",
-        )
-
-
-def _cut(value: str, limit: int) -> str:
-    return value if len(value) <= limit else value[: limit - len(_TRUNCATED)] + _TRUNCATED
-
-
-def config_params(resolved: ResolvedConfig) -> dict[str, str]:
-    """MLflow params: every config leaf as `section.key` (free mappings such as
-    job.env key by key), as `stoker submit` and the runtime log them.
-
-    The config refuses secrets (stoker/redact.py); should one get in anyway (a config
-    built in code), its value is *** here."""
-    return {row.key: _param_value(row.key, row.value) for row in resolved.rows()}
-
-
-def _param_value(key: str, value: Any) -> str:
-    entry = key.split(".", 2)[2:]  # a free mapping's entry: job.env.NAME, tracking.tags.NAME
-    if entry and is_secret_name(entry[0]):
-        return REDACTED
-    return hide_url_passwords(_param_text(value))
-
-
-def _param_text(value: Any) -> str:
-    if isinstance(value, list | tuple):
-        return ",".join(map(str, value))
-    return "null" if value is None else str(value)
-
-
-def _prepare_params(params: Mapping[str, ParamValue]) -> tuple[dict[str, str], tuple[str, ...]]:
-    prepared: dict[str, str] = {}
-    truncated: list[str] = []
-    for key, value in params.items():
-        _check_key("param", key)
-        text = str(value)
-        if len(text) > MAX_PARAM_VALUE:
-            truncated.append(key)
-        prepared[key] = _cut(text, MAX_PARAM_VALUE)
-    return prepared, tuple(truncated)
-
-
-def _prepare_tags(tags: Mapping[str, str]) -> dict[str, str]:
-    for key in tags:
-        _check_key("tag", key)
-    return {key: _cut(str(value), MAX_TAG_VALUE) for key, value in tags.items()}
-
-
-def _check_artifacts(artifacts: Mapping[str, str]) -> None:
-    for name in artifacts:
-        if (
-            not name
-            or posixpath.normpath(name) != name
-            or name.startswith(("/", ".."))
-            or name.endswith("/")
-        ):
-            raise StokerError(
-                f"artifact file name {name!r} is not a relative path inside the run",
-                fix="name artifacts like 'job.sbatch' or 'code/manifest.txt'",
-            )
-
-
-def _check_experiment(name: str) -> None:
-    if not name.strip() or len(name) > MAX_EXPERIMENT_NAME:
-        raise StokerError(
-            f"MLflow experiment name {name!r} must be 1 to {MAX_EXPERIMENT_NAME} characters",
-            fix="set tracking.experiment in the experiment config",
-        )
-
-
 def _experiment_folder(name: str) -> str:
     """A folder name for an experiment's artifacts (names may hold '/', spaces, ...)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "experiment"
-
-
-def _current_user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # a container user with no passwd entry and no $USER
-        return "unknown"
-
-
-# --- talking to the store -----------------------------------------------------------------
 
 
 def _store_fix(target: TrackingTarget, message: str) -> str:
@@ -347,7 +203,7 @@ def _store_fix(target: TrackingTarget, message: str) -> str:
 
 
 @contextmanager
-def _store_errors(target: TrackingTarget, doing: str) -> Iterator[None]:
+def store_errors(target: TrackingTarget, doing: str) -> Iterator[None]:
     """Turn whatever MLflow, SQLAlchemy or requests raise into a StokerError naming the store."""
     try:
         yield
@@ -486,7 +342,7 @@ def _sqlite_lock(target: TrackingTarget) -> Iterator[None]:
 def _quiet_mlflow() -> Iterator[None]:
     """Hide MLflow's INFO lines ("Creating initial MLflow database tables...") from the CLI,
     and the traceback MLflow logs for every "database is locked" (retried here; any other
-    store error is reported by `_store_errors`)."""
+    store error is reported by `store_errors`)."""
     import logging
 
     quiet = {"mlflow": logging.WARNING, "alembic": logging.WARNING}
@@ -503,18 +359,18 @@ def _quiet_mlflow() -> Iterator[None]:
 
 
 @contextmanager
-def _open_store(target: TrackingTarget, experiment: str | None) -> Iterator[tuple[Any, str]]:
+def open_store(target: TrackingTarget, experiment: str | None) -> Iterator[tuple[Any, str]]:
     """An MlflowClient bound to `target` (never to MLflow's global URI) and the id of
     `experiment`, created if missing ("" when `experiment` is None)."""
     if target.is_server:
         _probe_server(target)
-    with _store_errors(target, "open the store"):
+    with store_errors(target, "open the store"):
         # The lightest import that gives a client; it still runs mlflow/__init__.
         from mlflow.tracking import MlflowClient
 
         # After the import: importing mlflow resets its loggers' levels.
         with _quiet_mlflow(), _sqlite_lock(target):
-            client = _RetryingClient(
+            client = RetryingClient(
                 _retry(target, "open the store", lambda: MlflowClient(tracking_uri=target.uri)),
                 target,
             )
@@ -543,7 +399,7 @@ def _retry(target: TrackingTarget, doing: str, call: Callable[[], T]) -> T:
     )
 
 
-class _RetryingClient:
+class RetryingClient:
     """An MlflowClient whose every call is retried while the store is locked.
 
     Each MLflow call is one transaction, so a retried call never half-applies; those
@@ -593,216 +449,3 @@ def _experiment_id(client: Any, target: TrackingTarget, name: str) -> str:
             "another name",
         )
     return str(found.experiment_id)
-
-
-def _create_run(
-    client: Any,
-    target: TrackingTarget,
-    experiment_id: str,
-    *,
-    run_name: str,
-    params: dict[str, str],
-    tags: dict[str, str],
-    artifacts: Mapping[str, str],
-    truncated: tuple[str, ...],
-    created: list[str],
-) -> CreatedRun:
-    """Create one SCHEDULED run; its id is appended to `created` as soon as it exists."""
-    from mlflow.entities import Param
-
-    run = client.create_run(
-        experiment_id, run_name=run_name, tags={TAG_USER: _current_user(), **tags}
-    )
-    run_id = str(run.info.run_id)
-    created.append(run_id)
-    # create_run always starts a run as RUNNING; the job moves it on when it starts.
-    client.update_run(run_id, status="SCHEDULED")
-    items = [Param(key, value) for key, value in params.items()]
-    for start in range(0, len(items), PARAMS_PER_BATCH):  # MLflow's per-call limit
-        client.log_batch(run_id, params=items[start : start + PARAMS_PER_BATCH])
-    for name, text in artifacts.items():
-        client.log_text(run_id, text, name)
-    return CreatedRun(
-        run_id=run_id,
-        experiment_id=experiment_id,
-        uri=target.uri,
-        link=run_link(target, experiment_id, run_id),
-        artifact_uri=str(run.info.artifact_uri),
-        truncated_params=truncated,
-    )
-
-
-def _abandon(client: Any, run_ids: Sequence[str], reason: str) -> None:
-    """Best effort, while another error is on its way up: no run stays SCHEDULED.
-
-    One attempt per call, not the retries: after a locked store spent its budget, 100
-    runs of a sweep must not wait 60 s each."""
-    raw = client.raw if isinstance(client, _RetryingClient) else client
-    for run_id in run_ids:
-        # The error already on its way up is the one to report, not a second one.
-        try:
-            raw.set_tag(run_id, TAG_SUBMIT_ERROR, _cut(reason, MAX_TAG_VALUE))
-            raw.set_terminated(run_id, status="FAILED")
-        except Exception as exc:
-            if is_locked_error(exc):
-                return  # still locked: the others would wait just as long
-
-
-# --- what `stoker submit` / `stoker sweep` call -----------------------------------------------
-
-
-def precreate_run(
-    target: TrackingTarget,
-    *,
-    experiment: str,
-    run_name: str,
-    params: Mapping[str, ParamValue],
-    tags: Mapping[str, str],
-    artifacts: Mapping[str, str],
-    parent_run_id: str | None = None,
-) -> CreatedRun:
-    """Create the run a job will log into, in status SCHEDULED.
-
-    The experiment is created if missing, with its artifacts under
-    `<artifact_root>/<experiment>` for a sqlite store. `artifacts` maps file names
-    ("job.sbatch", "config.yaml") to their text. Param values longer than MLflow's
-    6000 characters are cut (listed in `truncated_params`); an invalid param or tag
-    name raises StokerError before anything is created. Any store failure raises
-    StokerError naming the URI and where it came from; a run that was created before
-    the failure is marked FAILED.
-    """
-    _check_experiment(experiment)
-    prepared, truncated = _prepare_params(params)
-    all_tags = _prepare_tags(tags)
-    if parent_run_id is not None:
-        all_tags[TAG_PARENT] = parent_run_id
-    _check_artifacts(artifacts)
-    created: list[str] = []
-    with (
-        _open_store(target, experiment) as (client, experiment_id),
-        _store_errors(target, f"create a run in experiment {experiment!r}"),
-    ):
-        try:
-            return _create_run(
-                client,
-                target,
-                experiment_id,
-                run_name=run_name,
-                params=prepared,
-                tags=all_tags,
-                artifacts=artifacts,
-                truncated=truncated,
-                created=created,
-            )
-        except Exception as exc:
-            _abandon(client, created, f"stoker submit failed while creating the run: {exc}")
-            raise
-
-
-def precreate_sweep(
-    target: TrackingTarget,
-    *,
-    experiment: str,
-    parent_name: str,
-    parent_params: Mapping[str, ParamValue],
-    parent_tags: Mapping[str, str],
-    children: Sequence[ChildSpec],
-    parent_artifacts: Mapping[str, str] | None = None,
-) -> tuple[CreatedRun, list[CreatedRun]]:
-    """One parent run and one child run per sweep task (array index = list index).
-
-    Each child carries `mlflow.parentRunId` (the MLflow UI nests it under the parent)
-    and `stoker.sweep.index`. Everything is checked before the first run is created;
-    if the store fails half-way, the runs already made are marked FAILED.
-    """
-    _check_experiment(experiment)
-    parent_prepared, parent_truncated = _prepare_params(parent_params)
-    parent_all_tags = _prepare_tags(parent_tags)
-    _check_artifacts(parent_artifacts or {})
-    child_inputs = []
-    for index, child in enumerate(children):
-        prepared, truncated = _prepare_params(child.params)
-        child_tags = _prepare_tags(child.tags)
-        child_tags[TAG_SWEEP_INDEX] = str(index)
-        _check_artifacts(child.artifacts)
-        child_inputs.append((child, prepared, child_tags, truncated))
-    created: list[str] = []
-    with (
-        _open_store(target, experiment) as (client, experiment_id),
-        _store_errors(target, f"create the sweep's runs in experiment {experiment!r}"),
-    ):
-        try:
-            parent = _create_run(
-                client,
-                target,
-                experiment_id,
-                run_name=parent_name,
-                params=parent_prepared,
-                tags=parent_all_tags,
-                artifacts=parent_artifacts or {},
-                truncated=parent_truncated,
-                created=created,
-            )
-            runs = [
-                _create_run(
-                    client,
-                    target,
-                    experiment_id,
-                    run_name=child.run_name,
-                    params=prepared,
-                    tags={**tags, TAG_PARENT: parent.run_id},
-                    artifacts=child.artifacts,
-                    truncated=truncated,
-                    created=created,
-                )
-                for child, prepared, tags, truncated in child_inputs
-            ]
-        except Exception as exc:
-            _abandon(client, created, f"stoker sweep failed while creating the runs: {exc}")
-            raise
-    return parent, runs
-
-
-def run_link(target: TrackingTarget, experiment_id: str, run_id: str) -> str:
-    """Where the user sees the run: a URL for a server; for a sqlite store, the command
-    that serves it and the URL to open then."""
-    path = f"#/experiments/{experiment_id}/runs/{run_id}"
-    if target.is_server:
-        return f"{target.uri}/{path}"
-    return (
-        f"mlflow ui --backend-store-uri {shlex.quote(target.uri)} --port 5000"
-        f"  # then open http://127.0.0.1:5000/{path}"
-    )
-
-
-def mark_run_failed_to_submit(target: TrackingTarget, run_id: str, reason: str) -> None:
-    """After sbatch refused the job: set the pre-created run to FAILED with the reason in
-    the `stoker.submit_error` tag, so no run waits as SCHEDULED for a job that never came.
-    Raises StokerError if the store cannot be reached (the caller decides which error to show).
-    """
-    with (
-        _open_store(target, None) as (client, _),
-        _store_errors(target, f"mark run {run_id} as failed"),
-    ):
-        client.set_tag(run_id, TAG_SUBMIT_ERROR, _cut(reason, MAX_TAG_VALUE))
-        client.set_terminated(run_id, status="FAILED")
-
-
-def update_submitted_runs(
-    target: TrackingTarget, updates: Mapping[str, tuple[Mapping[str, str], Mapping[str, str]]]
-) -> None:
-    """`{run_id: (artifacts, tags)}`: what is known only once sbatch answered (the script,
-    which names the run ids, and the job id), written with one opening of the store."""
-    prepared = {}
-    for run_id, (artifacts, tags) in updates.items():
-        _check_artifacts(artifacts)
-        prepared[run_id] = (artifacts, _prepare_tags(tags))
-    with (
-        _open_store(target, None) as (client, _),
-        _store_errors(target, "record the submitted job in its runs"),
-    ):
-        for run_id, (artifacts, tags) in prepared.items():
-            for name, text in artifacts.items():
-                client.log_text(run_id, text, name)
-            for key, value in tags.items():
-                client.set_tag(run_id, key, value)

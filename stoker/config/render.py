@@ -8,9 +8,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from stoker.config import ExperimentConfig
-from stoker.config_keys import describe_expected, dotted, field_at, leaf_paths
-from stoker.profile import PROFILE_KEYS
+from stoker.config.keys import describe_expected, dotted, field_at, leaf_paths
+from stoker.config.profile import PROFILE_KEYS
+from stoker.config.schema import ExperimentConfig
 
 
 def yaml_scalar(value: Any) -> str:

@@ -6,7 +6,6 @@ import difflib
 import types
 import typing
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Literal, Union
 
@@ -14,27 +13,13 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from stoker.config.schema import ExperimentConfig
+
 KeyPath = tuple[str, ...]
 
 
 def dotted(path: Sequence[str]) -> str:
     return ".".join(path)
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a config: where, which key, what, and close valid keys."""
-
-    where: str
-    key: str
-    message: str
-    suggestions: list[str] = field(default_factory=list)
-
-    def __str__(self) -> str:
-        text = f"{self.where}: {self.key}: {self.message}"
-        if self.suggestions:
-            text += f" (did you mean {' or '.join(self.suggestions)}?)"
-        return text
 
 
 def _fields(model: type[BaseModel]) -> dict[str, FieldInfo]:
@@ -86,8 +71,6 @@ def leaf_paths(model: type[BaseModel], prefix: KeyPath = ()) -> list[KeyPath]:
 
 @cache
 def _all_keys() -> list[str]:
-    from stoker.config import ExperimentConfig
-
     return [dotted(p) for p in leaf_paths(ExperimentConfig)]
 
 

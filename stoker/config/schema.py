@@ -1,0 +1,342 @@
+"""The experiment schema: one pydantic section per concern, each field with its docstring.
+
+Every field carries a one-line docstring that `stoker config show`, `stoker init` and
+docs/config.md use, so code and docs cannot drift. The validators here judge one
+value at a time; where a value came from is `stoker.config.resolve`'s business.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from stoker.redact import secret_word
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+_SLURM_TIME = re.compile(
+    r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED)$"
+)
+_SLURM_MEM = re.compile(r"^\d+[KMGT]?$")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        use_attribute_docstrings=True,
+        populate_by_name=True,
+        validate_default=True,
+        # `NCCL_IB_DISABLE: 1` in YAML is an int; environment values and names are text.
+        coerce_numbers_to_str=True,
+    )
+
+
+class JobConfig(Section):
+    """What SLURM allocates and how the job starts."""
+
+    name: str = "stoker-tiny"
+    """Job name in squeue and the run folder; letters, digits, '.', '_', '-'."""
+    nodes: Annotated[int, Field(ge=1, le=10_000)] = 1
+    """Number of nodes to allocate."""
+    ntasks_per_node: Annotated[int, Field(ge=1, le=1024)] | None = None
+    """Tasks (ranks) per node; null means one per GPU, or 1 without GPUs."""
+    gpus_per_node: Annotated[int, Field(ge=0, le=64)] = 0
+    """GPUs per node (sbatch --gpus-per-node); 0 runs on CPUs."""
+    cpus_per_task: Annotated[int, Field(ge=1, le=4096)] = 1
+    """CPU cores per task, for data-loading workers and the main process."""
+    mem: str | None = None
+    """Memory per node, e.g. 64G; null takes the partition's default, 0 the whole node."""
+    time: str = "01:00:00"
+    """Time limit, in a form sbatch accepts: MM, HH:MM:SS or D-HH:MM:SS."""
+    partition: str | None = None
+    """SLURM partition; null uses the cluster's default partition."""
+    account: str | None = None
+    """SLURM account charged for the job."""
+    qos: str | None = None
+    """SLURM quality of service."""
+    constraint: str | None = None
+    """Node features required (sbatch --constraint), e.g. 'h100&ib'."""
+    exclusive: bool = False
+    """Allocate whole nodes, sharing them with no other job."""
+    container: str | None = None
+    """Container image to run the job in; null runs in the current Python environment."""
+    env: dict[str, str] = {}
+    """Environment variables set for every task (merged with the profile's); no secrets."""
+    pass_env: list[str] = []
+    """Secrets and other variables passed by name from the submitting shell, e.g. [HF_TOKEN]."""
+    setup: list[str] = []
+    """Shell lines run before the training command, e.g. 'module load cuda'."""
+    template: str = "default"
+    """sbatch template: a built-in name or the path of a Jinja2 file."""
+    mounts: list[str] = []
+    """Container mounts 'host_path:container_path[:ro]' (pyxis and apptainer templates)."""
+    max_requeues: Annotated[int, Field(ge=0, le=1000)] = 3
+    """How many times a preempted or timed-out job is requeued before it is left failed."""
+    max_restarts: Annotated[int, Field(ge=0, le=100)] = 1
+    """Restarts after a lost rank or node or a hang, without the failed node; not after errors."""
+    stop_grace: Annotated[int, Field(ge=10, le=3600)] = 120
+    """Seconds before the time limit at which the job is told to save and stop."""
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _NAME.fullmatch(value):
+            raise ValueError(
+                "use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+            )
+        return value
+
+    @field_validator("partition", "account", "qos")
+    @classmethod
+    def _check_slurm_name(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_NAME.fullmatch(value):
+            raise ValueError("use letters, digits, '.', '_' or '-' (a SLURM name)")
+        return value
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _minutes_as_time(cls, value: Any) -> Any:
+        # `time: 30` in YAML is an int; sbatch reads a bare number as minutes.
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        return value
+
+    @field_validator("time")
+    @classmethod
+    def _check_time(cls, value: str) -> str:
+        if not _SLURM_TIME.fullmatch(value):
+            raise ValueError("use MM, HH:MM:SS or D-HH:MM:SS, e.g. 04:00:00 or 2-00:00:00")
+        return value
+
+    @field_validator("mem")
+    @classmethod
+    def _check_mem(cls, value: str | None) -> str | None:
+        if value is not None and not _SLURM_MEM.fullmatch(value):
+            raise ValueError("use a number with an optional K, M, G or T suffix, e.g. 64G")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not _ENV_NAME.fullmatch(key):
+                raise ValueError(f"{key!r} is not an environment variable name")
+        _refuse_secret_entries(value)
+        return value
+
+    @field_validator("pass_env")
+    @classmethod
+    def _check_pass_env(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        for name in value:
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        if len(set(value)) != len(value):
+            raise ValueError("names a variable twice")
+        both = sorted(set(value) & set(info.data.get("env") or {}))
+        if both:
+            raise ValueError(f"{', '.join(both)} is also set in job.env: keep it in one of the two")
+        return value
+
+    @field_validator("constraint", "container")
+    @classmethod
+    def _check_one_line(cls, value: str | None) -> str | None:
+        # An #SBATCH line ends at a newline: the rest would be a line of the script.
+        if value is not None and re.search(r"[\x00-\x1f\x7f]", value):
+            raise ValueError("use one line of text, without control characters")
+        return value
+
+    @field_validator("container")
+    @classmethod
+    def _check_container(cls, value: str | None) -> str | None:
+        # `apptainer exec ... IMAGE`: an image named -x would be read as an option.
+        if value is not None and value.startswith("-"):
+            raise ValueError("an image name cannot start with '-'")
+        return value
+
+    @field_validator("mounts")
+    @classmethod
+    def _check_mounts(cls, value: list[str]) -> list[str]:
+        for mount in value:
+            parts = mount.split(":")
+            if not 2 <= len(parts) <= 3 or not all(parts[:2]) or "," in mount:
+                raise ValueError(
+                    f"{mount!r} is not 'host_path:container_path' or 'host_path:container_path:ro'"
+                )
+            if len(parts) == 3 and parts[2] not in ("ro", "rw"):
+                raise ValueError(f"{mount!r}: the third field may be ro or rw, not {parts[2]!r}")
+        return value
+
+    @property
+    def tasks_per_node(self) -> int:
+        """Ranks started on each node."""
+        return self.ntasks_per_node or max(self.gpus_per_node, 1)
+
+
+class ModelConfig(Section):
+    """Which network is trained."""
+
+    arch: Literal["av_dit", "audio_ar"] = "av_dit"
+    """av_dit: audio-video diffusion transformer; audio_ar: autoregressive audio-token model."""
+    size: Literal["tiny", "small", "base", "large", "1b"] = "tiny"
+    """Size preset; tiny learns on two CPU cores in minutes, 1b fills one GPU."""
+    kernels: Literal["auto", "triton", "reference"] = "auto"
+    """Kernel implementation: Triton on CUDA with auto, or force one everywhere."""
+
+
+class DataConfig(Section):
+    """Where samples come from and how they are cut."""
+
+    url: str | None = None
+    """fsspec URL of a packed data set (file://, s3://, ...); null uses synthetic data."""
+    eval_url: str | None = None
+    """Held-out data set for train.eval_every; null: a second synthetic set with url null."""
+    batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = 8
+    """Global batch size: samples per optimizer step across all ranks."""
+    num_workers: Annotated[int, Field(ge=0, le=256)] = 2
+    """DataLoader worker processes per rank."""
+    clip_seconds: Annotated[float, Field(gt=0, le=3600)] = 1.0
+    """Length of each training clip in seconds."""
+    fps: Annotated[int, Field(ge=1, le=240)] = 8
+    """Video frames per second after resampling."""
+    resolution: tuple[Annotated[int, Field(ge=8)], Annotated[int, Field(ge=8)]] = (64, 64)
+    """Video frame size [height, width] after resizing."""
+    sample_rate: Annotated[int, Field(ge=1000, le=192_000)] = 16_000
+    """Audio sample rate in Hz after resampling."""
+    channels: Annotated[int, Field(ge=1, le=8)] = 1
+    """Audio channels after mixing (mean to fewer, repeat to more)."""
+    modalities: list[Literal["video", "audio", "text", "meta"]] = ["video", "audio"]
+    """What each sample yields; the data set must have each in every sample."""
+    clip_offset: Literal["random", "start"] = "random"
+    """Where a clip starts in its sample: random (seeded, resumable) or at 0."""
+    shuffle_shards: Annotated[int, Field(ge=1, le=4096)] = 4
+    """Shards whose samples are shuffled together; more mixes better, reads wider."""
+    prefetch_mb: Annotated[float, Field(gt=0, le=65_536)] = 256
+    """Bytes fetched ahead per rank, split over its workers."""
+    start_method: Literal["forkserver", "spawn"] = "forkserver"
+    """How DataLoader workers start; fork is unsafe with s3fs/gcsfs."""
+
+
+class OptimConfig(Section):
+    """AdamW and its schedule."""
+
+    lr: Annotated[float, Field(gt=0, le=10)] = 3e-4
+    """Peak learning rate."""
+    weight_decay: Annotated[float, Field(ge=0, le=10)] = 0.1
+    """AdamW weight decay."""
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (
+        0.9,
+        0.95,
+    )
+    """AdamW betas [beta1, beta2]."""
+    warmup_steps: Annotated[int, Field(ge=0)] = 100
+    """Linear warm-up steps before the schedule."""
+    schedule: Literal["cosine", "constant"] = "cosine"
+    """Learning-rate schedule after warm-up."""
+    grad_clip: Annotated[float, Field(gt=0)] | None = 1.0
+    """Clip the global gradient norm to this value; null disables clipping."""
+
+
+class TrainConfig(Section):
+    """The training loop."""
+
+    steps: Annotated[int, Field(ge=1)] = 1000
+    """Optimizer steps to train for."""
+    seed: int = 0
+    """Seed for weights, data order and noise; equal seeds give equal runs."""
+    precision: Literal["bf16", "fp32"] = "bf16"
+    """bf16 autocast with fp32 master weights, or plain fp32."""
+    grad_accum: Annotated[int, Field(ge=1, le=1024)] = 1
+    """Micro-batches accumulated per optimizer step."""
+    activation_checkpointing: Literal["none", "selective", "full"] = "none"
+    """Recompute activations in backward to save memory."""
+    compile: bool = False
+    """torch.compile each transformer block."""
+    log_every: Annotated[int, Field(ge=1)] = 10
+    """Log metrics every this many steps."""
+    eval_every: Annotated[int, Field(ge=0)] = 0
+    """Evaluate on the held-out split every this many steps; 0 never."""
+    eval_batches: Annotated[int, Field(ge=1, le=100_000)] = 4
+    """Batches of the held-out split per evaluation (the same ones each time)."""
+    hang_timeout_s: Annotated[float, Field(ge=0)] = 900
+    """Fail the job when a rank makes no progress for this long (stacks dumped); 0 never."""
+    collective_timeout_s: Annotated[float, Field(ge=5, le=86400)] = 120
+    """Seconds a collective waits for a lost peer before the rank fails (process group timeout)."""
+    profile_steps: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] | None = None
+    """[first, last]: record a torch.profiler trace of these steps; null never."""
+
+    @field_validator("profile_steps")
+    @classmethod
+    def _check_profile_steps(cls, value: tuple[int, int] | None) -> tuple[int, int] | None:
+        if value is not None and value[1] < value[0]:
+            raise ValueError("use [first, last] with first <= last, e.g. [10, 15]")
+        return value
+
+
+class CheckpointConfig(Section):
+    """Sharded checkpoints."""
+
+    root: str | None = None
+    """Folder or fsspec URL for checkpoints; null is <run folder>/checkpoints."""
+    every: Annotated[int, Field(ge=0)] = 500
+    """Save every this many steps; 0 saves only at the end."""
+    keep_last: Annotated[int, Field(ge=1)] = 3
+    """Keep the newest this many committed checkpoints."""
+    keep_every: Annotated[int, Field(ge=1)] | None = None
+    """Also keep every checkpoint whose step is a multiple of this; null keeps none extra."""
+    async_save: bool = Field(default=True, alias="async")
+    """Save in the background while training goes on."""
+    verify: Literal["quick", "full"] = "full"
+    """Check before resuming: file sizes (quick), or also every sha256, split over ranks (full)."""
+    upload_final: bool = False
+    """At the end, upload the consolidated final weights to MLflow as a logged model."""
+
+
+class TrackingConfig(Section):
+    """MLflow."""
+
+    uri: str | None = None
+    """MLflow tracking URI; null uses $MLFLOW_TRACKING_URI, else a sqlite store in $STOKER_HOME."""
+    experiment: str = "stoker"
+    """MLflow experiment name."""
+    run_name: str | None = None
+    """MLflow run name; null uses the job name."""
+    tags: dict[str, str] = {}
+    """Extra tags set on the MLflow run; no secrets."""
+
+    @field_validator("tags")
+    @classmethod
+    def _check_tags(cls, value: dict[str, str]) -> dict[str, str]:
+        _refuse_secret_entries(value)
+        return value
+
+
+class ExperimentConfig(Section):
+    """A whole experiment: what runs, where, on what data, and where it is recorded."""
+
+    job: JobConfig = Field(default_factory=JobConfig)
+    """SLURM resources and job start-up."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The model."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """The data set and loader."""
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    """The optimizer."""
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    """The training loop."""
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """Checkpoints."""
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """Experiment tracking."""
+
+
+def _refuse_secret_entries(mapping: Mapping[str, str]) -> None:
+    # resolve_config reports these with their source and no value; this catches a
+    # config built in code.
+    for key in mapping:
+        if secret_word(key):
+            raise ValueError(f"{key!r} names a secret; pass it with job.pass_env instead")

@@ -1,0 +1,133 @@
+"""What a launch must pass before anything is created: each check raises a StokerError
+naming the bad value, where it came from and the fix.
+
+`submit` (for SLURM, `--local` and `stoker run` alike) runs them before it makes a run
+folder, an MLflow run or a job, so that a refused launch leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from stoker.config import ResolvedConfig
+from stoker.errors import StokerError
+
+# `--after 123`, `--after 123_4`, `--after 123:456` (all must succeed).
+_AFTER = re.compile(r"^\d+(_\d+)?(:\d+(_\d+)?)*$")
+# Characters that would break an `#SBATCH --output=` path or the script's quoting rules.
+_UNSAFE_PATH = re.compile(r"[\s'\"\\\x00-\x1f\x7f]")
+
+
+def check_launch(resolved: ResolvedConfig, after: str | None) -> None:
+    """The checks on a config and `--after` that the rendered script depends on."""
+    check_after(after)
+    check_stop_grace(resolved)
+    check_eval_data(resolved)
+    check_pass_env(resolved)
+
+
+def check_run_root(root: Path) -> None:
+    if _UNSAFE_PATH.search(str(root)):
+        raise StokerError(
+            f"the runs folder {str(root)!r} contains whitespace, a quote, a backslash or a "
+            "control character, which SLURM's #SBATCH --output cannot take",
+            fix="set STOKER_HOME to a path without them",
+        )
+
+
+def check_after(after: str | None) -> None:
+    """`--after`: one SLURM job id, or several joined with ':'."""
+    if after is not None and not _AFTER.fullmatch(after):
+        raise StokerError(
+            f"--after {after!r} is not a SLURM job id",
+            fix="give a job id such as 1234 or 1234_5, several joined with ':'",
+        )
+
+
+def time_limit_seconds(text: str) -> int | None:
+    """sbatch's --time forms in seconds; None for UNLIMITED."""
+    if text == "UNLIMITED":
+        return None
+    days = 0
+    if "-" in text:  # D-H, D-H:M, D-H:M:S
+        day_text, text = text.split("-", 1)
+        days = int(day_text)
+        hours, minutes, seconds = [*map(int, text.split(":")), 0, 0][:3]
+    else:
+        parts = [int(p) for p in text.split(":")]
+        if len(parts) == 1:  # a bare number is minutes
+            hours, minutes, seconds = 0, parts[0], 0
+        elif len(parts) == 2:
+            hours, minutes, seconds = 0, parts[0], parts[1]
+        else:
+            hours, minutes, seconds = parts
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def check_stop_grace(resolved: ResolvedConfig) -> None:
+    """The stop signal comes job.stop_grace seconds before the limit: it must fit in it."""
+    job = resolved.config.job
+    limit = time_limit_seconds(job.time)
+    if limit is not None and job.stop_grace >= limit:
+        raise StokerError(
+            f"job.stop_grace={job.stop_grace} s ({resolved.source_of(('job', 'stop_grace'))}) "
+            f"is not shorter than job.time={job.time} ({resolved.source_of(('job', 'time'))}): "
+            "the job would be told to save and stop as soon as it starts",
+            fix=f"set job.stop_grace below {limit} s (a step plus a checkpoint), "
+            f"e.g. job.stop_grace={max(10, limit // 3)}, or give the job more time",
+        )
+
+
+def check_command(command: Sequence[str]) -> None:
+    """Each argument goes into the script and the `stoker.command` tag as UTF-8 text."""
+    for arg in command:
+        try:
+            str(arg).encode("utf-8")
+        except UnicodeEncodeError:
+            raise StokerError(
+                f"the command argument {str(arg)!r} is not UTF-8 text",
+                fix="pass it in UTF-8 (or through a file the command reads)",
+            ) from None
+
+
+def check_pass_env(resolved: ResolvedConfig) -> None:
+    """Every job.pass_env variable is set here: sbatch (and the local backend) hands the
+    job this environment, so a missing one would fail the job only once it starts."""
+    names = resolved.config.job.pass_env
+    missing = [name for name in names if name not in os.environ]
+    if missing:
+        source = resolved.source_of(("job", "pass_env"))
+        verb = "is" if len(missing) == 1 else "are"
+        raise StokerError(
+            f"job.pass_env ({source}) names {', '.join(missing)}, which {verb} not set in "
+            "this environment",
+            fix=f"export {missing[0]}=... in this shell before submitting (the job gets it "
+            "by name; its value is written nowhere), or remove it from job.pass_env",
+        )
+
+
+def check_eval_data(resolved: ResolvedConfig) -> None:
+    """Evaluation needs a held-out set: given (data.eval_url), or made with the
+    synthetic training set (data.url null)."""
+    cfg = resolved.config
+    if cfg.train.eval_every and cfg.data.url is not None and cfg.data.eval_url is None:
+        raise StokerError(
+            f"train.eval_every={cfg.train.eval_every} "
+            f"({resolved.source_of(('train', 'eval_every'))}) but data.eval_url is null: "
+            f"there is no held-out data set to evaluate on",
+            fix="set data.eval_url to a held-out data set (packed like data.url), "
+            "or train.eval_every=0",
+        )
+
+
+def check_same_job(configs: Sequence[ResolvedConfig]) -> None:
+    """The tasks of a job array share one allocation: their job.* keys must agree."""
+    for cfg in configs[1:]:
+        if cfg.config.job != configs[0].config.job:
+            raise StokerError(
+                "a sweep may not vary job.* keys: all tasks of a job array share one allocation",
+                fix="sweep over model, data, optim or train keys; submit job variants separately",
+            )

@@ -1,0 +1,108 @@
+"""The local backend's local-state.json: written by the supervisor of a `--local` job
+(stoker/launcher/local_supervisor.py) before the first rank starts and after the last
+one ends; read by `stoker status`, `logs`, `why` and `cancel`.
+
+    {"state": "RUNNING" | "COMPLETED" | "FAILED" | "CANCELLED",
+     "exit_code": int | null, "supervisor_pid": int, "started": epoch,
+     "ended": epoch | null, "ranks": {"0": exit_code | null, ...}}
+
+A RUNNING state whose supervisor process is gone means the supervisor died (what
+NODE_FAIL is on a cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stoker.atomic_write import write_text_atomic
+from stoker.launcher.rundir import RunDir
+
+
+@dataclass(frozen=True)
+class LocalState:
+    """The local backend's local-state.json (see the module docstring)."""
+
+    state: str
+    exit_code: int | None
+    supervisor_pid: int | None
+    started: float | None
+    ended: float | None
+    ranks: dict[int, int | None]
+
+
+def write_local_state(run: RunDir, state: Mapping[str, Any]) -> None:
+    """Replace local-state.json at once (readers never see half a file)."""
+    write_text_atomic(run.local_state, json.dumps(state, indent=2))
+
+
+def read_local_state(run: RunDir) -> LocalState | None:
+    """The supervisor's last record, or None (absent, caught mid-write, or not an object)."""
+    try:
+        data = json.loads(run.local_state.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("state"), str):
+        return None
+    ranks: dict[int, int | None] = {}
+    raw_ranks = data.get("ranks")
+    if isinstance(raw_ranks, dict):
+        for rank, code in raw_ranks.items():
+            if str(rank).isdigit():
+                ranks[int(rank)] = code if isinstance(code, int) else None
+    return LocalState(
+        state=data["state"].upper(),
+        exit_code=_int(data, "exit_code"),
+        supervisor_pid=_int(data, "supervisor_pid"),
+        started=_number(data, "started"),
+        ended=_number(data, "ended"),
+        ranks=ranks,
+    )
+
+
+def _number(data: dict[str, Any], key: str) -> float | None:
+    """data[key] as a number; None when absent or not a number."""
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _int(data: dict[str, Any], key: str) -> int | None:
+    value = _number(data, key)
+    return int(value) if value is not None and value.is_integer() else None
+
+
+def pid_exists(pid: int) -> bool:
+    """Is there a process `pid` (ours or someone else's)? `process_alive` also tells a
+    reused pid and a zombie from the supervisor."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    return True
+
+
+def process_alive(pid: int, started: float | None) -> bool:
+    """Is `pid` still the supervisor that wrote `started`? A reused pid belongs to a
+    process that started later; a zombie has exited."""
+    if not pid_exists(pid):
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        with open("/proc/stat") as proc_stat:
+            boot = next(float(line.split()[1]) for line in proc_stat if line.startswith("btime"))
+    except (OSError, StopIteration, ValueError):
+        return True  # no /proc (macOS): trust kill(0)
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] == "Z":
+        return False
+    process_start = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    # btime is whole seconds and the supervisor writes `started` after it starts.
+    return started is None or process_start <= started + 2.0

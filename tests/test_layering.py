@@ -1,0 +1,268 @@
+"""The layering rule of docs/architecture.md, read from the source with `ast` (fast: no
+stoker module is imported). Each violation names its file and line.
+
+- Login-node code (cli, config, launcher, tracking, protocol and the shared leaf
+  modules) imports no torch, triton, mlflow, submitit, av or soundfile at module level:
+  a command imports one inside the function that needs it.
+- Each package imports only the packages below it: the runtime never the launcher nor
+  the cli; the kernels nothing of stoker outside stoker.kernels; data and checkpoint
+  nothing of the launcher, the cli or the runtime; ...
+- No module imports a `_private` name of another package.
+
+`import`s under `if TYPE_CHECKING:` cost nothing at run time, so they pass the first
+rule, but they are dependencies all the same: the others count them.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HEAVY = ("torch", "triton", "mlflow", "submitit", "av", "soundfile")
+
+# Modules at the top of the package that everything may use: no stoker imports of their
+# own beyond each other, no heavy imports.
+LEAVES = (
+    "stoker",
+    "stoker.errors",
+    "stoker.home",
+    "stoker.atomic_write",
+    "stoker.redact",
+    "stoker.sqlite_retry",
+    "stoker.protocol",
+)
+# Whose module-level imports must stay light (login nodes, `--help`, `import stoker`).
+LOGIN_NODE = (
+    "stoker.cli",
+    "stoker.config",
+    "stoker.launcher",
+    "stoker.tracking",
+    "stoker.__main__",
+)
+
+# What each package may import of stoker, besides itself and the leaves.
+MAY_IMPORT: dict[str, tuple[str, ...]] = {
+    "stoker.__main__": ("*",),  # `python -m stoker`: the CLI
+    "stoker.cli": ("*",),
+    "stoker.config": (),
+    "stoker.tracking": ("stoker.config",),
+    "stoker.launcher": ("stoker.config", "stoker.tracking", "stoker.data"),
+    "stoker.runtime": (
+        "stoker.config",
+        "stoker.tracking",
+        "stoker.data",
+        "stoker.kernels",
+        "stoker.checkpoint",
+    ),
+    "stoker.data": ("stoker.config",),
+    "stoker.checkpoint": (),
+    "stoker.kernels": (),
+}
+# The kernels stand alone (as Liger's do): not even the leaves.
+STANDALONE = ("stoker.kernels",)
+
+
+@dataclass(frozen=True)
+class Import:
+    path: Path
+    line: int
+    module: str  # the importing module, dotted
+    target: str  # the imported module, dotted
+    names: tuple[str, ...]  # names taken from it (`from target import a, b`)
+    module_level: bool  # runs on import (not in a function, not under TYPE_CHECKING)
+    type_only: bool  # under `if TYPE_CHECKING:`
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_in(path: Path, root: Path) -> Iterator[Import]:
+    module = module_name(path, root)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), filename=str(path))
+
+    def visit(node: ast.AST, in_function: bool, type_only: bool) -> Iterator[Import]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    yield Import(path, child.lineno, module, alias.name, (),
+                                 not in_function and not type_only, type_only)  # fmt: skip
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.rsplit(".", child.level - 1)[0] if child.level > 1 else package
+                    target = f"{base}.{child.module}" if child.module else base
+                else:
+                    target = child.module or ""
+                names = tuple(alias.name for alias in child.names)
+                yield Import(path, child.lineno, module, target, names,
+                             not in_function and not type_only, type_only)  # fmt: skip
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                yield from visit(child, True, type_only)
+            elif isinstance(child, ast.If) and _is_type_checking(child.test):
+                for stmt in child.body:
+                    yield from visit(ast.Module(body=[stmt], type_ignores=[]), in_function, True)
+                for stmt in child.orelse:
+                    yield from visit(
+                        ast.Module(body=[stmt], type_ignores=[]), in_function, type_only
+                    )
+            else:
+                yield from visit(child, in_function, type_only)
+
+    yield from visit(tree, False, False)
+
+
+def package_of(module: str) -> str:
+    """The layer a module belongs to: `stoker.launcher.why.judge` → `stoker.launcher`;
+    a leaf is its own."""
+    parts = module.split(".")
+    return module if len(parts) < 2 or module in LEAVES else ".".join(parts[:2])
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def _is_submodule(root: Path, name: str) -> bool:
+    return (root / "stoker" / name / "__init__.py").is_file() or (
+        root / "stoker" / f"{name}.py"
+    ).is_file()
+
+
+def violations(root: Path) -> list[str]:
+    found: list[str] = []
+    for path in sorted((root / "stoker").rglob("*.py")):
+        for imp in imports_in(path, root):
+            where = f"{path.relative_to(root)}:{imp.line}"
+            importer = package_of(imp.module)
+            top = imp.target.split(".")[0]
+            login_node = imp.module in LEAVES or any(_within(imp.module, p) for p in LOGIN_NODE)
+            if top in HEAVY and imp.module_level and login_node:
+                found.append(
+                    f"{where}: {imp.module} imports {imp.target} at module level; "
+                    "login-node code imports it inside the function that needs it"
+                )
+            if top != "stoker":
+                continue
+            # `from stoker import config` names the submodule stoker.config;
+            # `from stoker import __version__` the package itself.
+            targets = {imp.target}
+            if imp.target == "stoker":
+                targets = {f"stoker.{n}" if _is_submodule(root, n) else "stoker" for n in imp.names}
+            for target in sorted(targets):
+                layer = package_of(target)
+                if layer == importer:
+                    continue
+                if importer in STANDALONE:
+                    found.append(
+                        f"{where}: {imp.module} imports {target}; "
+                        f"{importer} imports nothing of stoker outside itself"
+                    )
+                elif layer in LEAVES:
+                    continue
+                elif importer in LEAVES:
+                    found.append(f"{where}: leaf {imp.module} imports {target}; "
+                                 "a leaf imports only other leaves")  # fmt: skip
+                elif importer in MAY_IMPORT:
+                    allowed = MAY_IMPORT[importer]
+                    if "*" not in allowed and layer not in allowed:
+                        found.append(
+                            f"{where}: {imp.module} imports {target}; {importer} may import "
+                            f"only {', '.join(allowed) or 'nothing of stoker'} (and the leaves)"
+                        )
+            if imp.target.startswith("stoker"):
+                for name in imp.names:
+                    owner = package_of(imp.target)
+                    if name.startswith("_") and not name.startswith("__") and owner != importer:
+                        found.append(
+                            f"{where}: {imp.module} imports the private name {name} "
+                            f"of {imp.target}; make it public where it belongs"
+                        )
+    return found
+
+
+def test_stoker_follows_the_layering_rule() -> None:
+    found = violations(ROOT)
+    assert not found, "layering violations:\n" + "\n".join(found)
+
+
+def test_every_package_has_a_rule() -> None:
+    packages = {
+        f"stoker.{p.name}" for p in (ROOT / "stoker").iterdir() if (p / "__init__.py").is_file()
+    }
+    assert packages <= set(MAY_IMPORT), packages - set(MAY_IMPORT)
+    modules = {f"stoker.{p.stem}" for p in (ROOT / "stoker").glob("*.py") if p.stem != "__init__"}
+    undeclared = modules - set(LEAVES) - set(MAY_IMPORT)
+    assert not undeclared, f"top-level modules without a rule: {undeclared}"
+
+
+@pytest.mark.parametrize(
+    ("path", "source", "expected"),
+    [
+        ("stoker/launcher/slow.py", "import torch\n",
+         "stoker/launcher/slow.py:1: stoker.launcher.slow imports torch at module level"),
+        ("stoker/cli/slow.py", "x = 1\nfrom mlflow import MlflowClient\n",
+         "stoker/cli/slow.py:2: stoker.cli.slow imports mlflow at module level"),
+        ("stoker/runtime/bad.py", "def f():\n    from stoker.launcher.status import STRAGGLER\n",
+         "stoker/runtime/bad.py:2: stoker.runtime.bad imports stoker.launcher.status; "
+         "stoker.runtime may import only"),
+        ("stoker/runtime/bad.py", "from stoker import cli\n",
+         "stoker/runtime/bad.py:1: stoker.runtime.bad imports stoker.cli;"),
+        ("stoker/kernels/bad.py", "from stoker.errors import StokerError\n",
+         "stoker/kernels/bad.py:1: stoker.kernels.bad imports stoker.errors; "
+         "stoker.kernels imports nothing of stoker outside itself"),
+        ("stoker/data/bad.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+         "    from stoker.runtime.trainer import Trainer\n",
+         "stoker/data/bad.py:3: stoker.data.bad imports stoker.runtime.trainer;"),
+        ("stoker/checkpoint/bad.py", "from stoker.launcher import ledger\n",
+         "stoker/checkpoint/bad.py:1: stoker.checkpoint.bad imports stoker.launcher;"),
+        ("stoker/runtime/bad.py", "from stoker.tracking.limits import _cut\n",
+         "stoker/runtime/bad.py:1: stoker.runtime.bad imports the private name _cut"),
+        ("stoker/errors.py", "from stoker.config import ExperimentConfig\n",
+         "stoker/errors.py:1: leaf stoker.errors imports stoker.config;"),
+    ],
+)  # fmt: skip
+def test_a_forbidden_import_is_named_with_its_file_and_line(
+    tmp_path: Path, path: str, source: str, expected: str
+) -> None:
+    # A copy of the real tree plus one bad module: the rule finds exactly that one.
+    for real in (ROOT / "stoker").rglob("*.py"):
+        copy = tmp_path / real.relative_to(ROOT)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(real.read_text())
+    bad = tmp_path / path
+    bad.parent.mkdir(parents=True, exist_ok=True)
+    if bad.exists():  # appended to a real module: its lines come first
+        before = bad.read_text().rstrip("\n") + "\n"
+        line = int(expected.split(":")[1]) + before.count("\n")
+        expected = expected.replace(f"{path}:{expected.split(':')[1]}:", f"{path}:{line}:")
+        source = before + source
+    bad.write_text(source)
+    found = violations(tmp_path)
+    assert len(found) == 1 and found[0].startswith(expected), found
+
+
+def test_imports_inside_functions_and_for_typing_pass_the_login_node_rule(tmp_path: Path) -> None:
+    bad = tmp_path / "stoker" / "launcher" / "fine.py"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import torch\n"
+        "def run():\n    import mlflow\n    return mlflow\n"
+    )
+    assert violations(tmp_path) == []
