@@ -4,14 +4,15 @@ developer's site profile or writes into ~/.stoker."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
-# `slurm_cluster`: a real 2-node SLURM cluster (tests/cluster/); `mlflow_server`: a real
+# `slurm_cluster`: a real 3-node SLURM cluster (tests/cluster/); `mlflow_server`: a real
 # MLflow tracking server over HTTP (tests/mlflow_server.py).
 pytest_plugins = ["tests.cluster.fixtures", "tests.mlflow_server", "tests.s3_server"]
 
@@ -35,6 +36,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _module(item) in cluster_modules:
             item.add_marker(pytest.mark.cluster_module)
+
+
+SyntheticSet = Callable[..., Path]
+
+
+@pytest.fixture(scope="session")
+def synthetic_av_set(tmp_path_factory: pytest.TempPathFactory) -> SyntheticSet:
+    """`synthetic_av_set(clips=16, size=(64, 64), ...)`: a synthetic AV data set
+    (stoker.data.synth) with those arguments, written once per session and shared
+    by every test that asks for the same arguments. Read it, never write into it."""
+    made: dict[str, Path] = {}
+
+    def make(**kwargs: Any) -> Path:
+        from stoker.data.synth import synth_dataset
+
+        args = {"seconds": 2.0, "fps": 8, **kwargs}
+        key = repr(sorted(args.items()))
+        if key not in made:
+            root = tmp_path_factory.mktemp("synthetic-av") / "set"
+            synth_dataset(str(root), **args)
+            made[key] = root
+        return made[key]
+
+    return make
 
 
 @pytest.fixture

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from stoker.launcher.ledger import JobRecord, Ledger
+from stoker.launcher.local_state import LocalState, read_local_state
+from stoker.launcher.rundir import RunDir
 from stoker.launcher.slurm_query import TERMINAL_STATES
 from tests.clirun import stoker
 
@@ -90,3 +92,16 @@ def local_job(ledger: Ledger, tmp_path: Path, job_id: str, state: dict[str, Any]
         )
     )
     return run_dir
+
+
+def wait_local(run_dir: Path, timeout: float = 60) -> LocalState:
+    """Wait until a `--local` job's supervisor has recorded its end; its local state."""
+
+    def ended() -> bool:
+        state = read_local_state(RunDir(run_dir))
+        return state is not None and state.state != "RUNNING"
+
+    wait_for(ended, timeout, "the local job to end")
+    state = read_local_state(RunDir(run_dir))
+    assert state is not None
+    return state

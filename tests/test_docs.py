@@ -46,6 +46,41 @@ def test_quickstart_is_exactly_two_make_targets() -> None:
     assert "make test" in ci
 
 
+def architecture_map() -> set[str]:
+    """The paths the map in docs/architecture.md names; `a/b.py`, `c.py` in one cell
+    names a/b.py and a/c.py."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    named: set[str] = set()
+    for row in text.split("## Map", 1)[1].splitlines():
+        if not row.startswith("| `"):
+            continue
+        folder = None
+        for path in re.findall(r"`([^`]+)`", row.split("|")[1]):
+            if "/" in path:
+                named.add(path.rstrip("/"))
+                folder = path.rstrip("/") if path.endswith("/") else path.rsplit("/", 1)[0]
+            elif folder:
+                named.add(f"{folder}/{path}")
+    return named
+
+
+def test_architecture_map_names_every_module_and_nothing_else() -> None:
+    named = architecture_map()
+    missing = sorted(path for path in named if not (REPO / path).exists())
+    assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
+    unmapped = [
+        str(module.relative_to(REPO))
+        for module in sorted((REPO / "stoker").rglob("*.py"))
+        if len(module.read_text().splitlines()) > 3  # an empty __init__ needs no row
+        and not any(
+            str(module.relative_to(REPO)) == path
+            or str(module.relative_to(REPO)).startswith(path + "/")
+            for path in named
+        )
+    ]
+    assert not unmapped, f"modules without a row in docs/architecture.md's map: {unmapped}"
+
+
 TOUR = [
     line[2:]
     for block in code_blocks(README, "A short tour")

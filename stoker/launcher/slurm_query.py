@@ -19,7 +19,7 @@ controller. `stoker why` looks closer at one job, with two more calls:
 and `stoker doctor` reads the controller's settings (`scontrol show config`).
 
 The parsers are pure functions of the text, tested on recorded outputs in
-tests/test_slurm_query.py and tests/test_why.py.
+tests/launcher/test_slurm_query.py and tests/launcher/test_why.py.
 
 Facts of SLURM 22.05 this module relies on (checked on the test cluster):
 - `squeue --jobs=ID` with a single id that slurmctld no longer knows fails with

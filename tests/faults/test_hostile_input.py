@@ -422,7 +422,7 @@ def test_hostile_but_valid_jobs_run_locally_and_stay_in_their_folder(
     from mlflow.tracking import MlflowClient
 
     from stoker.launcher.ledger import Ledger
-    from tests.test_local_backend import wait_local
+    from tests.launcher_jobs import wait_local
 
     # One store for all examples (creating a sqlite store takes seconds).
     home = Path(os.environ["STOKER_HOME"])

@@ -23,8 +23,7 @@ from stoker.redact import REDACTED, hide_url_passwords, secret_assignments, secr
 from stoker.tracking.runs import config_params
 from tests.clirun import stoker
 from tests.faults.batch_shim import run_batch_script
-from tests.launcher_jobs import submit_json, wait_final
-from tests.test_local_backend import wait_local
+from tests.launcher_jobs import submit_json, wait_final, wait_local
 
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings

@@ -9,7 +9,8 @@ import os
 import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
+from tests.kernels.numerics import ON_GPU
+
 if not ON_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

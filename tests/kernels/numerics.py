@@ -15,6 +15,8 @@ from stoker.kernels.backend import Backend
 # Our kernels round once at the end like the reference; sums run in another
 # order (per-program partials), which costs at most a small factor.
 ERROR_FACTOR = 3.0
+# Real shapes on a GPU; small ones in Triton's interpreter (conftest.py sets it) on CPU.
+ON_GPU = torch.cuda.is_available()
 ULPS = 2.0
 
 Outputs = torch.Tensor | Sequence[torch.Tensor]

@@ -20,8 +20,7 @@ from stoker.kernels.cross_entropy_loss import (
     cross_entropy_fwd,
     cross_entropy_reference,
 )
-from tests.kernels.conftest import ON_GPU
-from tests.kernels.numerics import Case, assert_matches_fp64, strided
+from tests.kernels.numerics import ON_GPU, Case, assert_matches_fp64, strided
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 REDUCTIONS = ["mean", "sum", "none"]

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from stoker.kernels import gated_units as glu_mod
-from tests.kernels.conftest import ON_GPU
-from tests.kernels.numerics import Case, assert_matches_fp64, strided
+from tests.kernels.numerics import ON_GPU, Case, assert_matches_fp64, strided
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 ACTS = ["silu", "gelu", "gelu_tanh"]

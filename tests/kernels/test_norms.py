@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from stoker.kernels import norms
-from tests.kernels.conftest import ON_GPU
-from tests.kernels.numerics import Case, assert_matches_fp64, strided
+from tests.kernels.numerics import ON_GPU, Case, assert_matches_fp64, strided
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # (leading dims, hidden): one row; odd sizes not a multiple of any block; a

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from stoker.kernels import rope
-from tests.kernels.conftest import ON_GPU
-from tests.kernels.numerics import Case, assert_matches_fp64
+from tests.kernels.numerics import ON_GPU, Case, assert_matches_fp64
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # (B, S, Hq, Hk, D): one token; odd sizes with a head_dim that is not a power

@@ -6,7 +6,7 @@ non-finite losses aborts with a clear error."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,6 @@ import torch
 import yaml
 
 from stoker.config import ExperimentConfig, resolve_config
-from stoker.data.synth import synth_dataset
 from stoker.errors import StokerError
 from stoker.protocol import EXIT_REQUEUE
 from stoker.runtime.dist_env import detect
@@ -23,10 +22,8 @@ from stoker.runtime.trainer import Trainer
 
 
 @pytest.fixture(scope="module")
-def data_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    url = str(tmp_path_factory.mktemp("data") / "synth")
-    synth_dataset(url, clips=16, seconds=2.0, size=(64, 64), fps=8)
-    return url
+def data_url(synthetic_av_set: Callable[..., Path]) -> str:
+    return str(synthetic_av_set(clips=16, size=(64, 64)))
 
 
 def _config(tmp_path: Path, data_url: str, steps: int, *overrides: str) -> ExperimentConfig:

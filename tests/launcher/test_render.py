@@ -10,33 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from stoker.config import resolve_config
 from stoker.errors import StokerError
 from stoker.launcher.render import Shell, render_sbatch
 from stoker.launcher.spec import LaunchSpec
 from stoker.protocol import TRAIN_MODULE
+from tests.launcher.launch_specs import make_spec
 
-GOLDEN = Path(__file__).parent / "golden" / "default.sbatch"
+GOLDEN = Path(__file__).parents[1] / "golden" / "default.sbatch"
 REFRESH = "STOKER_UPDATE_GOLDEN"
-
-
-def make_spec(
-    overrides: list[str] | None = None,
-    flags: dict[str, tuple[object, str]] | None = None,
-    command: list[str] | None = None,
-    experiment: Path | None = None,
-    **kwargs: object,
-) -> LaunchSpec:
-    resolved = resolve_config(experiment, overrides or [], flags or {}, use_profile=False)
-    fields: dict[str, object] = {
-        "run_dir": Path("/shared/stoker/runs/golden-20261121-000000-abcd"),
-        "command": command or ["python", "train.py", "--lr", "3e-4"],
-        "workdir": Path("/shared/stoker/runs/golden-20261121-000000-abcd/code"),
-        "tracking_uri": "sqlite:////shared/stoker/mlflow/mlflow.db",
-        "mlflow_run_ids": ["0123456789abcdef0123456789abcdef"],
-        **kwargs,
-    }
-    return LaunchSpec(resolved, **fields)  # type: ignore[arg-type]
 
 
 def golden_spec() -> LaunchSpec:
@@ -53,7 +34,7 @@ def test_default_template_matches_golden_file() -> None:
     assert GOLDEN.exists(), f"no golden file; create it with {REFRESH}=1 pytest {__file__}"
     assert text == GOLDEN.read_text(), (
         "the default sbatch template's output changed. If the change is intended, refresh the "
-        f"golden file with `{REFRESH}=1 .venv/bin/pytest tests/test_render.py` and review "
+        f"golden file with `{REFRESH}=1 .venv/bin/pytest tests/launcher/test_render.py` and review "
         "`git diff tests/golden/`"
     )
 

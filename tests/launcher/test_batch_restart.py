@@ -14,7 +14,7 @@ import pytest
 
 from stoker.launcher.render import render_sbatch
 from tests.faults.batch_shim import run_batch_script
-from tests.test_render import make_spec
+from tests.launcher.launch_specs import make_spec
 
 JOB_ID = "42"
 # srun: print the start's lines about the tasks (as srun does, to the batch script's

@@ -21,7 +21,7 @@ from stoker.config import (
 from stoker.config.keys import field_at, leaf_paths
 from stoker.errors import StokerError
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def write(path: Path, text: str) -> Path:

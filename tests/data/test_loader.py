@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +33,11 @@ BATCH = 8
 AV = {"fps": 8, "size": (32, 32), "clip_seconds": 1.0, "sample_rate": 8000}
 
 
-@pytest.fixture(scope="session")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
-    root = tmp_path_factory.mktemp("av") / "set"
-    synth_dataset(
-        str(root),
-        clips=CLIPS,
-        seconds=2.0,
-        size=(32, 32),
-        fps=8,
-        sample_rate=8000,
-        samples_per_shard=PER_SHARD,
+@pytest.fixture(scope="module")
+def dataset(synthetic_av_set: Callable[..., Path]) -> str:
+    return str(
+        synthetic_av_set(clips=CLIPS, size=(32, 32), sample_rate=8000, samples_per_shard=PER_SHARD)
     )
-    return str(root)
 
 
 def all_keys(url: str) -> list[str]:

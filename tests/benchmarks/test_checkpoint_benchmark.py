@@ -16,7 +16,7 @@ import pytest
 
 from stoker.checkpoint.storage import WRITER_THREADS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "checkpoint.py"
 TINY = ["--size-gb", "0.01", "--repeats", "2", "--writer-threads", f"1,{WRITER_THREADS}"]
 MIB = 1 << 20

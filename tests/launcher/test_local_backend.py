@@ -8,21 +8,8 @@ import time
 from pathlib import Path
 
 from stoker.launcher.ledger import Ledger
-from stoker.launcher.local_state import LocalState, read_local_state
-from stoker.launcher.rundir import RunDir
 from tests.clirun import stoker
-from tests.launcher_jobs import JOBS, submit_json, wait_for
-
-
-def wait_local(run_dir: Path, timeout: float = 60) -> LocalState:
-    def ended() -> bool:
-        state = read_local_state(RunDir(run_dir))
-        return state is not None and state.state != "RUNNING"
-
-    wait_for(ended, timeout, "the local job to end")
-    state = read_local_state(RunDir(run_dir))
-    assert state is not None
-    return state
+from tests.launcher_jobs import JOBS, submit_json, wait_local
 
 
 def test_local_ranks_all_reduce_with_slurm_layout(tmp_path: Path) -> None:

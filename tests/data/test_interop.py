@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,6 @@ import webdataset as wds
 from stoker.data.decode import decode_audio, decode_video
 from stoker.data.loader import StreamingLoader
 from stoker.data.shard_format import MANIFEST_NAME, ShardIndex, parse_index, parse_manifest
-from stoker.data.synth import synth_dataset
 
 CLIPS = 10
 PER_SHARD = 4  # 4, 4, 2: a short last shard
@@ -27,18 +27,10 @@ MEDIA = ("mp4", "flac", "json")
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("interop") / "set"
-    synth_dataset(
-        str(root),
-        clips=CLIPS,
-        seconds=2.0,
-        size=(32, 32),
-        fps=8,
-        sample_rate=8000,
-        samples_per_shard=PER_SHARD,
+def dataset(synthetic_av_set: Callable[..., Path]) -> Path:
+    return synthetic_av_set(
+        clips=CLIPS, size=(32, 32), sample_rate=8000, samples_per_shard=PER_SHARD
     )
-    return root
 
 
 def shards_of(root: Path) -> list[tuple[Path, ShardIndex]]:

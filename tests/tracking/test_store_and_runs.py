@@ -28,7 +28,7 @@ from stoker.tracking.runs import (
 from stoker.tracking.store import TrackingTarget, resolve_tracking_uri
 from tests.mlflow_server import Server, free_port
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 SBATCH = "#!/bin/bash\n#SBATCH --nodes=2\nsrun python -m stoker.runtime.train\n"
 CONFIG = "train:\n  steps: 100\noptim:\n  lr: 0.0003\n"

@@ -1,4 +1,4 @@
-"""`stoker submit` against the real two-node cluster: launch, quoting, preflight, requeue."""
+"""`stoker submit` against the real three-node cluster: launch, quoting, preflight, requeue."""
 
 from __future__ import annotations
 

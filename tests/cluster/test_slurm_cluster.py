@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING
 import pytest
 
 from stoker.launcher.slurm_query import TERMINAL_STATES
+from tests.launcher_jobs import wait_final
 
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
 
 pytestmark = pytest.mark.slurm
 
-LOCALSLURM = Path(__file__).parent / "cluster" / "localslurm.py"
+LOCALSLURM = Path(__file__).parent / "localslurm.py"
 FINAL_STATES = TERMINAL_STATES  # the states after which a job has ended for good
 
 
@@ -41,20 +42,6 @@ def submit(cluster: ClusterSettings, folder: Path, script: str, *options: str) -
     )
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().split(";")[0]  # "id" or "id;cluster"
-
-
-def wait_for_job(job_id: str, timeout: float = 60) -> str:
-    """Poll slurmctld (fast; MinJobAge keeps finished jobs) until the job has ended."""
-    deadline = time.monotonic() + timeout
-    state = ""
-    while time.monotonic() < deadline:
-        out = run("scontrol", "show", "job", "-o", job_id).stdout
-        fields = dict(item.split("=", 1) for item in out.split() if "=" in item)
-        state = fields.get("JobState", "")
-        if state in FINAL_STATES:
-            return state
-        time.sleep(0.2)
-    pytest.fail(f"job {job_id} still {state or 'unknown'} after {timeout} s")
 
 
 def accounted_state(job_id: str, timeout: float = 30) -> str:
@@ -89,7 +76,7 @@ def test_two_node_job_runs_one_task_per_node(
         "--nodes=2",
         "--ntasks-per-node=1",
     )
-    assert wait_for_job(job_id) == "COMPLETED"
+    assert wait_final(job_id, timeout=60) == "COMPLETED"
     lines = (tmp_path / f"job-{job_id}.out").read_text().split("\n")
     nodes = sorted(line.split(" on ")[1] for line in lines if line.startswith("task "))
     assert len(nodes) == 2 and len(set(nodes)) == 2, lines
@@ -121,7 +108,7 @@ def test_job_gets_the_gpus_it_asked_for(slurm_cluster: ClusterSettings, tmp_path
         "--nodes=1",
         "--gpus-per-node=2",
     )
-    assert wait_for_job(job_id) == "COMPLETED"
+    assert wait_final(job_id, timeout=60) == "COMPLETED"
     output = (tmp_path / f"job-{job_id}.out").read_text()
     assert "gpus_on_node=2\n" in output
     if slurm_cluster.gpus_are_devices:

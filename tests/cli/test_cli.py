@@ -10,7 +10,7 @@ from stoker import __version__
 from stoker.config import ExperimentConfig, resolve_config
 from tests.clirun import stoker, stoker_in_tty
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "examples" / "tiny.yaml")
 COLOR_CODES = {*range(30, 39), *range(40, 49), *range(90, 98), *range(100, 108)}
 
