@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.atomic_write import write_text_atomic
+from stoker.launcher.json_fields import int_field, number_field
 from stoker.launcher.rundir import RunDir
 
 
@@ -56,25 +57,12 @@ def read_local_state(run: RunDir) -> LocalState | None:
                 ranks[int(rank)] = code if isinstance(code, int) else None
     return LocalState(
         state=data["state"].upper(),
-        exit_code=_int(data, "exit_code"),
-        supervisor_pid=_int(data, "supervisor_pid"),
-        started=_number(data, "started"),
-        ended=_number(data, "ended"),
+        exit_code=int_field(data, "exit_code"),
+        supervisor_pid=int_field(data, "supervisor_pid"),
+        started=number_field(data, "started"),
+        ended=number_field(data, "ended"),
         ranks=ranks,
     )
-
-
-def _number(data: dict[str, Any], key: str) -> float | None:
-    """data[key] as a number; None when absent or not a number."""
-    value = data.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-def _int(data: dict[str, Any], key: str) -> int | None:
-    value = _number(data, key)
-    return int(value) if value is not None and value.is_integer() else None
 
 
 def pid_exists(pid: int) -> bool:

@@ -59,6 +59,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from stoker.launcher.json_fields import int_field, number_field
 from stoker.launcher.ledger import JobRecord, Ledger
 from stoker.launcher.local_state import process_alive, read_local_state
 from stoker.launcher.rundir import RunDir
@@ -277,7 +278,7 @@ def _row(
         state, source = record.final_state or "UNKNOWN", "ledger"
 
     throughput, unit = _throughput(progress)
-    ratio = _float(progress, "slowest_ratio")
+    ratio = number_field(progress, "slowest_ratio")
     straggler = ratio is not None and ratio > STRAGGLER_RATIO
     host = progress.get("slowest_host")
     return JobStatus(
@@ -291,9 +292,9 @@ def _row(
         elapsed_s=elapsed,
         restarts=restarts,
         exit_code=exit_code,
-        step=_int(progress, "step"),
-        total_steps=_int(progress, "total_steps"),
-        loss=_float(progress, "loss"),
+        step=int_field(progress, "step"),
+        total_steps=int_field(progress, "total_steps"),
+        loss=number_field(progress, "loss"),
         throughput=throughput,
         throughput_unit=unit,
         eta_s=_eta(progress, run, restarts, now) if state == "RUNNING" else None,
@@ -301,7 +302,7 @@ def _row(
         mlflow_run_id=_mlflow_run_id(target),
         source=source,
         straggler=straggler,
-        slowest_rank=_int(progress, "slowest_rank"),
+        slowest_rank=int_field(progress, "slowest_rank"),
         slowest_host=host if isinstance(host, str) else None,
         slowest_ratio=ratio,
         straggler_cause=_straggler_cause(progress) if straggler else None,
@@ -379,22 +380,9 @@ def _attempt_started(run: RunDir) -> float | None:
     return None
 
 
-def _float(data: dict[str, Any], key: str) -> float | None:
-    """data[key] as a number; None when absent or not a number (JSON has no NaN guard)."""
-    value = data.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-def _int(data: dict[str, Any], key: str) -> int | None:
-    value = _float(data, key)
-    return int(value) if value is not None and value.is_integer() else None
-
-
 def _throughput(progress: dict[str, Any]) -> tuple[float | None, str | None]:
     for key, unit in (("samples_per_s", "samples/s"), ("tokens_per_s", "tokens/s")):
-        value = _float(progress, key)
+        value = number_field(progress, key)
         if value is not None:
             return value, unit
     return None, None
@@ -403,10 +391,13 @@ def _throughput(progress: dict[str, Any]) -> tuple[float | None, str | None]:
 def _straggler_cause(progress: dict[str, Any]) -> str | None:
     """`data` when the slowest rank's extra data wait makes at least half of its extra
     time over the median rank, else `compute`; None without the numbers."""
-    step_s, median_step_s = _float(progress, "slowest_step_s"), _float(progress, "median_step_s")
+    step_s, median_step_s = (
+        number_field(progress, "slowest_step_s"),
+        number_field(progress, "median_step_s"),
+    )
     data_s, median_data_s = (
-        _float(progress, "slowest_data_wait_s"),
-        _float(progress, "median_data_wait_s"),
+        number_field(progress, "slowest_data_wait_s"),
+        number_field(progress, "median_data_wait_s"),
     )
     if step_s is None or median_step_s is None or data_s is None or median_data_s is None:
         return None
@@ -414,17 +405,17 @@ def _straggler_cause(progress: dict[str, Any]) -> str | None:
 
 
 def _eta(progress: dict[str, Any], run: RunDir, restarts: int, now: float) -> float | None:
-    written = _float(progress, "time")
+    written = number_field(progress, "time")
     since = max(0.0, now - written) if written is not None else 0.0
-    eta = _float(progress, "eta_s")
+    eta = number_field(progress, "eta_s")
     if eta is not None:
         return max(0.0, eta - since)
-    step = _int(progress, "step")
-    total = _int(progress, "total_steps")
+    step = int_field(progress, "step")
+    total = int_field(progress, "total_steps")
     if step is None or total is None or written is None:
         return None
-    started = _float(progress, "started") or _attempt_started(run)
-    start_step = _int(progress, "start_step")
+    started = number_field(progress, "started") or _attempt_started(run)
+    start_step = int_field(progress, "start_step")
     if start_step is None and restarts == 0:
         start_step = 0
     if started is None or start_step is None or step <= start_step or written <= started:

@@ -23,6 +23,7 @@ import torch
 
 from stoker.config import ExperimentConfig
 from stoker.runtime.dist_env import DistEnv
+from stoker.runtime.metrics_sink import NullSink
 from stoker.tracking.logger import RunLogger, Status
 from stoker.tracking.runs import config_params, precreate_run
 from stoker.tracking.store import resolve_tracking_uri
@@ -32,29 +33,13 @@ from stoker.tracking.system_metrics import SystemSampler
 _RUN_STATUS: dict[str, Status] = {"FINISHED": "FINISHED", "FAILED": "FAILED", "KILLED": "KILLED"}
 
 
-class SystemOnly:
+class SystemOnly(NullSink):
     """Another node's RunLogger, written only by its SystemSampler: the trainer's
-    records come from global rank 0 alone, and only global rank 0 ends the run."""
+    records come from global rank 0 alone (dropped here), and only global rank 0 ends
+    the run."""
 
     def __init__(self, logger: RunLogger) -> None:
         self._logger = logger
-
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        pass
-
-    def set_tags(self, tags: Mapping[str, str]) -> None:
-        pass
-
-    def log_artifact(self, local_path: Path, artifact_path: str | None = None) -> None:
-        pass
-
-    def log_checkpoint(
-        self, step: int, uri: str, *, bytes: int, blocking_s: float, background_s: float
-    ) -> None:
-        pass
-
-    def log_final_model(self, local_dir: Path, *, step: int, name: str = "final") -> None:
-        pass
 
     def close(self, status: Status | None) -> None:
         self._logger.close(None)
