@@ -123,3 +123,26 @@ class RestartableServer:
         if self.proc is not None:
             stop_process_group(self.proc)
             self.proc = None
+
+
+# Used by name by the runtime's and the tracking package's tests (none autouse).
+@pytest.fixture(scope="module")
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RestartableServer]:
+    """A real `mlflow server`, one per test module (stop/start it to make outages)."""
+    instance = RestartableServer(tmp_path_factory.mktemp(f"{request.module.__name__}-server"))
+    instance.start()
+    try:
+        yield instance
+    finally:
+        instance.stop()
+
+
+@pytest.fixture
+def mlflow_http_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RunLogger.start() sets MLflow's HTTP retry defaults in os.environ: undo that after
+    each test (set-then-delete makes monkeypatch restore "unset")."""
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        monkeypatch.setenv(name, "0")
+        monkeypatch.delenv(name)
