@@ -38,6 +38,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.cluster_module)
 
 
+@pytest.fixture(scope="module")
+def module_home(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, str]:
+    """HOME and STOKER_HOME (as environment variables) for a module's shared fixtures:
+    module fixtures run before the per-test `isolated_home`, so they need their own."""
+    home = tmp_path_factory.mktemp(f"{request.module.__name__.rsplit('.', 1)[-1]}-home")
+    return {"HOME": str(home), "STOKER_HOME": str(home / ".stoker")}
+
+
 SyntheticSet = Callable[..., Path]
 
 

@@ -97,11 +97,11 @@ def _logs(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def talker(
-    slurm_cluster: ClusterSettings, tmp_path_factory: pytest.TempPathFactory
+    slurm_cluster: ClusterSettings,
+    tmp_path_factory: pytest.TempPathFactory,
+    module_home: dict[str, str],
 ) -> Iterator[Talker]:
-    # Module fixtures run before the per-test home isolation: use a home of our own.
-    home = tmp_path_factory.mktemp("logs-home")
-    env = {"HOME": str(home), "STOKER_HOME": str(home / ".stoker")}
+    env = module_home
     work = tmp_path_factory.mktemp("logs-work")
     (work / "talker.py").write_text(TALKER)
     finish = work / "finish"

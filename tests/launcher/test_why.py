@@ -470,11 +470,11 @@ class Jobs:
 
 @pytest.fixture(scope="module")
 def jobs(
-    slurm_cluster: ClusterSettings, tmp_path_factory: pytest.TempPathFactory
+    slurm_cluster: ClusterSettings,
+    tmp_path_factory: pytest.TempPathFactory,
+    module_home: dict[str, str],
 ) -> Iterator[Jobs]:
-    # Module fixtures run before the per-test home isolation: use a home of our own.
-    home = tmp_path_factory.mktemp("why-home")
-    env = {"HOME": str(home), "STOKER_HOME": str(home / ".stoker")}
+    env = module_home
     work = tmp_path_factory.mktemp("why-work")
     for name, text in (
         ("failing.py", FAILING),
@@ -522,7 +522,7 @@ def jobs(
         )
         ids["cancelled"] = submit(*short, "--", "bash", "-c", "echo started; sleep 50")
         ids["pending"] = submit("--after", ids["hung"], *short, "--", "true")
-        yield Jobs(ids, env, home)
+        yield Jobs(ids, env, Path(env["HOME"]))
     finally:
         for job_id in ids.values():
             if scontrol_job(job_id).get("JobState") in {"RUNNING", "PENDING"}:
