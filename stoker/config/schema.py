@@ -248,8 +248,8 @@ class TrainConfig(Section):
     """Optimizer steps to train for."""
     seed: int = 0
     """Seed for weights, data order and noise; equal seeds give equal runs."""
-    precision: Literal["bf16", "fp32"] = "bf16"
-    """bf16 autocast with fp32 master weights, or plain fp32."""
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """bf16 autocast (fp32 weights) or fp32; auto: bf16 where the device has it natively."""
     grad_accum: Annotated[int, Field(ge=1, le=1024)] = 1
     """Micro-batches accumulated per optimizer step."""
     activation_checkpointing: Literal["none", "selective", "full"] = "none"

@@ -65,10 +65,12 @@ def parallelize(
     train: TrainConfig,
     mesh: DeviceMesh | None,
     device: torch.device,
+    precision: str,
 ) -> nn.Module:
+    """`precision`: the resolved one (bf16 or fp32), see runtime/precision.py."""
     apply_activation_checkpointing(model, train.activation_checkpointing)
     if train.compile:
         apply_compile(model)
     if mesh is not None:
-        apply_fsdp(model, mesh, bf16_params=train.precision == "bf16" and device.type == "cuda")
+        apply_fsdp(model, mesh, bf16_params=precision == "bf16" and device.type == "cuda")
     return model

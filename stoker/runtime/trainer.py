@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import resource
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -42,6 +43,7 @@ from stoker.runtime.heartbeat import COLLECTIVE_PHASE
 from stoker.runtime.metrics_sink import MetricsSink, NullSink
 from stoker.runtime.optim import build_optimizer, build_scheduler
 from stoker.runtime.parallelize import parallelize
+from stoker.runtime.precision import resolve_precision
 from stoker.runtime.progress import Progress
 from stoker.runtime.step_watch import StepTimes, StepWatch
 from stoker.runtime.stop_request import StopRequest
@@ -129,6 +131,7 @@ class Trainer:
                 fix=f"use a data.batch_size that is a multiple of {accum * env.world_size}",
             )
         self.micro_batch = cfg.data.batch_size // accum  # global, per loader batch
+        self.precision = resolve_precision(cfg.train.precision, device)
         self.slowest: Slowest | None = None  # of the last log window, with several ranks
         self._hosts: list[str] | None = None  # every rank's node, gathered at the first log
         self._tagged_host: str | None = None
@@ -142,10 +145,16 @@ class Trainer:
 
         cfg = self.cfg
         set_backend(cfg.model.kernels)
+        if self.env.is_main:
+            print(self.precision.reason, flush=True)
+            if self.precision.warning:
+                print(f"warning: {self.precision.warning}", file=sys.stderr, flush=True)
+            self.sink.set_tags({"stoker.precision": self.precision.value})
         # Same seed on every rank: identical initial weights before sharding.
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model, cfg.data).to(self.device)
-        self.model: Any = parallelize(model, cfg.train, self.mesh, self.device)
+        precision = self.precision.value
+        self.model: Any = parallelize(model, cfg.train, self.mesh, self.device, precision)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
         torch.manual_seed(cfg.train.seed * 100_003 + self.env.rank)
@@ -252,7 +261,7 @@ class Trainer:
     # --- the loop ------------------------------------------------------------------
 
     def autocast(self) -> AbstractContextManager[Any]:
-        if self.cfg.train.precision == "bf16":
+        if self.precision.value == "bf16":
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return nullcontext()
 

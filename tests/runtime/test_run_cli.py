@@ -31,6 +31,14 @@ def test_stoker_run_trains_the_builtin_experiment(isolated_home: Path) -> None:
     assert run.info.status == "FINISHED"
     assert run.data.params["model.arch"] == "av_dit" and run.data.params["train.steps"] == "300"
     assert run.data.tags["stoker.world_size"] == "2"
+    # auto precision: fp32 on a CPU that would emulate bf16 (several times slower)
+    import torch
+
+    from stoker.runtime.precision import native_bf16
+
+    expected = "bf16" if native_bf16(torch.device("cpu")) else "fp32"
+    assert run.data.tags["stoker.precision"] == expected
+    assert f"train.precision=auto: {expected}" in result.stdout
     losses = client.get_metric_history(run.info.run_id, "loss")
     steps = [m.step for m in losses]
     assert steps == list(range(10, 301, 10))  # every log step once
