@@ -105,3 +105,12 @@ def wait_local(run_dir: Path, timeout: float = 60) -> LocalState:
     state = read_local_state(RunDir(run_dir))
     assert state is not None
     return state
+
+
+def mlflow_status(run_id: str, stoker_home: Path | None = None) -> str:
+    """The status of a run in the default store of `stoker_home` ($STOKER_HOME)."""
+    from mlflow.tracking import MlflowClient
+
+    home = stoker_home or Path(os.environ["STOKER_HOME"])
+    client = MlflowClient(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
+    return str(client.get_run(run_id).info.status)

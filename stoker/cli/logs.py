@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
+
+if TYPE_CHECKING:
+    from stoker.launcher.targets import Target
 
 
 def logs(
@@ -99,6 +104,8 @@ def logs(
         reader.check_selection()
         if follow:
             follow_logs(reader, lambda: job_state(target).ended)
+            sys.stdout.flush()
+            _say_how_it_ended(target)
         else:
             reader.snapshot(final=True)
         sys.stdout.flush()
@@ -109,3 +116,18 @@ def logs(
         import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _say_how_it_ended(target: Target) -> None:
+    """After following a job to its end: why it failed, as `stoker why` says it (the
+    first failing rank may not be the one followed); its MLflow run ended."""
+    from stoker.cli.output import err
+    from stoker.cli.why import print_diagnosis
+    from stoker.launcher.job_end import Ended, settle
+    from stoker.launcher.ledger import Ledger
+    from stoker.launcher.why import diagnose
+
+    diagnosis = diagnose(target)
+    settle(Ledger(), [Ended(target, diagnosis.state)], {target.job_id: diagnosis.summary})
+    if diagnosis.cause != "completed":
+        print_diagnosis(diagnosis, err())

@@ -47,6 +47,11 @@ def run(
         say=note,
         echo=lambda line: print(line, flush=True),
     )
+    if result.diagnosis is not None:
+        from stoker.cli.output import err
+        from stoker.cli.why import print_diagnosis
+
+        print_diagnosis(result.diagnosis, err())
     if as_json:
         print(json.dumps(result.as_json()))
     if result.exit_code:

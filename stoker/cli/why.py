@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from stoker.launcher.why import Diagnosis
 
 
 def why(
@@ -28,16 +35,27 @@ def why(
     from stoker.launcher.targets import resolve_job
     from stoker.launcher.why import diagnose
 
-    diagnosis = diagnose(resolve_job(job_id, command="why"))
+    target = resolve_job(job_id, command="why")
+    diagnosis = diagnose(target)
+    from stoker.launcher.job_end import Ended, settle
+    from stoker.launcher.ledger import Ledger
+
+    # What `stoker status` would do on seeing the end: keep the reason, end the MLflow run.
+    settle(Ledger(), [Ended(target, diagnosis.state)], {target.job_id: diagnosis.summary})
     if as_json:
         print_json(diagnosis.to_json())
         return
-    console = out()
+    print_diagnosis(diagnosis, out())
+
+
+def print_diagnosis(diagnosis: Diagnosis, console: Console) -> None:
+    """The headline, the evidence and the fix, as `stoker why` prints them (and
+    `stoker run` after a failed job)."""
+    from rich.text import Text
+
     style = "green" if diagnosis.cause == "completed" else "bold red"
     if diagnosis.cause in {"pending", "running", "cancelled"}:
         style = "yellow"
-    from rich.text import Text
-
     headline = Text(f"job {diagnosis.job_id} {diagnosis.state}: ")
     headline.append(diagnosis.summary, style=style if console.is_terminal else "")
     console.print(headline)

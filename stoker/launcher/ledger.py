@@ -100,6 +100,14 @@ class JobRecord:
         return cls(**data)
 
 
+def _json_path(keys: tuple[str, ...]) -> str:
+    """`("reasons", "123_4")` -> `$."reasons"."123_4"` (quoted: "123_4" is no array index)."""
+    for key in keys:
+        if not key or '"' in key or "\\" in key:
+            raise ValueError(f"{key!r} cannot be a key of the ledger's extra JSON")
+    return "$" + "".join(f'."{key}"' for key in keys)
+
+
 def ledger_path() -> Path:
     return stoker_home() / "ledger.sqlite"
 
@@ -234,12 +242,31 @@ class Ledger:
 
         self._run(f"update {len(changes)} job(s) in the job ledger", body, write=True)
 
+    def set_extra(self, changes: dict[str, dict[tuple[str, ...], Any]]) -> None:
+        """`{job_id: {("reasons", "123_4"): "rank 1: ...", ...}}`: set values at these key
+        paths of each job's `extra` JSON, in one transaction; other keys are kept."""
+        if not any(changes.values()):
+            return
+
+        def body(conn: sqlite3.Connection) -> None:
+            for job_id, values in changes.items():
+                for path, value in values.items():
+                    conn.execute(
+                        "UPDATE jobs SET extra = json_set(extra, ?, json(?)) WHERE job_id = ?",
+                        (_json_path(path), json.dumps(value), job_id),
+                    )
+
+        self._run(f"update {len(changes)} job(s) in the job ledger", body, write=True)
+
     def reopen(self, job_id: str) -> None:
-        """Forget a cached final state: the job was requeued and runs again."""
+        """Forget a cached final state and reasons: the job was requeued and runs again."""
         self._run(
             f"reopen job {job_id} in the job ledger",
             lambda conn: conn.execute(
-                "UPDATE jobs SET final_state = NULL WHERE job_id = ?", (job_id,)
+                "UPDATE jobs SET final_state = NULL, extra = json_remove(extra, '$.reasons', "
+                "'$.mlflow_ended') "
+                "WHERE job_id = ?",
+                (job_id,),
             ),
             write=True,
         )

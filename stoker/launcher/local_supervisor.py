@@ -1,7 +1,8 @@
 """The supervisor of a `--local` job: `python -m stoker.launcher.local_supervisor RUN_DIR`.
 
 Its own output is the job's logs/batch.log. It writes local-state.json
-(stoker/launcher/local_state.py) before the first rank starts and after the last one ends.
+(stoker/launcher/local_state.py) before the first rank starts and after the last one ends,
+and then ends the job's MLflow run in the job's state if no rank did.
 """
 
 from __future__ import annotations
@@ -105,8 +106,22 @@ def supervise(run_dir: Path) -> int:
     state["exit_code"] = exit_code
     state["state"] = "CANCELLED" if cancelled else ("FAILED" if exit_code else "COMPLETED")
     state["ended"] = time.time()
+    # Before the state file says "ended": who waits for it finds the run ended too.
+    _end_run(plan, state["state"])
     write_local_state(RunDir(run_dir), state)
     return exit_code
+
+
+def _end_run(plan: dict[str, Any], job_state: str) -> None:
+    """End the job's MLflow run in the job's state unless a rank did (stoker/tracking/run_end.py):
+    a rank stopped because its peer failed, or a command that is not the stoker runtime,
+    leaves it open."""
+    env = plan["ranks"][0]["env"] if plan["ranks"] else {}
+    run_id = env.get("MLFLOW_RUN_ID")
+    if run_id:
+        from stoker.tracking.run_end import main as end_run
+
+        end_run([env.get("MLFLOW_TRACKING_URI", ""), run_id, job_state])
 
 
 if __name__ == "__main__":

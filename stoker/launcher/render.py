@@ -260,6 +260,7 @@ def _context(spec: LaunchSpec, directives: Sequence[Directive], explain: bool) -
         "tracking_uri": spec.tracking_uri,
         "mlflow_run_ids": list(spec.mlflow_run_ids),
         "parent_run_id": spec.parent_run_id,
+        "stoker_python": spec.stoker_python,
         "setup": [Shell(line) for line in job.setup],
         "workdir": spec.workdir,
         "command": list(spec.command),

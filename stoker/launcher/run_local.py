@@ -14,9 +14,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stoker.errors import StokerError
+
+if TYPE_CHECKING:
+    from stoker.launcher.why import Diagnosis
 
 Say = Callable[[str], None]
 
@@ -30,6 +33,8 @@ class RunResult:
     exit_code: int
     step: int | None
     loss: float | None
+    # Why it did not complete (`stoker why`'s diagnosis); None for a completed job.
+    diagnosis: Diagnosis | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -40,6 +45,7 @@ class RunResult:
             "exit_code": self.exit_code,
             "step": self.step,
             "loss": self.loss,
+            "diagnosis": self.diagnosis.to_json() if self.diagnosis else None,
         }
 
 
@@ -71,6 +77,7 @@ def run_here(
     from stoker.launcher.rundir import RunDir
     from stoker.launcher.submit import SubmitOptions, submit
     from stoker.launcher.targets import resolve_job
+    from stoker.launcher.why import diagnose
 
     ranks = nproc or default_nproc()
     gpus = _gpus()
@@ -110,6 +117,13 @@ def run_here(
     state = local.state if local else "UNKNOWN"
     code = local.exit_code if local and local.exit_code is not None else 1
     progress = _progress(run.progress)
+    # The first failing rank may not be rank 0, whose log was followed: say why here.
+    diagnosis = diagnose(target) if state != "COMPLETED" else None
+    if diagnosis is not None:
+        from stoker.launcher.job_end import Ended, ended_reasons
+        from stoker.launcher.ledger import Ledger
+
+        ended_reasons(Ledger(), [Ended(target, state)], {target.job_id: diagnosis.summary})
     result = RunResult(
         submitted.job_id,
         submitted.run_id,
@@ -118,8 +132,10 @@ def run_here(
         code,
         progress.get("step"),
         progress.get("loss"),
+        diagnosis,
     )
-    _say_where(result, submitted.run_link, say)
+    checkpoints = resolved.config.checkpoint.root or str(run.path / "checkpoints")
+    _say_where(result, submitted.run_link, checkpoints, say)
     return result
 
 
@@ -137,12 +153,13 @@ def _progress(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _say_where(result: RunResult, link: str | None, say: Say) -> None:
+def _say_where(result: RunResult, link: str | None, checkpoints: str, say: Say) -> None:
     done = f"at step {result.step}, loss {result.loss:.4f}" if result.loss is not None else ""
-    say(f"job {result.job_id} {result.state.lower()} {done}".rstrip())
+    if result.diagnosis is None:  # else the diagnosis, printed after, says how it ended
+        say(f"job {result.job_id} {result.state.lower()} {done}".rstrip())
     say(f"run folder: {result.run_dir}")
+    if result.step:
+        say(f"checkpoints: {checkpoints} (`stoker ckpt ls {result.job_id}`)")
     if link:
         say(f"MLflow: {link}")
     say("`stoker ui` opens the MLflow UI on this store")
-    if result.exit_code:
-        say(f"`stoker why {result.job_id}` explains the failure")

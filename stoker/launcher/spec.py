@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,9 @@ class LaunchSpec:
     max_parallel: int | None = None
     after: str | None = None
     extra_sources: dict[str, str] = field(default_factory=dict)
+    # The Python with stoker that the batch script ends the MLflow run with (the login
+    # node's; a cluster shares it, like the run folder). Missing on the node: not ended there.
+    stoker_python: str = field(default_factory=lambda: sys.executable)
 
     @property
     def config(self) -> ExperimentConfig:

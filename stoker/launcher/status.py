@@ -59,6 +59,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from stoker.launcher.job_end import Ended, settle
 from stoker.launcher.json_fields import int_field, number_field
 from stoker.launcher.ledger import JobRecord, Ledger
 from stoker.launcher.local_state import process_alive, read_local_state
@@ -190,6 +191,11 @@ def collect_status(
             )
     rows = [_row(t, views, accounting is not None, now) for t in targets]
     _write_back(ledger, targets, rows, views)
+    # An ended job's REASON is `stoker why`'s headline, and its MLflow run is ended.
+    ended = [Ended(t, row.state) for t, row in zip(targets, rows, strict=True)]
+    reasons = settle(ledger, ended)
+    for row in rows:
+        row.reason = reasons.get(row.job_id, row.reason)
     return StatusReport(rows=rows, notes=notes)
 
 
@@ -299,7 +305,7 @@ def _row(
         throughput_unit=unit,
         eta_s=_eta(progress, run, restarts, now) if state == "RUNNING" else None,
         run_dir=str(run.path),
-        mlflow_run_id=_mlflow_run_id(target),
+        mlflow_run_id=target.mlflow_run_id,
         source=source,
         straggler=straggler,
         slowest_rank=int_field(progress, "slowest_rank"),
@@ -422,18 +428,6 @@ def _eta(progress: dict[str, Any], run: RunDir, restarts: int, now: float) -> fl
         return None
     rate = (step - start_step) / (written - started)
     return max(0.0, (total - step) / rate - since)
-
-
-def _mlflow_run_id(target: Target) -> str | None:
-    """The job's MLflow run; for an array task its child run, from the list in
-    extra["child_run_ids"] that `stoker submit` records (by task index)."""
-    if target.task is None:
-        return target.record.mlflow_run_id
-    runs = target.record.extra.get("child_run_ids")
-    if not isinstance(runs, list) or target.task >= len(runs):
-        return None
-    value = runs[target.task]
-    return value if isinstance(value, str) else None
 
 
 # ---------------------------------------------------------------- local backend

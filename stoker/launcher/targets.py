@@ -37,6 +37,18 @@ class Target:
         run = RunDir(Path(self.record.run_dir))
         return run if self.task is None else run.task(self.task)
 
+    @property
+    def mlflow_run_id(self) -> str | None:
+        """The job's MLflow run; for an array task its child run, from the list in
+        extra["child_run_ids"] that `stoker submit` records (by task index)."""
+        if self.task is None:
+            return self.record.mlflow_run_id
+        runs = self.record.extra.get("child_run_ids")
+        if not isinstance(runs, list) or self.task >= len(runs):
+            return None
+        value = runs[self.task]
+        return value if isinstance(value, str) else None
+
 
 def select_jobs(
     ledger: Ledger, job_ids: Sequence[str] = (), *, all_jobs: bool = False, now: float | None = None

@@ -23,6 +23,7 @@ def make_spec(
         "workdir": Path("/shared/stoker/runs/golden-20261121-000000-abcd/code"),
         "tracking_uri": "sqlite:////shared/stoker/mlflow/mlflow.db",
         "mlflow_run_ids": ["0123456789abcdef0123456789abcdef"],
+        "stoker_python": "/shared/stoker/.venv/bin/python",
         **kwargs,
     }
     return LaunchSpec(resolved, **fields)  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from stoker.launcher.ledger import Ledger
 from tests.clirun import stoker
-from tests.launcher_jobs import JOBS, submit_json, wait_local
+from tests.launcher_jobs import JOBS, mlflow_status, submit_json, wait_local
 
 
 def test_local_ranks_all_reduce_with_slurm_layout(tmp_path: Path) -> None:
@@ -36,6 +36,9 @@ def test_local_ranks_all_reduce_with_slurm_layout(tmp_path: Path) -> None:
     assert record.backend == "local" and record.run_dir == str(run_dir)
     status = json.loads(stoker("status", job["job_id"], "--json", check=True).stdout)
     assert status[0]["state"] == "COMPLETED"
+    # Not the stoker runtime, so nothing in the job set its run RUNNING or ended it: the
+    # supervisor did, before the state file said the job ended.
+    assert mlflow_status(job["run_id"]) == "FINISHED"
 
 
 def test_a_failing_local_rank_stops_the_others(tmp_path: Path) -> None:
@@ -52,6 +55,9 @@ def test_a_failing_local_rank_stops_the_others(tmp_path: Path) -> None:
     assert state.state == "FAILED" and state.exit_code == 3 and state.ranks[1] == 3
     batch = (Path(job["run_dir"]) / "logs" / "batch.log").read_text()
     assert "task 1: Exited with exit code 3" in batch
+    assert mlflow_status(job["run_id"]) == "FAILED"
+    (row,) = json.loads(stoker("status", job["job_id"], "--json", check=True).stdout)
+    assert row["reason"] == "rank 1 exited with code 3 (no traceback in its log)"
 
 
 def test_cancel_stops_a_local_job(tmp_path: Path) -> None:
@@ -61,6 +67,7 @@ def test_cancel_stops_a_local_job(tmp_path: Path) -> None:
     stoker("cancel", job["job_id"], check=True)
     state = wait_local(Path(job["run_dir"]), 20)
     assert state.state == "CANCELLED"
+    assert mlflow_status(job["run_id"]) == "KILLED"
     again = stoker("cancel", job["job_id"])
     assert again.returncode == 2 and "is not running" in again.stderr
 

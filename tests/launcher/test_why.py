@@ -336,6 +336,34 @@ def test_failed_rank_signature_beats_its_traceback() -> None:
     assert any("CUDA out of memory" in e for e in diagnosis.evidence)
 
 
+def test_the_error_the_failing_rank_reported_is_the_headline_with_its_fix() -> None:
+    # As `stoker run data.url=/tmp/missing` leaves it: rank 1 reports the missing data
+    # set in stoker's words and exits 1; rank 0, stopped because of it, exits -15.
+    rank1 = (
+        "stoker: rank 1: no data set at '/tmp/missing': manifest.json is missing there\n"
+        "  fix: write one with `stoker data synth DST`\n"
+    )
+    facts = JobFacts(
+        job_id="local-4",
+        backend="local",
+        state="FAILED",
+        exit_code=1,
+        batch_log="local: error: task 1: Exited with exit code 1\n",
+        local_ranks={0: -15, 1: 1},
+        rank_logs={0: "train.precision=auto: fp32\n", 1: "[rank1]: loading\n" + rank1},
+    )
+    diagnosis = judge(facts)
+    assert diagnosis.cause == "error" and diagnosis.failing_rank == 1
+    missing = "no data set at '/tmp/missing': manifest.json is missing there"
+    assert diagnosis.summary == f"rank 1: {missing}"
+    assert diagnosis.fix == "write one with `stoker data synth DST`"
+    assert any("logs/r0/rank-1.log: stoker: rank 1: no data set" in e for e in diagnosis.evidence)
+    # The runtime's notes on how a rank ended are no user error: the exit code rule says it.
+    lost = "stoker: rank 1: a collective lost a peer (killed, frozen, or its node lost); exit 76\n"
+    facts.rank_logs = {1: lost}
+    assert judge(facts).cause == "exit-code"
+
+
 def test_requeues_exhausted_and_pending_after_requeue() -> None:
     exhausted = judge(
         JobFacts(
@@ -559,6 +587,31 @@ def test_failing_rank_and_its_traceback(jobs: Jobs) -> None:
     ledger = Ledger(jobs.home / ".stoker" / "ledger.sqlite")
     assert diagnose(resolve_job(job_id, ledger)).failing_rank == 2
     assert dict(slurm_cli.CALLS) == {"scontrol": 1, "sacct": 1}
+
+
+@pytest.mark.slurm
+def test_status_reason_is_whys_headline_and_the_run_ends_failed(jobs: Jobs) -> None:
+    """Rank 2 raised; SLURM ended the others (exit 15): status names rank 2's error, and
+    the MLflow run of this plain command (no stoker runtime to end it) ends FAILED, by
+    the batch script's last line."""
+    from mlflow.tracking import MlflowClient
+
+    job_id = jobs.ids["failing"]
+    record = Ledger(jobs.home / ".stoker" / "ledger.sqlite").require(job_id)
+    batch_log = (Path(record.run_dir) / "logs" / "batch.log").read_text()
+    assert f"stoker: MLflow run {record.mlflow_run_id} ended FAILED" in batch_log
+    store = jobs.home / ".stoker" / "mlflow" / "mlflow.db"
+    run = MlflowClient(f"sqlite:///{store}").get_run(str(record.mlflow_run_id))
+    assert run.info.status == "FAILED"
+
+    result = stoker("status", job_id, "--json", env=jobs.env)
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)
+    assert row["state"] == "FAILED"
+    assert row["reason"] == "rank 2 failed first: ValueError: bad batch shape on rank 2"
+    # Kept in the ledger: the next call reads it back instead of judging again.
+    again = Ledger(jobs.home / ".stoker" / "ledger.sqlite").require(job_id)
+    assert again.extra["reasons"][job_id] == row["reason"]
 
 
 @pytest.mark.slurm

@@ -49,6 +49,34 @@ def test_stoker_run_trains_the_builtin_experiment(isolated_home: Path) -> None:
     assert any(k.startswith("system/") and k.endswith("cpu_percent") for k in run.data.metrics)
 
 
+def test_a_failed_stoker_run_says_the_failing_ranks_error_and_fix(
+    isolated_home: Path, tmp_path: Path
+) -> None:
+    """Both ranks find no data set; whichever failed first, the other was stopped (and
+    may be rank 0, whose log is followed): the end of the output names the error and
+    its fix, the exit status is not 0, and the MLflow run and `status` say FAILED."""
+    missing = tmp_path / "does-not-exist"
+    result = stoker("run", f"data.url={missing}", "train.steps=10", "--json", timeout=600)
+    assert result.returncode != 0
+    error = f"no data set at '{missing}': manifest.json is missing there"
+    tail = result.stderr.strip().splitlines()
+    headline = next(line for line in tail if line.startswith("job local-") and "FAILED" in line)
+    assert headline.endswith(error) and " FAILED: rank " in headline
+    assert tail[-1].startswith("fix: write one with `stoker data pack SRC DST`")
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["state"] == "FAILED"
+    assert summary["diagnosis"]["cause"] == "error"
+    assert summary["diagnosis"]["summary"].endswith(error)
+
+    from tests.launcher_jobs import mlflow_status
+
+    assert mlflow_status(summary["run_id"]) == "FAILED"
+    status = stoker("status", summary["job_id"], "--json")
+    (row,) = json.loads(status.stdout)
+    assert row["state"] == "FAILED" and row["reason"].startswith("rank ")
+    assert "no data set at" in row["reason"]
+
+
 def test_stoker_ui_serves_the_embedded_store(isolated_home: Path) -> None:
     import os
     import subprocess

@@ -19,9 +19,10 @@ from stoker.launcher.why.facts import JobFacts
 @dataclass
 class Diagnosis:
     """What `stoker why` prints. `cause` is one of: completed, running, pending,
-    exception, exit-code, batch-script, time-limit, hung, requeues-exhausted,
-    stop-signal, host-oom, gpu-oom, gpu-error, nccl, nccl-timeout, rendezvous,
-    port-in-use, cancelled, preempted, node-failure, deadline, unknown."""
+    error (a user error the runtime reported with its fix), exception, exit-code,
+    batch-script, time-limit, hung, requeues-exhausted, stop-signal, host-oom, gpu-oom,
+    gpu-error, nccl, nccl-timeout, rendezvous, port-in-use, cancelled, preempted,
+    node-failure, deadline, unknown."""
 
     job_id: str
     state: str

@@ -6,9 +6,10 @@ completion; the hang watchdog's report; a dead local supervisor; the time limit
 (or a hung rank behind it, why/hang.py); cancellation; SLURM's own end states
 (OUT_OF_MEMORY, NODE_FAIL, PREEMPTED, BOOT_FAIL, DEADLINE). Else the job failed:
 requeues used up; SLURM's or the kernel's word that memory ran out (why/memory.py);
-the stop signal not handled; the first failing rank's log signature
-(why/signatures.py); a SIGKILL with no other cause (host memory again); its
-traceback; a signature in another rank's log; its exit code; and last the batch
+the stop signal not handled; the error the first failing rank reported in
+stoker's words (a missing data set, a config the runtime refused), with its fix;
+its log signature (why/signatures.py); a SIGKILL with no other cause (host memory
+again); its traceback; a signature in another rank's log; its exit code; and last the batch
 script itself.
 """
 
@@ -31,6 +32,7 @@ from stoker.launcher.why.tracebacks import (
     first_failure,
     last_traceback,
     parse_task_failures,
+    stoker_error,
 )
 
 
@@ -305,6 +307,18 @@ def _failed(facts: JobFacts, make: DiagnosisMaker) -> Diagnosis:
     exc = exception_line(traceback) if traceback else None
     status = first.status if first else None
 
+    reported = stoker_error(facts.rank_logs.get(rank, "")) if rank is not None else None
+    if reported is not None:
+        # The runtime's own words for an error the user can fix: the most specific cause.
+        log = f"logs/r{facts.restart}/rank-{rank}.log"
+        return make(
+            "error",
+            f"rank {rank}: {reported.message}",
+            [*evidence, f"{log}: {reported.line}"],
+            reported.fix,
+            failing_rank=rank,
+            exit_code=status,
+        )
     if hit is not None:
         return make(
             hit.signature.cause,

@@ -158,3 +158,38 @@ def exception_line(traceback: Sequence[str]) -> str | None:
     if last and not last[0].isspace() and last.strip() != _TB_START:
         return last.strip()
     return None
+
+
+# ---------------------------------------------------------------- stoker's own errors
+
+# How the runtime reports an error the user can fix (stoker/runtime/train.py prints a
+# StokerError so): "stoker: rank N: MESSAGE", then "  fix: FIX" when it has one.
+_STOKER_ERROR = re.compile(r"^stoker: rank (?P<rank>\d+): (?P<message>.+)$")
+_FIX = re.compile(r"^\s+fix: (?P<fix>.+)$")
+# The runtime's own notes on how a rank ended, which are no error of the user's.
+_NOT_AN_ERROR = ("stopped by the hang watchdog", "a collective lost a peer")
+
+
+@dataclass(frozen=True)
+class StokerErrorLine:
+    """The error a rank reported in stoker's words, with its fix."""
+
+    rank: int
+    message: str
+    fix: str | None
+    line: str  # the message line as the log has it
+
+
+def stoker_error(text: str) -> StokerErrorLine | None:
+    """The last user error the runtime reported in a rank's log `text`, if any."""
+    lines = [strip_line_prefix(line.rstrip("\r")) for line in text.splitlines()]
+    for i in range(len(lines) - 1, -1, -1):
+        match = _STOKER_ERROR.match(lines[i])
+        if match is None or match["message"].startswith(_NOT_AN_ERROR):
+            continue
+        fix = _FIX.match(lines[i + 1]) if i + 1 < len(lines) else None
+        return StokerErrorLine(
+            int(match["rank"]), match["message"].strip(), fix["fix"].strip() if fix else None,
+            lines[i].strip(),
+        )  # fmt: skip
+    return None

@@ -1,0 +1,125 @@
+"""What follows once `stoker status`, `why` or `logs` sees a job ended.
+
+- How it ended, in one line: `stoker why`'s headline (the first failing rank's
+  error, a signature, a time limit...), shortened for the REASON column. It is
+  judged once per job (or array task) and kept in the ledger's `extra["reasons"]`.
+- Its MLflow run ends in the job's state (stoker/tracking/run_end.py) if the job
+  itself could not: a rank SLURM killed, a batch script cancelled before its last
+  line. Runs ended so are kept in `extra["mlflow_ended"]`; a store that cannot be
+  reached is tried again after `RETRY_S`, so a store down does not slow every call.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from stoker.errors import StokerError
+from stoker.launcher.ledger import Ledger
+from stoker.launcher.slurm_query import TERMINAL_STATES
+from stoker.launcher.targets import Target
+
+REASON_WIDTH = 72
+RETRY_S = 600.0
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A job (or array task) seen in an end state."""
+
+    target: Target
+    state: str
+
+
+def short_reason(summary: str, width: int = REASON_WIDTH) -> str:
+    """The headline's first line, cut to `width` characters with an ellipsis."""
+    line = summary.strip().splitlines()[0] if summary.strip() else ""
+    return line if len(line) <= width else line[: width - 1].rstrip() + "…"
+
+
+def ended_reasons(
+    ledger: Ledger, ended: Sequence[Ended], known: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """`{job_id: reason}` for the ended jobs that did not complete, from the ledger,
+    `known` (`{job_id: headline}` a caller judged already) or judged now; kept there."""
+    from stoker.launcher.why import diagnose
+
+    reasons: dict[str, str] = {}
+    learned: dict[str, dict[tuple[str, ...], object]] = {}
+    for item in ended:
+        if item.state == "COMPLETED" or item.state not in TERMINAL_STATES:
+            continue
+        target = item.target
+        kept = target.record.extra.get("reasons", {})
+        reason = kept.get(target.job_id) if isinstance(kept, dict) else None
+        if not isinstance(reason, str) and known and target.job_id in known:
+            reason = short_reason(known[target.job_id])
+            learned.setdefault(target.record.job_id, {})[("reasons", target.job_id)] = reason
+        if not isinstance(reason, str):
+            try:
+                reason = short_reason(diagnose(target).summary)
+            except (StokerError, OSError):
+                continue  # the scheduler's own reason stays
+            learned.setdefault(target.record.job_id, {})[("reasons", target.job_id)] = reason
+        reasons[target.job_id] = reason
+    ledger.set_extra(learned)
+    return reasons
+
+
+def end_mlflow_runs(ledger: Ledger, ended: Sequence[Ended], *, now: float | None = None) -> None:
+    """End the MLflow runs of `ended` that are still open; an array's parent run once
+    every task of it is in `ended`. Best effort: a store that cannot be reached is said
+    on stderr and tried again after RETRY_S."""
+    now = time.time() if now is None else now
+    todo: dict[str, dict[str, str]] = {}  # job_id -> {run_id: job state}
+    records = {}
+    for item in ended:
+        record = item.target.record
+        done = record.extra.get("mlflow_ended", {})
+        tried = record.extra.get("mlflow_end_tried")
+        if isinstance(tried, (int, float)) and now - tried < RETRY_S:
+            continue
+        runs = todo.setdefault(record.job_id, {})
+        records[record.job_id] = record
+        run_id = item.target.mlflow_run_id
+        if run_id and run_id not in done:
+            runs[run_id] = item.state
+    for job_id, runs in todo.items():
+        record = records[job_id]
+        if record.array_size and record.mlflow_run_id:
+            states = [e.state for e in ended if e.target.record.job_id == job_id]
+            if len(states) == record.array_size and record.mlflow_run_id not in record.extra.get(
+                "mlflow_ended", {}
+            ):
+                whole = "COMPLETED" if set(states) == {"COMPLETED"} else "FAILED"
+                runs[record.mlflow_run_id] = whole
+    changes: dict[str, dict[tuple[str, ...], object]] = {}
+    for job_id, runs in todo.items():
+        record = records[job_id]
+        if not runs or not record.tracking_uri:
+            continue
+        from stoker.tracking.run_end import end_runs
+        from stoker.tracking.store import resolve_tracking_uri
+
+        try:
+            end_runs(resolve_tracking_uri(record.tracking_uri), runs)
+        except StokerError as exc:
+            first = str(exc).splitlines()[0]
+            print(f"stoker: could not end the MLflow run of job {job_id}: {first}", file=sys.stderr)
+            changes[job_id] = {("mlflow_end_tried",): now}
+            continue
+        # Kept whether this call or the job ended it: either way it is closed.
+        changes[job_id] = {("mlflow_ended", run_id): True for run_id in runs}
+    ledger.set_extra(changes)
+
+
+def settle(
+    ledger: Ledger, ended: Sequence[Ended], known: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Both of the above for the jobs in an end state; returns the reasons."""
+    ended = [e for e in ended if e.state in TERMINAL_STATES]
+    reasons = ended_reasons(ledger, ended, known)
+    end_mlflow_runs(ledger, ended)
+    return reasons
