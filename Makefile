@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CLUSTER := $(PY) tests/cluster/localslurm.py
 
-.PHONY: run test install install-dev cluster-up cluster-down lint
+.PHONY: run ui test install install-dev cluster-up cluster-down lint
 
 install:
 	scripts/bootstrap
@@ -14,6 +14,10 @@ install-dev:
 # Install, then run the default experiment locally.
 run: install
 	$(VENV)/bin/stoker run
+
+# The MLflow UI on the store `make run` recorded into (http://127.0.0.1:5000).
+ui:
+	$(VENV)/bin/stoker ui
 
 # Install everything, start the local SLURM cluster, run the whole suite (the cluster
 # tests and the rest side by side: scripts/test-suite; STOKER_TEST_SERIAL=1 for one

@@ -103,7 +103,7 @@ def test_tour_runs_in_order(tmp_path: Path) -> None:
         # The README says the typo example exits 2 with a hint; every other command succeeds.
         if "stepz" in command:
             assert result.returncode == 2, command
-            assert "did you mean train.steps" in result.stderr
+            assert "(did you mean train.steps?)" in result.stderr  # as the README quotes it
         else:
             assert result.returncode == 0, f"{command}: {result.stderr}"
 

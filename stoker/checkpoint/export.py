@@ -252,11 +252,20 @@ def _save(
         import torch
 
         torch.save(tensors, path)
+    # safetensors writes 0600; an exported model is for others to read, as any file the
+    # user writes is: the mode a new file gets under the process's umask.
+    os.chmod(path, 0o666 & ~_umask())
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)  # on disk before the rename makes it visible
     finally:
         os.close(fd)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it: put it back at once
+    os.umask(mask)
+    return mask
 
 
 def _write(

@@ -80,6 +80,15 @@ def kernels(
 
     chosen = list(cases.CASES) if names == "all" else _names(names)
     dev = parse_device(device)
+    if dev.type == "cpu":
+        from stoker.cli.output import note
+
+        # Said first: on a CPU this takes minutes, and the figures are no speed.
+        note(
+            "note: no GPU here: the Triton kernels run in the interpreter, so this only checks "
+            "the harness (it may take minutes); the times and ratios say nothing about speed. "
+            "Run it on a GPU node for figures."
+        )
     progress = None if as_json else (lambda row: console().print(run.format_row(row), markup=False))
     try:
         result = run.run(

@@ -9,7 +9,8 @@ def export(
     path: str = typer.Argument(
         ...,
         metavar="PATH",
-        help="One checkpoint folder (step-<N>), or a checkpoint root: its newest that verifies.",
+        help="One checkpoint folder (step-<N>), or a checkpoint root (or a job id: its root): "
+        "its newest that verifies.",
     ),
     out: str = typer.Argument(
         ..., metavar="OUT", help="The file to write (local path, s3://, ...)."
@@ -36,10 +37,11 @@ def export(
     Example: stoker ckpt export s3://bucket/runs/exp1/checkpoints model.safetensors --dtype bf16
     """
     from stoker.checkpoint.export import export_weights
+    from stoker.cli.ckpt_root import checkpoint_path
     from stoker.cli.output import note, print_json
 
     result = export_weights(
-        path,
+        checkpoint_path(path),
         out,
         fmt=fmt,  # type: ignore[arg-type]  # checked there, with the fix
         dtype=dtype,

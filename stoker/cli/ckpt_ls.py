@@ -6,7 +6,9 @@ import typer
 
 
 def ls(
-    path: str = typer.Argument(..., metavar="PATH", help="Checkpoint root (folder, s3://, ...)."),
+    path: str = typer.Argument(
+        ..., metavar="PATH", help="Checkpoint root (folder, s3://, ...), or a job id: its root."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as a JSON list."),
 ) -> None:
     """Every step-<N> folder under PATH, newest first: step, committed, bytes, path.
@@ -18,8 +20,11 @@ def ls(
     Example: stoker ckpt ls s3://bucket/runs/exp1/checkpoints --json
     """
     from stoker.checkpoint.commit import exists, list_checkpoints
+    from stoker.cli.ckpt_root import checkpoint_path
     from stoker.cli.output import print_json
     from stoker.errors import StokerError
+
+    path = checkpoint_path(path)
 
     if not exists(path):
         raise StokerError(

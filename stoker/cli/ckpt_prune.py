@@ -6,7 +6,9 @@ import typer
 
 
 def prune(
-    path: str = typer.Argument(..., metavar="PATH", help="Checkpoint root (folder, s3://, ...)."),
+    path: str = typer.Argument(
+        ..., metavar="PATH", help="Checkpoint root (folder, s3://, ...), or a job id: its root."
+    ),
     keep_last: int = typer.Option(
         ..., "--keep-last", min=1, help="Keep the newest this many verified checkpoints."
     ),
@@ -29,8 +31,11 @@ def prune(
     """
     from stoker.checkpoint.commit import exists
     from stoker.checkpoint.retention import prune as apply_rules
+    from stoker.cli.ckpt_root import checkpoint_path
     from stoker.cli.output import print_json
     from stoker.errors import StokerError
+
+    path = checkpoint_path(path)
 
     if not exists(path):
         raise StokerError(
@@ -50,4 +55,4 @@ def prune(
         typer.echo(f"{verb if d.delete else 'kept':12}  step-{d.row.step:<8}  {d.reason}")
     gone = [d for d in decisions if d.delete]
     freed = sum(d.row.bytes for d in gone)
-    typer.echo(f"{len(gone)} of {len(decisions)} checkpoints {verb}, {freed} bytes")
+    typer.echo(f"{verb} {len(gone)} of {len(decisions)} checkpoint(s): {freed} bytes")

@@ -7,7 +7,9 @@ import typer
 
 def verify(
     path: str = typer.Argument(
-        ..., metavar="PATH", help="One checkpoint folder (step-<N>) or a checkpoint root."
+        ...,
+        metavar="PATH",
+        help="One checkpoint folder (step-<N>) or a checkpoint root, or a job id: its root.",
     ),
     full: bool = typer.Option(
         False, "--full", help="Also compare every file's sha256 (reads every byte)."
@@ -22,8 +24,11 @@ def verify(
     """
     from stoker.checkpoint.commit import exists, list_checkpoints, step_of
     from stoker.checkpoint.commit import verify as verify_folder
+    from stoker.cli.ckpt_root import checkpoint_path
     from stoker.cli.output import note
     from stoker.errors import StokerError
+
+    path = checkpoint_path(path)
 
     if not exists(path):
         raise StokerError(

@@ -72,5 +72,18 @@ def _fmt_counts(section: dict, keys: tuple[str, ...]) -> str:  # type: ignore[ty
         return "-"
     parts = []
     for key in keys:
-        parts.append(" ".join(f"{k}:{n}" for k, n in section[key].items()))
-    return f"{section['samples']} samples; " + "; ".join(parts)
+        unit = _UNITS.get(key, "")
+        # "8 fps (32 samples)": the value with its unit, and how many samples have it.
+        parts.append(", ".join(f"{_number(k)}{unit} ({n})" for k, n in section[key].items()))
+    return f"{section['samples']} samples: " + "; ".join(parts)
+
+
+_UNITS = {"fps": " fps", "sample_rates": " Hz", "channels": " ch"}
+
+
+def _number(value: object) -> str:
+    """8.0 -> "8", 29.97 -> "29.97"; other values as they are."""
+    try:
+        return f"{float(str(value)):g}"
+    except ValueError:
+        return str(value)

@@ -124,7 +124,7 @@ def synth(
 
 
 def _progress(stack: ExitStack, clips: int) -> Callable[[int], None]:
-    """A rich bar on stderr on a terminal; else a plain line every 10% (for logs)."""
+    """A rich bar on stderr on a terminal; else a plain line every PLAIN_EVERY_S (logs)."""
     from stoker.cli.output import err, note
 
     if err().is_terminal:
@@ -148,13 +148,22 @@ def _progress(stack: ExitStack, clips: int) -> Callable[[int], None]:
         task = bar.add_task("synth clips", total=clips)
         return lambda done: bar.update(task, completed=done)
 
-    step = max(1, clips // 10)
+    import time
+
+    last = time.monotonic()
 
     def plain(done: int) -> None:
-        if done % step == 0 or done == clips:
+        nonlocal last
+        now = time.monotonic()
+        if done == clips or now - last >= PLAIN_EVERY_S:
+            last = now
             note(f"synth: {done}/{clips} clips")
 
     return plain
+
+
+# Off a terminal (a log file, CI): one progress line at most this often, and the last.
+PLAIN_EVERY_S = 10.0
 
 
 def parse_size(value: str) -> tuple[int, int]:

@@ -32,21 +32,32 @@ def run(
     Examples: stoker run ; stoker run train.steps=50 ; stoker run exp.yaml --nproc 4
     """
     import json
+    import sys
 
     from stoker.cli.config import split_experiment_args
+    from stoker.cli.live_echo import LiveEcho
     from stoker.cli.output import note
     from stoker.launcher.run_local import run_here
 
     experiment, overrides = split_experiment_args(args or [])
-    result = run_here(
-        experiment,
-        overrides,
-        nproc=nproc or None,
-        profile=profile,
-        use_profile=not no_profile,
-        say=note,
-        echo=lambda line: print(line, flush=True),
-    )
+    echo = LiveEcho(sys.stdout)
+
+    def say(message: str) -> None:
+        echo.close()  # a message on stderr starts below the live line, not inside it
+        note(message)
+
+    try:
+        result = run_here(
+            experiment,
+            overrides,
+            nproc=nproc or None,
+            profile=profile,
+            use_profile=not no_profile,
+            say=say,
+            echo=echo,
+        )
+    finally:
+        echo.close()
     if result.diagnosis is not None:
         from stoker.cli.output import err
         from stoker.cli.why import print_diagnosis

@@ -80,11 +80,20 @@ def suggest_keys(key: str, candidates: Sequence[str] | None = None) -> list[str]
     leaf = key.rsplit(".", 1)[-1]
     same_leaf = [c for c in pool if c.rsplit(".", 1)[-1] == leaf and c != key]
     close = difflib.get_close_matches(key, pool, n=3, cutoff=0.6)
+    if close:
+        # Only the ones about as close as the best: `train.stepz` is `train.steps`, and
+        # naming `train.seed` beside it would make the reader choose.
+        best = _ratio(key, close[0])
+        close = [c for c in close if _ratio(key, c) >= best - 0.1]
     seen: list[str] = []
     for c in same_leaf + close:
         if c not in seen:
             seen.append(c)
     return seen[:3]
+
+
+def _ratio(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b).ratio()
 
 
 def describe_expected(info: FieldInfo) -> str:

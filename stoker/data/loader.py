@@ -24,6 +24,7 @@ from typing import Any
 from stoker.data.dataset import DataSource, open_dataset
 from stoker.data.fetch import RetryPolicy
 from stoker.data.loader_stats import LoaderStats
+from stoker.data.parent_death import die_with_parent
 from stoker.data.shard_format import MODALITIES
 from stoker.data.stream import STATS_KEY, ClipSpec, Sample, StreamDataset, StreamPlan
 from stoker.errors import StokerError
@@ -168,7 +169,7 @@ class StreamingLoader:
             prefetch_factor=2 if workers else None,
             persistent_workers=False,
             pin_memory=self.pin_memory,
-            worker_init_fn=_ignore_stop_signals if workers else None,
+            worker_init_fn=_init_worker if workers else None,
         )
         for batch in loader:
             worker, counts = batch.pop(STATS_KEY)
@@ -248,10 +249,13 @@ class StreamingLoader:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 
 
-def _ignore_stop_signals(worker_id: int) -> None:
-    """worker_init_fn: for workers that did not inherit the fork server's SIG_IGN."""
+def _init_worker(worker_id: int) -> None:
+    """worker_init_fn: the stop signals ignored (for workers that did not inherit the
+    fork server's SIG_IGN), and the worker ends with its parent even when that is
+    SIGKILLed (stoker/data/parent_death.py)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    die_with_parent()
 
 
 def _start_fork_server_deaf() -> None:
@@ -280,8 +284,11 @@ def _start_fork_server_deaf() -> None:
 def _context(method: str) -> Any:
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
-        # Workers fork from a server that has imported these once, not each worker.
-        ctx.set_forkserver_preload(["torch", "numpy", "av", "stoker.data.stream"])
+        # Workers fork from a server that has imported these once, not each worker. The
+        # guard first: the server ends with the rank, even while it imports the others.
+        ctx.set_forkserver_preload(
+            ["stoker.data.fork_server_guard", "torch", "numpy", "av", "stoker.data.stream"]
+        )
         _start_fork_server_deaf()
     return ctx
 

@@ -10,6 +10,7 @@ written here, before the ranks start, on first use.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -139,6 +140,21 @@ def run_here(
     return result
 
 
+def _stoker_command() -> str:
+    """`stoker` where that name runs this stoker; else the path of this one (`make run`
+    does not put .venv/bin on PATH)."""
+    import shutil
+    import sys
+
+    me = Path(sys.argv[0])
+    if me.name != "stoker":
+        return "stoker"
+    found = shutil.which("stoker")
+    if found and Path(found).resolve() == me.resolve():
+        return "stoker"
+    return shlex.quote(str(me.absolute()))
+
+
 def _gpus() -> int:
     import torch
 
@@ -162,4 +178,4 @@ def _say_where(result: RunResult, link: str | None, checkpoints: str, say: Say) 
         say(f"checkpoints: {checkpoints} (`stoker ckpt ls {result.job_id}`)")
     if link:
         say(f"MLflow: {link}")
-    say("`stoker ui` opens the MLflow UI on this store")
+    say(f"`{_stoker_command()} ui` opens the MLflow UI on this store (`make ui` in a clone)")

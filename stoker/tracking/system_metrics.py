@@ -15,6 +15,7 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from stoker.tracking.logger import RunLogger
@@ -142,7 +143,8 @@ class SystemSampler:
         try:
             nvml = importlib.import_module("pynvml")
         except ImportError:
-            self._say_once("nvml", "pynvml (nvidia-ml-py) is not installed: no GPU metrics")
+            if _has_nvidia_gpu():  # else there is nothing to miss: say nothing
+                self._say_once("nvml", "pynvml (nvidia-ml-py) is not installed: no GPU metrics")
             return
         try:
             nvml.nvmlInit()
@@ -197,3 +199,9 @@ def _read_memory_used() -> int | None:
     if len(values) < 2:
         return None
     return values["MemTotal"] - values["MemAvailable"]
+
+
+def _has_nvidia_gpu() -> bool:
+    """An NVIDIA driver's device node, or GPUs SLURM or the user made visible."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    return Path("/dev/nvidiactl").exists() or visible not in ("", "-1", "NoDevFiles")

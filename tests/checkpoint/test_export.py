@@ -119,6 +119,9 @@ def test_both_formats_load_into_a_fresh_model_with_the_trained_outputs(
     assert result.bytes == sum(t.numel() * 4 for t in expected.values())
     with safe_open(str(out), framework="pt") as f:
         assert f.metadata() == {"format": "pt", "step": str(STEP), "stoker_format": "1"}
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # readable as any file of the user's
     state = load_file(str(out))
     assert state.keys() == expected.keys()  # plain FQNs: no "model.", no FSDP prefixes
     assert all(torch.equal(state[k], expected[k]) for k in expected)

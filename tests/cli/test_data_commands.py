@@ -49,7 +49,9 @@ def test_inspect_reports_the_manifest_and_writes_frames(small_set: str, tmp_path
 
 def test_inspect_human_output_and_missing_data_set(small_set: str, tmp_path: Path) -> None:
     text = stoker("data", "inspect", small_set, "--frames", "0", check=True).stdout
-    assert "12 in 3 shards" in text and "h264:12" in text
+    assert "12 in 3 shards" in text and "h264 (12)" in text
+    # Every number with its unit: no bare "8.0:12" or "16000:12".
+    assert "16000 Hz (12)" in text and " fps (12)" in text and " ch (12)" in text
     missing = stoker("data", "inspect", str(tmp_path / "none"))
     assert missing.returncode == 2
     assert "manifest.json is missing" in missing.stderr and "stoker data pack" in missing.stderr

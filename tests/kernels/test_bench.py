@@ -44,6 +44,8 @@ def test_bench_kernels_writes_the_result_document(tmp_path: Path) -> None:
         "--out", str(tmp_path), "--json", check=True,
     )  # fmt: skip
     doc = json.loads(result.stdout)
+    # Said before the minutes it takes on a CPU: its figures are no speed.
+    assert "no GPU here" in result.stderr and "say nothing about speed" in result.stderr
     assert {"device", "torch", "triton", "copy_gbps", "rows"} <= doc.keys()
     assert doc["copy_gbps"] > 0
     written = json.loads(Path(doc["path"]).read_text())

@@ -419,3 +419,36 @@ def test_the_spool_skips_cut_lines_and_other_runs(
     assert "1 unreadable lines" in err and "other runs (other)" in err
     fresh.clear()
     assert not fresh.has_data() and fresh.points == 0
+
+
+@pytest.mark.parametrize("visible", [None, "0"])
+def test_no_pynvml_is_said_only_where_there_is_a_gpu_to_miss(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    visible: str | None,
+) -> None:
+    import importlib
+
+    from stoker.tracking import system_metrics
+
+    real_import = importlib.import_module
+
+    def no_pynvml(name: str, *args: Any) -> Any:
+        if name == "pynvml":
+            raise ImportError(name)
+        return real_import(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", no_pynvml)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    gpu_here = system_metrics._has_nvidia_gpu()
+    logger = RunLogger("http://127.0.0.1:1", "0" * 32, tmp_path / "spool.jsonl")
+    sampler = SystemSampler(logger, interval_s=3600, node="n1")
+    sampler.start()
+    sampler.stop()
+    said = "pynvml (nvidia-ml-py) is not installed" in capsys.readouterr().err
+    assert said == gpu_here
+    assert gpu_here == (visible is not None or Path("/dev/nvidiactl").exists())
