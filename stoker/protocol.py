@@ -48,6 +48,10 @@ ENV_CONFIG = "STOKER_CONFIG"  # the frozen experiment config (YAML)
 # a line starting with STACK_HEADER, and exits EXIT_HANG. `stoker why` reads both.
 HEARTBEAT_DIR = "heartbeat"
 HANG_FILE = "hang.json"
+# A rank's exit code, written there as soon as it decided it (before it closes MLflow
+# and the process group): {"exit_code": N, "written_at": epoch s}. A rank SLURM kills
+# after that (its step was cancelled while it exited) ended as it said, on a good node.
+EXIT_FILE = "rank-{rank}.exit.json"
 STACK_HEADER = "stoker: Python stacks of rank"
 EXIT_HANG = 124  # as timeout(1) exits
 

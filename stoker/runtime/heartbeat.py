@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stoker.protocol import EXIT_HANG, HANG_FILE, HEARTBEAT_DIR, STACK_HEADER
+from stoker.protocol import EXIT_FILE, EXIT_HANG, HANG_FILE, HEARTBEAT_DIR, STACK_HEADER
 
 COLLECTIVE_PHASE = "sync"
 """The phase where a rank waits for every other: not where a hang starts."""
@@ -261,3 +261,18 @@ def hang_reported(run_dir: Path, restart: int) -> bool:
     """Whether the watchdog failed this attempt: a rank whose collective then
     breaks (a peer exited) exits EXIT_HANG, not as a crash of its own."""
     return (folder_for(run_dir, restart) / HANG_FILE).exists()
+
+
+def announce_exit(run_dir: Path, restart: int, rank: int, code: int) -> None:
+    """Write `heartbeat/r<restart>/rank-<R>.exit.json` (EXIT_FILE): the exit code this
+    rank decided on, before its slow way out. A rank that SLURM then kills (its step
+    cancelled while it closed MLflow) is read by the batch script as exiting `code`,
+    not as killed on a bad node. Best effort: a full disk only loses that nuance."""
+    path = folder_for(run_dir, restart) / EXIT_FILE.format(rank=rank)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = path.with_name(f".{path.name}.tmp")
+        temp.write_text(json.dumps({"exit_code": code, "written_at": int(time.time())}))
+        temp.replace(path)
+    except OSError as exc:
+        print(f"stoker: rank {rank}: could not write {path}: {exc}", file=sys.stderr, flush=True)

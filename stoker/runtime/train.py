@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from stoker.kernels import KernelBackendError
     from stoker.protocol import ENV_RESTART, ENV_RUN_DIR, EXIT_HANG, EXIT_PEER_LOST
     from stoker.runtime import dist_env
-    from stoker.runtime.heartbeat import hang_reported
+    from stoker.runtime.heartbeat import announce_exit, hang_reported
     from stoker.runtime.rank_tracking import open_tracking
     from stoker.runtime.trainer import Trainer
 
@@ -58,6 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(os.environ.get(ENV_RUN_DIR) or args.config.resolve().parent)
     tracking = open_tracking(cfg, env, device, run_dir, args.config)
     status = "FAILED"
+    restart = int(os.environ.get(ENV_RESTART) or 0)
+
+    def ending(code: int) -> int:
+        # Said before the slow way out (MLflow, the process group): a rank SLURM kills
+        # while it exits is no sign of a bad node (the batch script reads this).
+        announce_exit(run_dir, restart, env.rank, code)
+        return code
+
     try:
         mesh = dist_env.data_parallel_mesh(env, device)
         trainer = Trainer(
@@ -76,24 +84,25 @@ def main(argv: list[str] | None = None) -> int:
         status = outcome.status
         if env.is_main:
             print(f"{outcome.status.lower()} at step {outcome.step}", flush=True)
-        return outcome.exit_code
+        return ending(outcome.exit_code)
     except (StokerError, KernelBackendError) as exc:
         # The kernels know nothing of stoker; their user errors read the same.
         print(f"stoker: rank {env.rank}: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return ending(1)
     except Exception as exc:
-        if hang_reported(run_dir, int(os.environ.get(ENV_RESTART) or 0)):
+        if hang_reported(run_dir, restart):
             # A peer exited on the watchdog's report: that is this rank's failure too.
             print(f"stoker: rank {env.rank}: stopped by the hang watchdog "
                   "(heartbeat/…/hang.json)", file=sys.stderr, flush=True)  # fmt: skip
-            return EXIT_HANG
+            return ending(EXIT_HANG)
         traceback.print_exc()
         if dist_env.lost_peer(exc):
             # Not this rank's bug: the batch script may start the job again (job.max_restarts).
             print(f"stoker: rank {env.rank}: a collective lost a peer (killed, frozen, or its "
                   f"node lost; train.collective_timeout_s={cfg.train.collective_timeout_s:g}); "
                   f"exit {EXIT_PEER_LOST}", file=sys.stderr, flush=True)  # fmt: skip
-            return EXIT_PEER_LOST
+            return ending(EXIT_PEER_LOST)
+        ending(1)  # Python's exit status for the exception raised on
         raise
     finally:
         tracking.close(None if status == "REQUEUE" else status)

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,27 @@ def starts(run_dir: Path) -> list[tuple[float, int, str]]:
         fields = dict(item.split("=", 1) for item in line.split()[1:])
         out.append((float(line.split()[0]), int(fields["restart"]), fields["nodes"]))
     return out
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float  # epoch seconds, as the batch script wrote them
+    text: str
+
+
+def events_of(run_dir: Path) -> list[Event]:
+    """The batch script's events file, one Event per line."""
+    path = run_dir / "events"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [Event(float(stamp), text) for stamp, _, text in (ln.partition(" ") for ln in lines)]
+
+
+def event(run_dir: Path, regex: str) -> Event:
+    """The one event that matches `regex`: read by what it says, not by its position
+    (a loaded machine may add or reorder notes). Fails naming all events otherwise."""
+    found = [e for e in events_of(run_dir) if re.search(regex, e.text)]
+    assert len(found) == 1, f"{len(found)} events match {regex!r}: {events_of(run_dir)}"
+    return found[0]
 
 
 def hostnames(node_list: str) -> set[str]:

@@ -52,6 +52,7 @@ def _run_start(
     task_logs: dict[int, str] | None = None,
     no_respond: str = "",
     heartbeats: dict[int, float] | None = None,
+    announced: dict[int, int] | None = None,
 ) -> tuple[list[str], list[str]]:
     """One failed start of a 2-node job with job.max_restarts=2: (events, scontrol calls)."""
     run_dir = tmp_path / "run"
@@ -67,6 +68,9 @@ def _run_start(
         beat = {"rank": task, "host": "n1", "pid": 1, "step": 18, "phase": "backward",
                 "progress_at": written_at - 16, "written_at": written_at}  # fmt: skip
         (run_dir / "heartbeat" / "r0" / f"rank-{task}.json").write_text(json.dumps(beat))
+    for task, code in (announced or {}).items():  # as stoker/runtime/heartbeat.py writes it
+        exit_file = run_dir / "heartbeat" / "r0" / f"rank-{task}.exit.json"
+        exit_file.write_text(json.dumps({"exit_code": code, "written_at": int(CANCEL_TIME)}))
     (tmp_path / "srun-lines").write_text("".join(f"{line}\n" for line in srun_lines))
     (tmp_path / "partition").write_text("".join(f"{line}\n" for line in partition))
     calls = tmp_path / "calls"
@@ -119,6 +123,40 @@ def test_a_task_slurm_killed_after_cancelling_its_step_blames_no_node(tmp_path: 
     assert events == ["restarting after failure (a lost rank, exit 137): "
                       "restart 1 of job.max_restarts=2"]  # fmt: skip
     assert calls == [f"scontrol requeuehold {JOB_ID}", f"scontrol release {JOB_ID}"]
+
+
+@pytest.mark.parametrize("rank1", ["Killed", "Exited with exit code 76", None])
+def test_a_task_killed_while_it_exited_as_it_said_blames_no_node(
+    tmp_path: Path, rank1: str | None
+) -> None:
+    """The CI failure of issue 17: rank 0 found its peer lost and was exiting 76 (closing
+    MLflow) when SLURM cancelled the step and KILLed it; its heartbeat had stopped 16 s
+    before the cancel, so only the exit it announced tells it was alive and well. The
+    stopped rank 1 was killed too, or exited 76 itself, or srun named no line for it."""
+    lines = ["srun: error: n1: task 0: Killed"]
+    if rank1 is not None:
+        lines.append(f"srun: error: n3: task 1: {rank1}")
+    events, calls = _run_start(
+        tmp_path, lines, rc=137, partition=THREE_NODES,
+        task_logs={0: f"a collective lost a peer; exit 76\n{CANCELLED}\n"},
+        heartbeats={0: CANCEL_TIME - 16.0}, announced={0: 76},
+    )  # fmt: skip
+    assert events == ["restarting after failure (a lost rank, exit 137): "
+                      "restart 1 of job.max_restarts=2"]  # fmt: skip
+    assert calls == [f"scontrol requeuehold {JOB_ID}", f"scontrol release {JOB_ID}"]
+
+
+def test_a_task_that_announced_success_is_not_the_failure(tmp_path: Path) -> None:
+    """Rank 0 had finished (exit 0 announced) when rank 1's node killed rank 1: n3 is
+    the node to leave out, whatever order srun printed the lines in."""
+    events, calls = _run_start(
+        tmp_path,
+        ["srun: error: n1: task 0: Killed", "srun: error: n3: task 1: Killed"],
+        rc=137, partition=THREE_NODES, announced={0: 0},
+    )  # fmt: skip
+    assert events == ["restarting after failure (n3: task 1: Killed, exit 137) without node n3: "
+                      "restart 1 of job.max_restarts=2"]  # fmt: skip
+    assert f"scontrol update JobId={JOB_ID} ExcNodeList=n3" in calls
 
 
 @pytest.mark.parametrize("written_after_cancel", [0.5, -1.5, None])

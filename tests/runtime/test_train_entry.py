@@ -5,6 +5,7 @@ submit` would have logged."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -48,6 +49,9 @@ def test_entry_point_creates_its_run_and_finishes(tmp_path: Path, isolated_home:
     assert (config.parent / "checkpoints" / "step-2" / "COMMIT.json").is_file()
     assert not (config.parent / "checkpoints" / "step-1").exists()  # keep_last 1
     assert not (config.parent / "progress.json").exists()  # written only with STOKER_PROGRESS_FILE
+    # The exit code, said before the slow way out (the batch script reads it, protocol.py).
+    announced = json.loads((config.parent / "heartbeat" / "r0" / "rank-0.exit.json").read_text())
+    assert announced["exit_code"] == 0
 
     from mlflow.tracking import MlflowClient
 
