@@ -50,6 +50,9 @@ T = TypeVar("T")
 LOCK_TIMEOUT = 120.0
 # Seconds a store call may spend waiting for a locked sqlite file, its retries together.
 RETRY_BUDGET_S = BUDGET_S
+# MLflow's experiment kind tag and the value of its model-training layout.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"
 # Seconds the reachability probe of a server waits when MLFLOW_HTTP_REQUEST_TIMEOUT is unset.
 PROBE_TIMEOUT = 10.0
 
@@ -432,7 +435,13 @@ def _experiment_id(client: Any, target: TrackingTarget, name: str) -> str:
         if target.artifact_root is not None:
             location = str(Path(target.artifact_root) / _experiment_folder(name))
         try:
-            return str(client.create_experiment(name, artifact_location=location))
+            # The kind tag makes MLflow's UI open it in its model-training layout (runs,
+            # metrics charts), not the GenAI one (traces, agent versions, an assistant).
+            return str(
+                client.create_experiment(
+                    name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: TRAINING_KIND}
+                )
+            )
         except MlflowException as exc:
             # Another submit created it between our lookup and create (server stores).
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":

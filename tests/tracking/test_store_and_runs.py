@@ -411,6 +411,8 @@ def test_concurrent_submits_on_a_fresh_sqlite_store(tmp_path: Path) -> None:
     target = resolve_tracking_uri(uri)
     client = mlflow_client(target)
     experiment = client.get_experiment_by_name("shared")
+    # Created for model training: MLflow's UI opens it in that layout, not the GenAI one.
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     found = client.search_runs([experiment.experiment_id])
     assert {r.info.run_id for r in found} == run_ids
     assert len(run_ids) == 3
