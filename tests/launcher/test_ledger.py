@@ -5,6 +5,8 @@ from __future__ import annotations
 import multiprocessing
 from pathlib import Path
 
+import pytest
+
 from stoker.launcher.ledger import JobRecord, Ledger
 
 
@@ -58,3 +60,20 @@ def test_the_config_digest_keeps_its_column_name(tmp_path: Path) -> None:
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT config_hash FROM jobs").fetchone() == ("ab" * 32,)
     assert Ledger(path).require("7").config_digest == "ab" * 32
+
+
+def test_extra_values_are_set_by_path_and_a_requeue_forgets_how_it_ended(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.sqlite")
+    ledger.add(JobRecord("8", "slurm", "c", "n", "/r", "h", "default",
+                         extra={"child_run_ids": ["a", "b"]}))  # fmt: skip
+    ledger.set_extra(
+        {"8": {("reasons", "8_1"): "rank 2: no data set", ("mlflow_ended", "a"): True}}
+    )
+    ledger.set_extra({"8": {("reasons", "8_0"): "exit 3"}})
+    extra = ledger.require("8").extra
+    assert extra["reasons"] == {"8_0": "exit 3", "8_1": "rank 2: no data set"}  # "8_1": a key
+    assert extra["mlflow_ended"] == {"a": True} and extra["child_run_ids"] == ["a", "b"]
+    ledger.reopen("8")  # requeued: it runs again, and will end its own way
+    assert ledger.require("8").extra == {"child_run_ids": ["a", "b"]}
+    with pytest.raises(ValueError, match="cannot be a key"):
+        ledger.set_extra({"8": {("reasons", 'x"y'): "no"}})
