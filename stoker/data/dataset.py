@@ -64,6 +64,26 @@ class DataSource:
         return parse_index(self.fs.cat_file(path), f"{self.url} ({path})")
 
 
+# fsspec's filesystems that live in a package of their own: what to install for each.
+_FS_PACKAGES = {
+    "s3": "pip install 'stoker[s3]' (s3fs)",
+    "s3a": "pip install 'stoker[s3]' (s3fs)",
+    "gs": "pip install gcsfs",
+    "gcs": "pip install gcsfs",
+    "az": "pip install adlfs",
+    "abfs": "pip install adlfs",
+    "abfss": "pip install adlfs",
+    "hf": "pip install huggingface_hub",
+}
+
+
+def _package_fix(url: str) -> str:
+    protocol = url.split("://", 1)[0].lower() if "://" in url else ""
+    if protocol in _FS_PACKAGES:
+        return f"install the package for {protocol}:// URLs: {_FS_PACKAGES[protocol]}"
+    return "install the fsspec filesystem package for this URL's scheme"
+
+
 def open_dataset(url: str, storage_options: dict[str, Any] | None = None) -> DataSource:
     """The data set at `url`: a root holding manifest.json, or plain WebDataset tar
     shards (one .tar URL, a brace pattern such as `shards-{000..009}.tar`, or a
@@ -80,7 +100,7 @@ def open_dataset(url: str, storage_options: dict[str, Any] | None = None) -> Dat
     except (ImportError, ValueError) as exc:
         raise StokerError(
             f"data URL {url!r}: {exc}",
-            fix="install the filesystem's package (s3: pip install 'stoker[s3]') or fix the URL",
+            fix=f"{_package_fix(url)}, or fix the URL",
         ) from exc
     root = root.rstrip("/")
     path = join(root, MANIFEST_NAME)

@@ -379,3 +379,21 @@ def test_stop_signals_to_the_whole_step_leave_the_loader_running(dataset: str) -
     count, got = result.stdout.split(maxsplit=1)
     assert int(count) == CLIPS // BATCH  # every batch of the pass, after the signals
     assert got.strip() == str(sorted([int(signal.SIGUSR2), int(signal.SIGTERM)]))
+
+
+@pytest.mark.parametrize(
+    ("url", "fix"),
+    [
+        ("gs://bucket/set", "pip install gcsfs"),
+        ("abfs://container/set", "pip install adlfs"),
+        ("nosuch://x/set", "fsspec filesystem package for this URL's scheme"),
+    ],
+)
+def test_a_url_whose_filesystem_is_not_installed_names_its_package(url: str, fix: str) -> None:
+    from stoker.data.dataset import open_dataset
+    from stoker.errors import StokerError
+
+    with pytest.raises(StokerError) as caught:
+        open_dataset(url)
+    assert url in caught.value.message and fix in (caught.value.fix or "")
+    assert "stoker[s3]" not in (caught.value.fix or "")  # not the s3 extra for another store
