@@ -390,9 +390,14 @@ def test_stop_signals_to_the_whole_step_leave_the_loader_running(dataset: str) -
     ],
 )
 def test_a_url_whose_filesystem_is_not_installed_names_its_package(url: str, fix: str) -> None:
+    import importlib.util
+
     from stoker.data.dataset import open_dataset
     from stoker.errors import StokerError
 
+    package = fix.rsplit(" ", 1)[-1]
+    if importlib.util.find_spec(package) is not None:
+        pytest.skip(f"{package} is installed here: its URLs do not fail this way")
     with pytest.raises(StokerError) as caught:
         open_dataset(url)
     assert url in caught.value.message and fix in (caught.value.fix or "")
