@@ -296,7 +296,7 @@ def test_ctrl_c_stops_following_cleanly(slurm_cluster: ClusterSettings, tmp_path
         follower = Follower(job["job_id"], env={})
         wait_for(lambda: follower.has("[0] tick 2"), 60, "ticks")
         follower.proc.send_signal(signal.SIGINT)
-        code, stderr = follower.wait(timeout=10)
+        code, stderr = follower.wait(timeout=60)  # generous: a loaded machine
         assert code == 0 and "Traceback" not in stderr, stderr
     finally:
         subprocess.run(["scancel", job["job_id"]], check=False)

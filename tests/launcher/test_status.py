@@ -367,15 +367,23 @@ def test_watch_refreshes_on_a_terminal_until_ctrl_c(tmp_path: Path) -> None:
         if select.select([master], [], [], 0.2)[0]:
             screen += os.read(master, 65536)
     os.killpg(proc.pid, signal.SIGINT)
+    # Read what it prints until it has exited (EIO once the terminal is closed); bounded,
+    # generously for a loaded machine, and failing with what the screen showed.
+    deadline = time.monotonic() + 60
     try:
-        while select.select([master], [], [], 1)[0]:
-            chunk = os.read(master, 65536)
-            if not chunk:
-                break
-            screen += chunk
+        while proc.poll() is None and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.5)[0]:
+                chunk = os.read(master, 65536)
+                if not chunk:
+                    break
+                screen += chunk
     except OSError:  # EIO: the child closed the terminal
         pass
-    assert proc.wait(timeout=10) == 0
+    if proc.poll() is None:
+        proc.kill()
+        tail = screen.decode(errors="replace")[-2000:]
+        pytest.fail(f"status --watch still running 60 s after Ctrl-C; the screen:\n{tail}")
+    assert proc.wait(timeout=60) == 0
     os.close(master)
     text = screen.decode(errors="replace")
     assert text.count("Ctrl-C to quit") >= 3  # refreshed in place, not printed once
