@@ -1,6 +1,10 @@
-"""On the real cluster (proctrack/linuxproc, which follows the process tree as many
-clusters do): a rank SIGKILLed while its loader runs leaves no process on the node
-once the job ended: not its loader workers, its fork server or its resource tracker."""
+"""On the real cluster: a rank SIGKILLed while its loader runs leaves no process on the
+node once the job ended: not its loader workers, its fork server or its resource tracker.
+
+Here slurmstepd also reaps them (it adopts the step's orphans as a child subreaper and
+kills what is left when the step ends), so this guards the user's view of the node; the
+parent-death signal itself is proven where nothing else would end them, for a rank
+outside SLURM (tests/data/test_loader_orphans.py: without it, four processes stay)."""
 
 from __future__ import annotations
 
@@ -20,14 +24,16 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slurm
 
+# A main guard: the loader's workers import the main module (multiprocessing's spawn).
 RANK = """\
 import os, signal, sys
 from stoker.data.loader import StreamingLoader
-loader = StreamingLoader(sys.argv[1], batch_size=2, num_workers=2, seed=1, fps=8,
-                         size=(32, 32), clip_seconds=1.0, sample_rate=8000)
-next(loader.batches())
-print("workers up: killing myself", flush=True)
-os.kill(os.getpid(), signal.SIGKILL)
+if __name__ == "__main__":
+    loader = StreamingLoader(sys.argv[1], batch_size=2, num_workers=2, seed=1, fps=8,
+                             size=(32, 32), clip_seconds=1.0, sample_rate=8000)
+    next(loader.batches())
+    print("workers up: killing myself", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
