@@ -31,6 +31,9 @@ class Ended:
 
     target: Target
     state: str
+    # Whether its reason may be judged now (one scontrol and one sacct call for a SLURM
+    # job); else only a reason kept in the ledger is read.
+    judge: bool = True
 
 
 def short_reason(summary: str, width: int = REASON_WIDTH) -> str:
@@ -54,14 +57,16 @@ def ended_reasons(
         target = item.target
         kept = target.record.extra.get("reasons", {})
         reason = kept.get(target.job_id) if isinstance(kept, dict) else None
-        if not isinstance(reason, str) and known and target.job_id in known:
-            reason = short_reason(known[target.job_id])
-            learned.setdefault(target.record.job_id, {})[("reasons", target.job_id)] = reason
         if not isinstance(reason, str):
-            try:
-                reason = short_reason(diagnose(target).summary)
-            except (StokerError, OSError):
-                continue  # the scheduler's own reason stays
+            if known and target.job_id in known:
+                reason = short_reason(known[target.job_id])
+            elif item.judge:
+                try:
+                    reason = short_reason(diagnose(target).summary)
+                except (StokerError, OSError):
+                    continue  # the scheduler's own reason stays
+            else:
+                continue
             learned.setdefault(target.record.job_id, {})[("reasons", target.job_id)] = reason
         reasons[target.job_id] = reason
     ledger.set_extra(learned)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stoker.errors import StokerError
-from stoker.launcher.local_state import pid_exists, read_local_state
+from stoker.launcher.local_state import process_alive, read_local_state
 from stoker.launcher.rundir import RunDir
 from stoker.launcher.targets import Target
 
@@ -368,7 +368,7 @@ def job_state(target: Target) -> JobState:
         if local is None:
             return JobState("UNKNOWN", "no local-state.json yet", False)
         pid = local.supervisor_pid
-        if local.state == "RUNNING" and pid is not None and not pid_exists(pid):
+        if local.state == "RUNNING" and pid is not None and not process_alive(pid, local.started):
             return JobState("FAILED", "supervisor died", True)
         return JobState(local.state, None, local.state != "RUNNING")
     if record.final_state and target.task is None:

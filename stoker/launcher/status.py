@@ -192,7 +192,12 @@ def collect_status(
     rows = [_row(t, views, accounting is not None, now) for t in targets]
     _write_back(ledger, targets, rows, views)
     # An ended job's REASON is `stoker why`'s headline, and its MLflow run is ended.
-    ended = [Ended(t, row.state) for t, row in zip(targets, rows, strict=True)]
+    # Those whose end this call saw: a state kept in the ledger was settled when it was
+    # first seen (`settle` reads what was kept, asks SLURM nothing more for them).
+    ended = [
+        Ended(t, row.state, judge=row.source != "ledger")
+        for t, row in zip(targets, rows, strict=True)
+    ]
     reasons = settle(ledger, ended)
     for row in rows:
         row.reason = reasons.get(row.job_id, row.reason)

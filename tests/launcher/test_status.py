@@ -206,8 +206,11 @@ def test_json_states_reasons_restarts_and_progress(jobs: Jobs, tmp_path: Path) -
     assert ok["mlflow_run_id"] == "f" * 32 and ok["run_dir"] == str(ok_dir)
     assert ok["nodes"] == 1 and ok["node_list"] in {"n1", "n2", "n3"}
 
+    # REASON is `stoker why`'s headline: this run folder holds no rank log, so the
+    # batch script is what failed, with the job's exit code.
     failed = rows[ids["fails"]]
-    assert (failed["state"], failed["exit_code"], failed["reason"]) == ("FAILED", 3, "exit 3")
+    assert (failed["state"], failed["exit_code"]) == ("FAILED", 3)
+    assert failed["reason"] == "the batch script failed (exit 3) outside the ranks"
 
     held = rows[ids["held"]]
     assert (held["state"], held["reason"], held["step"]) == ("PENDING", "JobHeldUser", None)
@@ -240,7 +243,11 @@ def test_one_squeue_and_one_sacct_per_refresh_and_ended_jobs_cached(
 
     slurm_cli.CALLS.clear()
     first = collect_status(targets, ledger)
-    assert dict(slurm_cli.CALLS) == {"squeue": 1, "sacct": 1}
+    # One squeue and one sacct for all; and, once per job seen ending other than
+    # COMPLETED (failed, cancelled), the scontrol and sacct of its diagnosis (its REASON).
+    judged = sum(row.state in {"FAILED", "CANCELLED"} for row in first.rows)
+    assert judged == 2
+    assert dict(slurm_cli.CALLS) == {"squeue": 1, "sacct": 1 + judged, "scontrol": judged}
     assert {row.source for row in first.rows} <= {"squeue", "sacct"}
 
     ended = [jobs.ids[r] for r in ("completes", "fails", "cancelled")]
@@ -254,8 +261,10 @@ def test_one_squeue_and_one_sacct_per_refresh_and_ended_jobs_cached(
     assert {r.source for r in second.rows} == {"ledger"}
 
     slurm_cli.CALLS.clear()
-    collect_status(select_jobs(ledger), ledger)
-    assert dict(slurm_cli.CALLS) == {"squeue": 1, "sacct": 1}
+    again = collect_status(select_jobs(ledger), ledger)
+    assert dict(slurm_cli.CALLS) == {"squeue": 1, "sacct": 1}  # the reasons were kept
+    assert {r.job_id: r.reason for r in again.rows if r.state == "FAILED"} == {
+        r.job_id: r.reason for r in first.rows if r.state == "FAILED"}  # fmt: skip
 
 
 def _path_without_sacct(tmp_path: Path) -> str:
@@ -517,9 +526,12 @@ def test_local_jobs_read_the_supervisor_state_without_slurm(tmp_path: Path) -> N
     assert (running.state, running.elapsed_s, running.step) == ("RUNNING", 100, 50)
     assert running.eta_s == pytest.approx(100.0)
     assert (running.throughput, running.throughput_unit) == (9000.0, "tokens/s")
-    assert (rows["local-2"].state, rows["local-2"].reason) == ("FAILED", "supervisor died")
-    assert (rows["local-3"].reason, rows["local-3"].elapsed_s) == ("rank 1 exited 7", 5)
+    # REASON is `stoker why`'s headline, shortened.
+    died = "the local supervisor died (killed, or the machine rebooted) while the j…"
+    assert (rows["local-2"].state, rows["local-2"].reason) == ("FAILED", died)
+    assert rows["local-3"].reason == "rank 1 exited with code 7 (no traceback in its log)"
+    assert rows["local-3"].elapsed_s == 5
     assert rows["local-3"].exit_code == 1
-    assert (rows["local-4"].state, rows["local-4"].reason) == ("FAILED", "supervisor died")
+    assert (rows["local-4"].state, rows["local-4"].reason) == ("FAILED", died)
     assert ledger.require("local-2").final_state == "FAILED"
     assert ledger.require("local-1").final_state is None

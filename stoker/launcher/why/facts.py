@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stoker.launcher.local_state import pid_exists, read_local_state
+from stoker.launcher.local_state import process_alive, read_local_state
 from stoker.launcher.logs import split_batch_by_restart
 from stoker.launcher.rundir import RunDir
 from stoker.launcher.slurm_cli import SlurmError
@@ -197,7 +197,7 @@ def _local_facts(facts: JobFacts, target: Target) -> None:
     if local.started is not None:
         facts.elapsed_s = int((local.ended or time.time()) - local.started)
     pid = local.supervisor_pid
-    if local.state == "RUNNING" and pid is not None and not pid_exists(pid):
+    if local.state == "RUNNING" and pid is not None and not process_alive(pid, local.started):
         facts.supervisor_died = True
         facts.state = "FAILED"
 
