@@ -78,7 +78,10 @@ def end_mlflow_runs(ledger: Ledger, ended: Sequence[Ended], *, now: float | None
     every task of it is in `ended`. Best effort: a store that cannot be reached is said
     on stderr and tried again after RETRY_S."""
     now = time.time() if now is None else now
+    from stoker.tracking.run_end import MARK_FILE
+
     todo: dict[str, dict[str, str]] = {}  # job_id -> {run_id: job state}
+    known_ended: dict[str, list[str]] = {}  # job_id -> runs the job's own end closed
     records = {}
     for item in ended:
         record = item.target.record
@@ -89,7 +92,11 @@ def end_mlflow_runs(ledger: Ledger, ended: Sequence[Ended], *, now: float | None
         runs = todo.setdefault(record.job_id, {})
         records[record.job_id] = record
         run_id = item.target.mlflow_run_id
-        if run_id and run_id not in done:
+        if not run_id or run_id in done:
+            continue
+        if (item.target.run.path / MARK_FILE).exists():
+            known_ended.setdefault(record.job_id, []).append(run_id)  # by the job's end
+        else:
             runs[run_id] = item.state
     for job_id, runs in todo.items():
         record = records[job_id]
@@ -100,7 +107,10 @@ def end_mlflow_runs(ledger: Ledger, ended: Sequence[Ended], *, now: float | None
             ):
                 whole = "COMPLETED" if set(states) == {"COMPLETED"} else "FAILED"
                 runs[record.mlflow_run_id] = whole
-    changes: dict[str, dict[tuple[str, ...], object]] = {}
+    changes: dict[str, dict[tuple[str, ...], object]] = {
+        job_id: {("mlflow_ended", run_id): True for run_id in run_ids}
+        for job_id, run_ids in known_ended.items()
+    }
     for job_id, runs in todo.items():
         record = records[job_id]
         if not runs or not record.tracking_uri:
@@ -113,10 +123,10 @@ def end_mlflow_runs(ledger: Ledger, ended: Sequence[Ended], *, now: float | None
         except StokerError as exc:
             first = str(exc).splitlines()[0]
             print(f"stoker: could not end the MLflow run of job {job_id}: {first}", file=sys.stderr)
-            changes[job_id] = {("mlflow_end_tried",): now}
+            changes.setdefault(job_id, {})[("mlflow_end_tried",)] = now
             continue
         # Kept whether this call or the job ended it: either way it is closed.
-        changes[job_id] = {("mlflow_ended", run_id): True for run_id in runs}
+        changes.setdefault(job_id, {}).update({("mlflow_ended", r): True for r in runs})
     ledger.set_extra(changes)
 
 

@@ -107,21 +107,23 @@ def supervise(run_dir: Path) -> int:
     state["state"] = "CANCELLED" if cancelled else ("FAILED" if exit_code else "COMPLETED")
     state["ended"] = time.time()
     # Before the state file says "ended": who waits for it finds the run ended too.
-    _end_run(plan, state["state"])
+    _end_run(plan, state["state"], run_dir)
     write_local_state(RunDir(run_dir), state)
     return exit_code
 
 
-def _end_run(plan: dict[str, Any], job_state: str) -> None:
+def _end_run(plan: dict[str, Any], job_state: str, run_dir: Path) -> None:
     """End the job's MLflow run in the job's state unless a rank did (stoker/tracking/run_end.py):
     a rank stopped because its peer failed, or a command that is not the stoker runtime,
     leaves it open."""
     env = plan["ranks"][0]["env"] if plan["ranks"] else {}
     run_id = env.get("MLFLOW_RUN_ID")
     if run_id:
+        from stoker.tracking.run_end import MARK_FILE
         from stoker.tracking.run_end import main as end_run
 
-        end_run([env.get("MLFLOW_TRACKING_URI", ""), run_id, job_state])
+        mark = str(run_dir / MARK_FILE)
+        end_run([env.get("MLFLOW_TRACKING_URI", ""), run_id, job_state, mark])
 
 
 if __name__ == "__main__":

@@ -51,12 +51,19 @@ def test_run_status_of_each_end_state(state: str, status: str) -> None:
     assert run_status_of(state) == status
 
 
-def test_the_first_to_see_the_end_wins(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    target = _store(tmp_path)
+@pytest.mark.parametrize("store", ["sqlite", "server"])
+def test_the_first_to_see_the_end_wins(
+    tmp_path: Path, capsys: pytest.CaptureFixture, request: pytest.FixtureRequest, store: str
+) -> None:
+    if store == "sqlite":
+        target = _store(tmp_path)
+    else:  # through the REST API of a real `mlflow server`
+        target = resolve_tracking_uri(request.getfixturevalue("mlflow_server").url)
     run_id = _run(target)
     assert _status(target, run_id) == "SCHEDULED"
-    assert main([target.uri, run_id, "FAILED"]) == 0
-    assert _status(target, run_id) == "FAILED"
+    mark = tmp_path / "mlflow-run-ended"
+    assert main([target.uri, run_id, "FAILED", str(mark)]) == 0
+    assert _status(target, run_id) == "FAILED" and mark.exists()
     assert f"MLflow run {run_id} ended FAILED" in capsys.readouterr().err
     # Later observers (status after the batch script) change nothing.
     assert main([target.uri, run_id, "COMPLETED"]) == 0
@@ -134,3 +141,21 @@ def test_short_reason() -> None:
     cut = short_reason("rank 1: " + "x" * 200)
     assert len(cut) == 72 and cut.endswith("…")
     assert short_reason("first line\nsecond") == "first line"
+
+
+def test_a_run_the_job_ended_itself_costs_status_no_store_call(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The batch script left `mlflow-run-ended` in the run folder: status notes the run
+    as ended without asking the store (here one that cannot be reached)."""
+    down = resolve_tracking_uri(f"http://127.0.0.1:{free_port()}")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "mlflow-run-ended").touch()
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    record = _record("13", down, "1" * 32)
+    record.run_dir = str(run_dir)
+    ledger.add(record)
+    end_mlflow_runs(ledger, [Ended(Target(ledger.require("13")), "COMPLETED")])
+    assert capsys.readouterr().err == ""
+    assert ledger.require("13").extra["mlflow_ended"] == {"1" * 32: True}
