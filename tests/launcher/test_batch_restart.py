@@ -159,6 +159,23 @@ def test_a_task_that_announced_success_is_not_the_failure(tmp_path: Path) -> Non
     assert f"scontrol update JobId={JOB_ID} ExcNodeList=n3" in calls
 
 
+def test_a_step_slurm_cancelled_with_no_task_failing_starts_again_on_any_node(
+    tmp_path: Path,
+) -> None:
+    """Seen in CI on a loaded machine: SLURM cancelled a healthy step (no scancel, no
+    task failed first); rank 0 saved on the SIGTERM and exited 143, rank 1 stopped with
+    it (75), srun called rank 0 Killed. The program did not fail: start again."""
+    events, calls = _run_start(
+        tmp_path,
+        ["srun: error: n3: task 1: Terminated", "srun: error: n1: task 0: Killed"],
+        rc=143, partition=THREE_NODES, task_logs={0: f"step 56/60\n{CANCELLED}\n"},
+        heartbeats={0: CANCEL_TIME - 2.0}, announced={0: 143, 1: 75},
+    )  # fmt: skip
+    assert events == ["restarting after failure (its step ended by SLURM, no task failing of "
+                      "its own, exit 143): restart 1 of job.max_restarts=2"]  # fmt: skip
+    assert calls == [f"scontrol requeuehold {JOB_ID}", f"scontrol release {JOB_ID}"]
+
+
 @pytest.mark.parametrize("written_after_cancel", [0.5, -1.5, None])
 def test_a_killed_first_task_of_its_node_is_blamed_though_its_log_says_cancelled(
     tmp_path: Path, written_after_cancel: float | None
