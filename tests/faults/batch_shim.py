@@ -42,6 +42,11 @@ class ShimRun:
         return path.read_text().split("\0")[:-1] if path.exists() else []
 
 
+# Generous: the script ends by starting Python (stoker.tracking.run_end), seconds on a
+# loaded 2-core machine; a hung script still fails well inside pytest's own timeout.
+SCRIPT_TIMEOUT_S = 180
+
+
 def run_batch_script(
     text: str,
     folder: Path,
@@ -74,9 +79,9 @@ def run_batch_script(
     }
     if log is None:
         result = subprocess.run(["bash", str(script)], cwd=folder, capture_output=True,
-                                text=True, timeout=30, env=env)  # fmt: skip
+                                text=True, timeout=SCRIPT_TIMEOUT_S, env=env)  # fmt: skip
         return ShimRun(result.returncode, result.stdout, result.stderr, out)
     with open(log, "ab") as output:
-        code = subprocess.run(["bash", str(script)], cwd=folder, stdout=output,
-                              stderr=output, timeout=30, env=env).returncode  # fmt: skip
+        code = subprocess.run(["bash", str(script)], cwd=folder, stdout=output, stderr=output,
+                              timeout=SCRIPT_TIMEOUT_S, env=env).returncode  # fmt: skip
     return ShimRun(code, "", "", out)
