@@ -43,7 +43,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +78,23 @@ class Beat:
 
 def folder_for(run_dir: Path, restart: int) -> Path:
     return run_dir / HEARTBEAT_DIR / f"r{restart}"
+
+
+def interval_for(timeout_s: float) -> float:
+    """Seconds between two heartbeats of a rank watched with train.hang_timeout_s."""
+    return max(0.5, min(5.0, timeout_s / 6))
+
+
+def silent_ranks(
+    run_dir: Path, restart: int, world_size: int, silent_s: float, now: float | None = None
+) -> list[int]:
+    """The ranks whose heartbeat thread has written nothing for `silent_s`: the whole
+    process froze (stopped, stuck in the kernel) or died. Read by a rank whose collective
+    timed out, to name the peer it waited on."""
+    now = time.time() if now is None else now
+    folder = folder_for(run_dir, restart)
+    beats = (Beat.read(folder / f"rank-{rank}.json") for rank in range(world_size))
+    return [b.rank for b in beats if b is not None and now - b.written_at > silent_s]
 
 
 @dataclass(frozen=True)
@@ -129,7 +146,7 @@ class Heartbeat:
         self.folder = folder_for(run_dir, restart)
         self.rank, self.world_size = rank, world_size
         self.timeout_s = timeout_s
-        self.interval_s = interval_s or max(0.5, min(5.0, timeout_s / 6))
+        self.interval_s = interval_s or interval_for(timeout_s)
         self.host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         self._exit = exit
         self.step, self.phase = 0, "start"
@@ -263,16 +280,24 @@ def hang_reported(run_dir: Path, restart: int) -> bool:
     return (folder_for(run_dir, restart) / HANG_FILE).exists()
 
 
-def announce_exit(run_dir: Path, restart: int, rank: int, code: int) -> None:
+def announce_exit(
+    run_dir: Path, restart: int, rank: int, code: int, silent: Sequence[int] = ()
+) -> None:
     """Write `heartbeat/r<restart>/rank-<R>.exit.json` (EXIT_FILE): the exit code this
     rank decided on, before its slow way out. A rank that SLURM then kills (its step
     cancelled while it closed MLflow) is read by the batch script as exiting `code`,
-    not as killed on a bad node. Best effort: a full disk only loses that nuance."""
+    not as killed on a bad node. `silent`: with EXIT_PEER_LOST, the peers whose heartbeat
+    had stopped while this rank waited for them ("silent_ranks"): SLURM kills such a
+    frozen rank once the step ends, and that kill is no sign of a bad node either.
+    Best effort: a full disk only loses that nuance."""
     path = folder_for(run_dir, restart) / EXIT_FILE.format(rank=rank)
+    record: dict[str, Any] = {"exit_code": code, "written_at": int(time.time())}
+    if silent:
+        record["silent_ranks"] = sorted(silent)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temp = path.with_name(f".{path.name}.tmp")
-        temp.write_text(json.dumps({"exit_code": code, "written_at": int(time.time())}))
+        temp.write_text(json.dumps(record))
         temp.replace(path)
     except OSError as exc:
         print(f"stoker: rank {rank}: could not write {path}: {exc}", file=sys.stderr, flush=True)

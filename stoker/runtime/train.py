@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from stoker.kernels import KernelBackendError
     from stoker.protocol import ENV_RESTART, ENV_RUN_DIR, EXIT_HANG, EXIT_PEER_LOST
     from stoker.runtime import dist_env
-    from stoker.runtime.heartbeat import announce_exit, hang_reported
+    from stoker.runtime.heartbeat import announce_exit, hang_reported, interval_for, silent_ranks
     from stoker.runtime.rank_tracking import open_tracking
     from stoker.runtime.trainer import Trainer
 
@@ -60,11 +60,22 @@ def main(argv: list[str] | None = None) -> int:
     status = "FAILED"
     restart = int(os.environ.get(ENV_RESTART) or 0)
 
-    def ending(code: int) -> int:
+    def ending(code: int, silent: list[int] | None = None) -> int:
         # Said before the slow way out (MLflow, the process group): a rank SLURM kills
         # while it exits is no sign of a bad node (the batch script reads this).
-        announce_exit(run_dir, restart, env.rank, code)
+        announce_exit(run_dir, restart, env.rank, code, silent or ())
         return code
+
+    def frozen_peers() -> list[int]:
+        # A peer killed outright ends the wait at once (srun, or the closed socket):
+        # silent for a heartbeat or two. One silent for half the collective's timeout
+        # froze while this rank waited on it.
+        if not cfg.train.hang_timeout_s:
+            return []  # no heartbeats
+        silent_s = max(cfg.train.collective_timeout_s / 2,
+                       3 * interval_for(cfg.train.hang_timeout_s))  # fmt: skip
+        return [r for r in silent_ranks(run_dir, restart, env.world_size, silent_s)
+                if r != env.rank]  # fmt: skip
 
     try:
         mesh = dist_env.data_parallel_mesh(env, device)
@@ -101,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"stoker: rank {env.rank}: a collective lost a peer (killed, frozen, or its "
                   f"node lost; train.collective_timeout_s={cfg.train.collective_timeout_s:g}); "
                   f"exit {EXIT_PEER_LOST}", file=sys.stderr, flush=True)  # fmt: skip
-            return ending(EXIT_PEER_LOST)
+            return ending(EXIT_PEER_LOST, frozen_peers())
         ending(1)  # Python's exit status for the exception raised on
         raise
     finally:

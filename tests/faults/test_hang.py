@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING
 import pytest
 
 from stoker.protocol import EXIT_HANG, STACK_HEADER
-from stoker.runtime.heartbeat import PY_SPY_HEADER, Beat, find_stall
+from stoker.runtime.heartbeat import (
+    PY_SPY_HEADER,
+    Beat,
+    announce_exit,
+    find_stall,
+    folder_for,
+    silent_ranks,
+)
 from tests.clirun import stoker
 from tests.faults.training_jobs import TWO_NODES, hostnames, starts, synth_experiment
 from tests.launcher_jobs import submit_json, wait_final
@@ -43,6 +50,25 @@ def test_find_stall_blames_the_rank_outside_the_collective() -> None:
     stall = find_stall([*beats, gone], now, timeout_s=30)
     assert stall is not None and (stall.rank, stall.gone) == (3, True)
     assert "stopped writing heartbeats" in stall.describe(30)
+
+
+def test_a_rank_that_lost_its_peer_names_the_frozen_one(tmp_path: Path) -> None:
+    """The exit file of a rank whose collective timed out names the peers whose heartbeat
+    had stopped (the batch script then blames no node for SLURM's kill of them)."""
+    now = 1000.0
+    folder = folder_for(tmp_path, 1)
+    folder.mkdir(parents=True)
+    for beat in (Beat(0, "n1", 1, 7, "sync", now - 20, now - 1),
+                 Beat(1, "n2", 2, 7, "forward", now - 25, now - 25),  # stopped
+                 Beat(2, "n2", 3, 7, "sync", now - 20, now - 4)):  # fmt: skip
+        (folder / f"rank-{beat.rank}.json").write_text(json.dumps(beat.__dict__))
+    assert silent_ranks(tmp_path, 1, world_size=4, silent_s=10, now=now) == [1]
+    assert silent_ranks(tmp_path, 1, world_size=4, silent_s=30, now=now) == []
+    announce_exit(tmp_path, 1, 0, 76, silent=[1])
+    announced = json.loads((folder / "rank-0.exit.json").read_text())
+    assert (announced["exit_code"], announced["silent_ranks"]) == (76, [1])
+    announce_exit(tmp_path, 1, 2, 0)
+    assert "silent_ranks" not in json.loads((folder / "rank-2.exit.json").read_text())
 
 
 @pytest.mark.slurm

@@ -99,7 +99,13 @@ def test_killed_then_stopped_rank_each_restart_the_job(
     # on its way out (KILL after KillWait): the 76 it announced names the lost rank,
     # and no node is left out (rank 0's node is healthy).
     assert re.fullmatch(r"restarting after failure \(a lost rank, exit (76|137|143)\): "
-                        r"restart 2 of job\.max_restarts=2", restart_2.text), restart_2  # fmt: skip
+                        r"restart 2 of job\.max_restarts=2", restart_2.text), (
+        restart_2, _second_start_record(run_dir))  # fmt: skip
+    exit_file = run_dir / "heartbeat/r1/rank-0.exit.json"
+    announced = json.loads(exit_file.read_text()) if exit_file.exists() else {}
+    if announced.get("exit_code") == 76:
+        # It names the rank it waited on: SLURM's kill of it is no node fault.
+        assert announced["silent_ranks"] == [1], announced
     assert TIMEOUT_S - 2 < restart_2.at - stopped_at < TIMEOUT_S + 20, (stopped_at, restart_2)
     survivor = (run_dir / "logs/r1/rank-0.log").read_text()
     if "Timed out waiting" in survivor:
@@ -119,6 +125,18 @@ def test_killed_then_stopped_rank_each_restart_the_job(
     assert steps == list(range(5, STEPS + 1, 5)), "every logged step exactly once"
     status = json.loads(stoker("status", job["job_id"], "--json", check=True).stdout)[0]
     assert status["state"] == "COMPLETED" and status["restarts"] == 2
+
+
+def _second_start_record(run_dir: Path) -> str:
+    """What the batch script judged start 1 from: srun's lines, the ranks' exit files,
+    heartbeats and log tails (for a failure's report)."""
+    batch = (run_dir / "logs" / "batch.log").read_text()
+    parts = [batch[batch.find("stoker: start restart=1 ") :][:4000]]
+    for path in sorted((run_dir / "heartbeat" / "r1").glob("rank-*.json")):
+        parts.append(f"{path.name}: {path.read_text()}")
+    for path in sorted((run_dir / "logs" / "r1").glob("rank-*.log")):
+        parts.append(f"{path.name}: ...{path.read_text()[-1500:]}")
+    return "\n".join(parts)
 
 
 def test_frozen_node_fails_the_job_within_the_timeout_and_it_resumes_elsewhere(

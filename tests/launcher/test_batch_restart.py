@@ -53,6 +53,7 @@ def _run_start(
     no_respond: str = "",
     heartbeats: dict[int, float] | None = None,
     announced: dict[int, int] | None = None,
+    silent: dict[int, list[int]] | None = None,
 ) -> tuple[list[str], list[str]]:
     """One failed start of a 2-node job with job.max_restarts=2: (events, scontrol calls)."""
     run_dir = tmp_path / "run"
@@ -70,7 +71,10 @@ def _run_start(
         (run_dir / "heartbeat" / "r0" / f"rank-{task}.json").write_text(json.dumps(beat))
     for task, code in (announced or {}).items():  # as stoker/runtime/heartbeat.py writes it
         exit_file = run_dir / "heartbeat" / "r0" / f"rank-{task}.exit.json"
-        exit_file.write_text(json.dumps({"exit_code": code, "written_at": int(CANCEL_TIME)}))
+        record = {"exit_code": code, "written_at": int(CANCEL_TIME)}
+        if (silent or {}).get(task):
+            record["silent_ranks"] = (silent or {})[task]
+        exit_file.write_text(json.dumps(record))
     (tmp_path / "srun-lines").write_text("".join(f"{line}\n" for line in srun_lines))
     (tmp_path / "partition").write_text("".join(f"{line}\n" for line in partition))
     calls = tmp_path / "calls"
@@ -144,6 +148,37 @@ def test_a_task_killed_while_it_exited_as_it_said_blames_no_node(
     assert events == ["restarting after failure (a lost rank, exit 137): "
                       "restart 1 of job.max_restarts=2"]  # fmt: skip
     assert calls == [f"scontrol requeuehold {JOB_ID}", f"scontrol release {JOB_ID}"]
+
+
+@pytest.mark.parametrize("rank0", ["Exited with exit code 76", "Killed"])
+@pytest.mark.parametrize("silent", [[1], [1, 3], [2, 1]])
+def test_a_frozen_rank_killed_by_slurm_is_a_lost_rank_whatever_srun_printed_first(
+    tmp_path: Path, rank0: str, silent: list[int]
+) -> None:
+    """The CI failure of issue 17, again: rank 1 was stopped (SIGSTOP), rank 0's
+    collective timed out and it exited 76, naming rank 1 frozen (its heartbeat silent
+    for 25 s); SLURM then KILLed rank 1, and srun printed that line first. Rank 1's
+    node is not to blame: a lost rank, every node kept."""
+    events, calls = _run_start(
+        tmp_path,
+        ["srun: error: n3: task 1: Killed", f"srun: error: n1: task 0: {rank0}"],
+        rc=137, partition=THREE_NODES, task_logs={1: "step 15/60\n"},
+        heartbeats={1: CANCEL_TIME - 25.0}, announced={0: 76}, silent={0: sorted(silent)},
+    )  # fmt: skip
+    assert events == ["restarting after failure (a lost rank, exit 137): "
+                      "restart 1 of job.max_restarts=2"]  # fmt: skip
+    assert calls == [f"scontrol requeuehold {JOB_ID}", f"scontrol release {JOB_ID}"]
+
+
+def test_a_killed_rank_its_peer_did_not_name_frozen_is_its_nodes_fault(tmp_path: Path) -> None:
+    """Rank 3 froze, not rank 1 (nor rank 11): rank 1's kill is its node's fault."""
+    events, _ = _run_start(
+        tmp_path,
+        ["srun: error: n3: task 1: Killed", "srun: error: n1: task 0: Exited with exit code 76"],
+        rc=137, partition=THREE_NODES, announced={0: 76}, silent={0: [3, 11]},
+    )  # fmt: skip
+    assert events == ["restarting after failure (n3: task 1: Killed, exit 137) without node n3: "
+                      "restart 1 of job.max_restarts=2"]  # fmt: skip
 
 
 def test_a_task_that_announced_success_is_not_the_failure(tmp_path: Path) -> None:
