@@ -29,6 +29,13 @@ STOP_SIGNAL = "USR2"
 TRAIN_MODULE = "stoker.runtime.train"
 
 
+# The model check before a job starts (stoker/runtime/preflight.py): run as a child
+# process, exit 0 when the model builds for the data, PREFLIGHT_REFUSED with a JSON
+# {"key", "message", "fix"} on stdout when it does not.
+PREFLIGHT_MODULE = "stoker.runtime.preflight"
+PREFLIGHT_REFUSED = 3
+
+
 def runs_the_runtime(argv: list[str]) -> bool:
     """Whether a task command is the training runtime (python -m stoker.runtime.train)."""
     return argv[1:3] == ["-m", TRAIN_MODULE]

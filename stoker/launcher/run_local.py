@@ -75,6 +75,7 @@ def run_here(
     from stoker.launcher.local_backend import cancel_local
     from stoker.launcher.local_state import read_local_state
     from stoker.launcher.logs import LogFilter, LogReader, follow, job_state
+    from stoker.launcher.model_fit import check_model_fits
     from stoker.launcher.rundir import RunDir
     from stoker.launcher.submit import SubmitOptions, submit
     from stoker.launcher.targets import resolve_job
@@ -99,6 +100,8 @@ def run_here(
         profile=profile,
         use_profile=use_profile,
     )
+    # Before a data set is written or a rank started: does the model take the data?
+    check_model_fits(resolved)
     if resolved.config.data.url is None:
         from stoker.data.synthetic import ensure_synthetic_data
 

@@ -23,6 +23,7 @@ from stoker.runtime.models import (
     TrainingModel,
     build_model,
 )
+from stoker.runtime.models.build import DataDoesNotFitModel
 from stoker.runtime.models.mu_law import mu_law_decode, mu_law_encode
 from stoker.runtime.models.patches import (
     patchify_audio,
@@ -376,20 +377,20 @@ def test_tiny_presets_are_small() -> None:
         (
             ModelConfig(arch="av_dit"),
             data_config(resolution=(60, 64)),
-            "data.resolution [60, 64] is not a multiple of the tiny av_dit's patch 8x8; "
-            "use data.resolution=[64, 64]",
+            "data.resolution [60, 64] is not a multiple of the tiny av_dit's patch 8x8\n"
+            "  fix: use data.resolution=[64, 64]",
         ),
         (
             ModelConfig(arch="av_dit", size="large"),
             data_config(resolution=(64, 40)),
-            "data.resolution [64, 40] is not a multiple of the large av_dit's patch 16x16; "
-            "use data.resolution=[64, 48]",
+            "data.resolution [64, 40] is not a multiple of the large av_dit's patch 16x16\n"
+            "  fix: use data.resolution=[64, 48]",
         ),
         (
             ModelConfig(arch="av_dit"),
             data_config(clip_seconds=1.125),
             "data.clip_seconds 1.125 x data.fps 8 gives 9 frames, not a positive multiple of "
-            "the tiny av_dit's temporal patch 2; use data.clip_seconds=1.0",
+            "the tiny av_dit's temporal patch 2\n  fix: use data.clip_seconds=1.0",
         ),
         (
             ModelConfig(arch="av_dit"),
@@ -410,8 +411,9 @@ def test_tiny_presets_are_small() -> None:
     ],
 )
 def test_build_errors_name_the_value(model: ModelConfig, data: DataConfig, message: str) -> None:
-    with pytest.raises(ValueError, match=re.escape(message)):
+    with pytest.raises(DataDoesNotFitModel, match=re.escape(message)) as info:
         build_model(model, data)
+    assert message.startswith(f"{info.value.key} ")  # the setting named first
 
 
 def test_suggested_clip_seconds_builds() -> None:

@@ -121,3 +121,27 @@ def test_stoker_ui_points_at_a_server() -> None:
     result = stoker("ui", "--uri", "http://mlflow.example:5000")
     assert result.returncode == 0
     assert "open http://mlflow.example:5000" in result.stderr
+
+
+def test_a_model_that_cannot_take_the_data_is_refused_before_anything_starts(
+    isolated_home: Path,
+) -> None:
+    """The issue-17 report: `data.resolution=[60,64]` (accepted by `config show`) wrote a
+    whole synthetic data set and then failed in the ranks. The model is now built on the
+    meta device first: the refusal names the setting, where it came from and the fix,
+    and no data set, run folder or job is left behind."""
+    result = stoker("run", "data.resolution=[60,64]", "train.steps=2", timeout=600)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert ("data.resolution [60, 64] is not a multiple of the tiny av_dit's patch 8x8 "
+            "(data.resolution from override data.resolution=[60,64]); nothing was started"
+            ) in result.stderr  # fmt: skip
+    assert "fix: use data.resolution=[64, 64]" in result.stderr
+    home = isolated_home / ".stoker"
+    assert not (home / "data").exists() or not any((home / "data").iterdir())
+    assert not (home / "runs").exists() or not any((home / "runs").iterdir())
+    # The fix it names is one that the model takes (no data set needed to ask).
+    from stoker.config import resolve_config
+    from stoker.launcher.model_fit import check_model_fits
+    from stoker.launcher.run_local import builtin_experiment
+
+    check_model_fits(resolve_config(builtin_experiment(), ["data.resolution=[64,64]"]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from stoker.errors import StokerError
 from stoker.runtime.models.audio_ar import AudioAR
 from stoker.runtime.models.av_dit import AVDiT
 from stoker.runtime.models.sizes import audio_ar_size, av_dit_size
@@ -19,6 +20,16 @@ from stoker.runtime.models.training_model import TrainingModel
 
 if TYPE_CHECKING:  # pydantic stays optional for the benchmarks on GPU nodes
     from stoker.config import DataConfig, ModelConfig
+
+
+class DataDoesNotFitModel(StokerError, ValueError):
+    """The data config's shapes do not fit the model: `key` is the setting named first
+    (`data.resolution`), `fix` the values to use. A ValueError too, for callers that
+    build models outside stoker's runs (the benchmarks)."""
+
+    def __init__(self, key: str, message: str, *, fix: str) -> None:
+        super().__init__(message, fix=fix)
+        self.key = key
 
 
 def clip_frames(data: DataConfig) -> int:
@@ -35,13 +46,16 @@ def build_model(model_cfg: ModelConfig, data_cfg: DataConfig) -> TrainingModel:
     """The model of `model_cfg` (arch, size) for clips shaped by `data_cfg`,
     initialised from torch's global RNG (seed it first). Build it under
     `with torch.device("meta"):` to allocate nothing, then `to_empty(device=...)`
-    and `init_weights()`. Raises ValueError naming the setting to change when
-    the data does not fit the model."""
+    and `init_weights()`. Raises DataDoesNotFitModel naming the setting to change
+    when the data does not fit the model."""
     if model_cfg.arch == "av_dit":
         return build_av_dit(model_cfg.size, data_cfg)
     if model_cfg.arch == "audio_ar":
         return build_audio_ar(model_cfg.size, data_cfg)
-    raise ValueError(f"model.arch {model_cfg.arch!r} is not one of av_dit, audio_ar")
+    raise DataDoesNotFitModel(
+        "model.arch", f"model.arch {model_cfg.arch!r} is not one of av_dit, audio_ar",
+        fix="use model.arch=av_dit or model.arch=audio_ar",
+    )  # fmt: skip
 
 
 def build_av_dit(size_name: str, data: DataConfig) -> AVDiT:
@@ -49,9 +63,11 @@ def build_av_dit(size_name: str, data: DataConfig) -> AVDiT:
     what = f"the {size_name} av_dit"
     has_video, has_audio = "video" in data.modalities, "audio" in data.modalities
     if not (has_video or has_audio):
-        raise ValueError(
+        raise DataDoesNotFitModel(
+            "data.modalities",
             f"data.modalities {list(data.modalities)} has neither 'video' nor 'audio'; "
-            f"{what} needs at least one: add 'video' and/or 'audio'"
+            f"{what} needs at least one",
+            fix="add 'video' and/or 'audio'",
         )
     pt, ph, pw = size.video_patch
     video = audio = None
@@ -60,26 +76,29 @@ def build_av_dit(size_name: str, data: DataConfig) -> AVDiT:
         if height % ph or width % pw:
             # The nearest multiples, halves rounded up.
             fixed = [max(ph, (height + ph // 2) // ph * ph), max(pw, (width + pw // 2) // pw * pw)]
-            raise ValueError(
-                f"data.resolution {[height, width]} is not a multiple of {what}'s patch "
-                f"{ph}x{pw}; use data.resolution={fixed}"
+            raise DataDoesNotFitModel(
+                "data.resolution",
+                f"data.resolution {[height, width]} is not a multiple of {what}'s patch {ph}x{pw}",
+                fix=f"use data.resolution={fixed}",
             )
         frames = clip_frames(data)
         if frames < pt or frames % pt:
-            raise ValueError(
+            raise DataDoesNotFitModel(
+                "data.clip_seconds",
                 f"data.clip_seconds {data.clip_seconds} x data.fps {data.fps} gives {frames} "
-                f"frames, not a positive multiple of {what}'s temporal patch {pt}; use "
-                f"data.clip_seconds={_fitting_clip_seconds(data, size.audio_patch, pt)}"
+                f"frames, not a positive multiple of {what}'s temporal patch {pt}",
+                fix=f"use data.clip_seconds={_fitting_clip_seconds(data, size.audio_patch, pt)}",
             )
         video = (frames, height, width)
     if has_audio:
         samples = clip_samples(data)
         if samples < size.audio_patch or samples % size.audio_patch:
-            raise ValueError(
+            raise DataDoesNotFitModel(
+                "data.clip_seconds",
                 f"data.clip_seconds {data.clip_seconds} x data.sample_rate {data.sample_rate} "
                 f"gives {samples} audio samples, not a positive multiple of {what}'s audio "
-                f"patch of {size.audio_patch} samples; use data.clip_seconds="
-                f"{_fitting_clip_seconds(data, size.audio_patch, pt)}"
+                f"patch of {size.audio_patch} samples",
+                fix=f"use data.clip_seconds={_fitting_clip_seconds(data, size.audio_patch, pt)}",
             )
         audio = (data.channels, samples)
     return AVDiT(size, video=video, audio=audio, fps=data.fps, sample_rate=data.sample_rate)
@@ -88,15 +107,19 @@ def build_av_dit(size_name: str, data: DataConfig) -> AVDiT:
 def build_audio_ar(size_name: str, data: DataConfig) -> AudioAR:
     size = audio_ar_size(size_name)
     if "audio" not in data.modalities:
-        raise ValueError(
+        raise DataDoesNotFitModel(
+            "data.modalities",
             f"data.modalities {list(data.modalities)} has no 'audio'; the audio_ar models "
-            "audio samples: add 'audio' to data.modalities, or use model.arch=av_dit"
+            "audio samples",
+            fix="add 'audio' to data.modalities, or use model.arch=av_dit",
         )
     samples = clip_samples(data)
     if samples < 2:
-        raise ValueError(
+        raise DataDoesNotFitModel(
+            "data.clip_seconds",
             f"data.clip_seconds {data.clip_seconds} x data.sample_rate {data.sample_rate} "
-            f"gives {samples} audio samples; the audio_ar needs at least 2"
+            f"gives {samples} audio samples; the audio_ar needs at least 2",
+            fix=f"use data.clip_seconds={2 / data.sample_rate:g} or more",
         )
     return AudioAR(size, samples=samples)
 

@@ -1,0 +1,51 @@
+"""Does the model take the data's shapes? Asked before `stoker run` writes a data set
+or starts a rank: the runtime builds the model on the meta device in a child process
+(stoker/runtime/preflight.py; it imports torch, which this layer does not), and a
+refusal becomes a StokerError naming the setting, where its value came from, and the
+values to use."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from stoker.config import ResolvedConfig, freeze_config
+from stoker.errors import StokerError
+from stoker.protocol import PREFLIGHT_MODULE, PREFLIGHT_REFUSED
+
+TIMEOUT_S = 300  # importing torch on a loaded login node
+
+
+def check_model_fits(resolved: ResolvedConfig, python: str = sys.executable) -> None:
+    """Raise StokerError when the model `resolved` names cannot take its data."""
+    with tempfile.TemporaryDirectory(prefix="stoker-preflight-") as tmp:
+        frozen = Path(tmp) / "config.yaml"
+        frozen.write_text(freeze_config(resolved))
+        argv = [python, "-m", PREFLIGHT_MODULE, "--config", str(frozen)]
+        try:
+            result = subprocess.run(
+                argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise StokerError(
+                f"the model check ({' '.join(argv[1:3])}) took more than {TIMEOUT_S} s",
+                fix="try again when the machine is less busy",
+            ) from exc
+    if result.returncode == 0:
+        return
+    if result.returncode == PREFLIGHT_REFUSED:
+        refusal = json.loads(result.stdout.strip().splitlines()[-1])
+        key = refusal["key"]
+        source = resolved.source_of(tuple(key.split(".")))
+        raise StokerError(
+            f"{refusal['message']} ({key} from {source}); nothing was started",
+            fix=refusal["fix"],
+        )
+    raise StokerError(
+        f"the model check ({' '.join(argv[:3])}) failed with exit {result.returncode}: "
+        f"{result.stderr.strip()[-2000:]}",
+        fix="fix the error above; `stoker run` starts nothing until the model builds",
+    )
