@@ -25,6 +25,7 @@ ui:
 # stop the cluster (also when tests fail) and keep pytest's exit status.
 test: install-dev
 	$(CLUSTER) install
+	$(PY) tests/browser.py install
 	$(CLUSTER) start
 	status=0; \
 	STOKER_VENV=$(VENV) scripts/test-suite $(PYTEST_ARGS) || status=$$?; \

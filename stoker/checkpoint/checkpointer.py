@@ -67,10 +67,10 @@ class SaveRecord:
 def save_metrics(record: SaveRecord) -> dict[str, float]:
     """The per-save metrics, as logged at the save's step."""
     return {
-        "checkpoint/bytes": float(record.bytes),
-        "checkpoint/blocking_s": record.blocking_s,
-        "checkpoint/background_s": record.background_s,
-        "checkpoint/bytes_per_s": record.bytes_per_s,
+        "system/checkpoint/bytes": float(record.bytes),
+        "system/checkpoint/blocking_s": record.blocking_s,
+        "system/checkpoint/background_s": record.background_s,
+        "system/checkpoint/bytes_per_s": record.bytes_per_s,
     }
 
 

@@ -48,8 +48,8 @@ class Progress:
             "step": step,
             "total_steps": self.total_steps,
             "loss": metrics.get("loss"),
-            "samples_per_s": metrics.get("throughput/samples_per_s"),
-            "tokens_per_s": metrics.get("throughput/tokens_per_s"),
+            "samples_per_s": metrics.get("system/throughput/samples_per_s"),
+            "tokens_per_s": metrics.get("system/throughput/tokens_per_s"),
             "eta_s": eta,
             "time": time.time(),
             "started": self.started,
@@ -90,8 +90,8 @@ class Progress:
             parts.append(f"gnorm {metrics['grad_norm']:.3g}")
         if "lr" in metrics:
             parts.append(f"lr {metrics['lr']:.3g}")
-        if "throughput/samples_per_s" in metrics:
-            parts.append(f"{metrics['throughput/samples_per_s']:.1f} samples/s")
+        if "system/throughput/samples_per_s" in metrics:
+            parts.append(f"{metrics['system/throughput/samples_per_s']:.1f} samples/s")
         if "mfu" in metrics:
             parts.append(f"MFU {100 * metrics['mfu']:.1f}%")
         if eta is not None:

@@ -145,11 +145,11 @@ class Slowest:
 
     def metrics(self) -> dict[str, float]:
         return {
-            "stragglers/step_s_min": self.min_step_s,
-            "stragglers/step_s_median": self.median_step_s,
-            "stragglers/step_s_max": self.step_s,
-            "stragglers/slowest_rank": float(self.rank),
-            "stragglers/slowest_ratio": self.ratio,
-            "stragglers/slowest_data_wait_s": self.data_wait_s,
-            "stragglers/data_wait_s_median": self.median_data_wait_s,
+            "system/stragglers/step_s_min": self.min_step_s,
+            "system/stragglers/step_s_median": self.median_step_s,
+            "system/stragglers/step_s_max": self.step_s,
+            "system/stragglers/slowest_rank": float(self.rank),
+            "system/stragglers/slowest_ratio": self.ratio,
+            "system/stragglers/slowest_data_wait_s": self.data_wait_s,
+            "system/stragglers/data_wait_s_median": self.median_data_wait_s,
         }

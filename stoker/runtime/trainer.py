@@ -423,7 +423,7 @@ class Trainer:
         if self.eval_loader is not None and (
             step % eval_every == 0 or step == self.cfg.train.steps
         ):
-            metrics["eval/loss"] = self.evaluate()
+            metrics["eval_loss"] = self.evaluate()
         self.sink.log_metrics(metrics, step)
         self._tag_slowest_host()
         if progress is not None:
@@ -468,13 +468,13 @@ class Trainer:
             "loss": loss_sum / good if good else math.nan,
             "grad_norm": grad_norm,
             "lr": float(self.scheduler.get_last_lr()[0]),
-            "throughput/samples_per_s": samples_per_s,
-            "throughput/tokens_per_s": samples_per_s * self.tokens_per_sample,
-            "time/step_s": elapsed / window.steps,
-            "time/data_wait_s": window.data_s / window.steps,
-            "time/fwd_bwd_s": window.fwd_bwd_s / window.steps,
-            "time/optimizer_s": window.optim_s / window.steps,
-            "steps/skipped_nonfinite": float(window.skipped_steps),
+            "system/throughput/samples_per_s": samples_per_s,
+            "system/throughput/tokens_per_s": samples_per_s * self.tokens_per_sample,
+            "system/time/step_s": elapsed / window.steps,
+            "system/time/data_wait_s": window.data_s / window.steps,
+            "system/time/fwd_bwd_s": window.fwd_bwd_s / window.steps,
+            "system/time/optimizer_s": window.optim_s / window.steps,
+            "skipped_nonfinite_steps": float(window.skipped_steps),
         }
         from stoker.runtime.models.flops import peak_flops
 
@@ -482,13 +482,14 @@ class Trainer:
         if peak:
             metrics["mfu"] = samples_per_s * self.flops_per_sample / peak
         if self.device.type == "cuda":
-            metrics["memory/peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
+            metrics["system/memory/peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
         else:
-            metrics["memory/peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+            rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            metrics["system/memory/peak_rss_gb"] = rss_kb / 1e6
         # The loader's counters are cumulative (this rank, since this start).
         loader_stats = self.loader.stats()
         for name in ("skipped_samples", "short_samples", "fetch_retries", "failed_shards"):
-            metrics[f"data/{name}"] = float(getattr(loader_stats, name))
+            metrics[f"system/data/{name}"] = float(getattr(loader_stats, name))
         if self.slowest is not None:
             metrics.update(self.slowest.metrics())
         return metrics

@@ -24,8 +24,8 @@ Checkpoints (from the checkpoint code, on global rank 0, once `step-<N>` is comm
                           background_s=40.0)
     logger.log_final_model(Path("final"), step=step)   # uploads the folder's files
 
-`log_checkpoint` logs the metrics `checkpoint/bytes`, `checkpoint/blocking_s`,
-`checkpoint/background_s` and `checkpoint/bytes_per_s` (bytes / (blocking_s +
+`log_checkpoint` logs the metrics `system/checkpoint/bytes`, `system/checkpoint/blocking_s`,
+`system/checkpoint/background_s` and `system/checkpoint/bytes_per_s` (bytes / (blocking_s +
 background_s): the save from its start to its commit) at `step`, and registers an
 MLflow external logged model `step-<N>`; `log_final_model` a logged model whose
 artifacts are the files of a folder (stoker/tracking/logged_models.py).
@@ -208,13 +208,13 @@ class RunLogger:
             step = int(step)
             size = int(bytes)
             values = {
-                "checkpoint/bytes": float(size),
-                "checkpoint/blocking_s": float(blocking_s),
-                "checkpoint/background_s": float(background_s),
+                "system/checkpoint/bytes": float(size),
+                "system/checkpoint/blocking_s": float(blocking_s),
+                "system/checkpoint/background_s": float(background_s),
             }
             seconds = float(blocking_s) + float(background_s)  # the save, start to commit
             if seconds > 0:
-                values["checkpoint/bytes_per_s"] = size / seconds
+                values["system/checkpoint/bytes_per_s"] = size / seconds
             stamp = int(time.time() * 1000)
             points = [[key, value, stamp, step] for key, value in values.items()]
             model = checkpoint_model(step, uri, size, points)

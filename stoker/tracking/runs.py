@@ -305,10 +305,16 @@ def precreate_sweep(
     return parent, runs
 
 
+TRAINING_LAYOUT = "workflowType=machine_learning"
+
+
 def run_link(target: TrackingTarget, experiment_id: str, run_id: str) -> str:
     """Where the user sees the run: a URL for a server; for a sqlite store, the command
-    that serves it and the URL to open then."""
-    path = f"#/experiments/{experiment_id}/runs/{run_id}"
+    that serves it and the URL to open then. The run's metric charts (the loss leads:
+    docs/runtime.md), in MLflow's model-training layout, which the UI otherwise takes
+    from the browser's last choice (GenAI by default) and not from the experiment's
+    kind tag."""
+    path = f"#/experiments/{experiment_id}/runs/{run_id}/model-metrics?{TRAINING_LAYOUT}"
     if target.is_server:
         return f"{target.uri}/{path}"
     return (

@@ -85,7 +85,7 @@ class Recorder(MetricsOnlySink):
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if "loss" in metrics:
             self.losses[step] = metrics["loss"]
-        if "checkpoint/bytes" in metrics:
+        if "system/checkpoint/bytes" in metrics:
             self.saves[step] = metrics
         if step == self.stop_at and self.stop_file is not None:
             self.stop_file.touch()
@@ -115,7 +115,7 @@ def test_resume_is_bit_exact(
     _, code = _train(cfg, tmp_path / "run", first)
     assert code == EXIT_REQUEUE and sorted(first.losses) == list(range(1, 11))
     assert sorted(first.saves) == [5, 10]  # every save reported with its metrics
-    assert all(m["checkpoint/bytes"] > 0 and m["checkpoint/blocking_s"] >= 0
+    assert all(m["system/checkpoint/bytes"] > 0 and m["system/checkpoint/blocking_s"] >= 0
                for m in first.saves.values())  # fmt: skip
     assert [r.step for r in ck.list_checkpoints(root) if r.committed] == [10, 5]
 

@@ -57,18 +57,18 @@ def test_a_slow_rank_is_named_in_mlflow_progress_and_status(
         return {m.step: m.value for m in client.get_metric_history(job["run_id"], key)}
 
     slow_loader, slow_forward = 2 * WINDOW, 3 * WINDOW
-    assert history("stragglers/slowest_rank").keys() == {WINDOW, slow_loader, slow_forward}
-    ratio = history("stragglers/slowest_ratio")
-    low, median, high = (history(f"stragglers/step_s_{k}") for k in ("min", "median", "max"))
+    assert history("system/stragglers/slowest_rank").keys() == {WINDOW, slow_loader, slow_forward}
+    ratio = history("system/stragglers/slowest_ratio")
+    low, median, high = (history(f"system/stragglers/step_s_{k}") for k in ("min", "median", "max"))
     for step in (slow_loader, slow_forward):
-        assert history("stragglers/slowest_rank")[step] == 1.0
+        assert history("system/stragglers/slowest_rank")[step] == 1.0
         assert ratio[step] > STRAGGLER_RATIO, ratio
         # Rank 0's own time leaves out its waits for rank 1 (FSDP's all-gathers, the
         # step's all-reduce): rank 1's sleep is not in it.
         assert low[step] < SLEEP_S <= high[step], (low, high)
         assert high[step] / median[step] == pytest.approx(ratio[step])
     # Its data wait tells a slow loader from a slow forward.
-    data_wait = history("stragglers/slowest_data_wait_s")
+    data_wait = history("system/stragglers/slowest_data_wait_s")
     assert data_wait[slow_loader] >= SLEEP_S and data_wait[slow_forward] < SLEEP_S / 2, data_wait
     assert client.get_run(job["run_id"]).data.tags["stoker.slowest_host"] == host
 

@@ -20,10 +20,10 @@ from stoker.tracking.store import resolve_tracking_uri
 from tests.mlflow_server import RestartableServer, free_port
 
 KEYS = [
-    "checkpoint/bytes",
-    "checkpoint/blocking_s",
-    "checkpoint/background_s",
-    "checkpoint/bytes_per_s",
+    "system/checkpoint/bytes",
+    "system/checkpoint/blocking_s",
+    "system/checkpoint/background_s",
+    "system/checkpoint/bytes_per_s",
 ]
 
 
@@ -74,10 +74,10 @@ def checkpoint(logger: Any, step: int) -> None:
 
 def expected_points(step: int) -> dict[str, float]:
     return {
-        "checkpoint/bytes": step * 1e6,
-        "checkpoint/blocking_s": 0.25,
-        "checkpoint/background_s": step / 10,
-        "checkpoint/bytes_per_s": step * 1e6 / (0.25 + step / 10),
+        "system/checkpoint/bytes": step * 1e6,
+        "system/checkpoint/blocking_s": 0.25,
+        "system/checkpoint/background_s": step / 10,
+        "system/checkpoint/bytes_per_s": step * 1e6 / (0.25 + step / 10),
     }
 
 

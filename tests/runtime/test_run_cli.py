@@ -61,7 +61,7 @@ def test_stoker_run_trains_the_builtin_experiment(isolated_home: Path) -> None:
     assert steps == list(range(10, 301, 10))  # every log step once
     first, last = losses[0].value, losses[-1].value
     assert last < 0.7 * first, f"loss went from {first:.4f} to {last:.4f}"
-    for key in ("grad_norm", "lr", "throughput/samples_per_s", "time/data_wait_s"):
+    for key in ("grad_norm", "lr", "system/throughput/samples_per_s", "system/time/data_wait_s"):
         assert key in run.data.metrics, key
     assert any(k.startswith("system/") and k.endswith("cpu_percent") for k in run.data.metrics)
 

@@ -64,7 +64,8 @@ def test_entry_point_creates_its_run_and_finishes(tmp_path: Path, isolated_home:
 
     # Every committed save: metrics at its step and an external logged model;
     # upload_final: the consolidated weights as the logged model `final`.
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "checkpoint/bytes")] == [
+    saves = client.get_metric_history(run.info.run_id, "system/checkpoint/bytes")
+    assert [m.step for m in saves] == [
         1,
         2,
     ]

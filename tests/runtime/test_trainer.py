@@ -48,7 +48,7 @@ class Recorder(MetricsOnlySink):
         self.stop_file, self.stop_at = stop_file, stop_at
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        if "checkpoint/bytes" in metrics:  # a committed save (MetricsOnlySink)
+        if "system/checkpoint/bytes" in metrics:  # a committed save (MetricsOnlySink)
             self.saves[step] = dict(metrics)
             return
         self.losses[step] = metrics["loss"]
@@ -78,7 +78,7 @@ def test_stop_saves_exits_for_requeue_and_resumes_exactly(
     outcome = _trainer(cfg, tmp_path / "run", first).train()
     assert (outcome.exit_code, outcome.status, outcome.step) == (EXIT_REQUEUE, "REQUEUE", 4)
     assert (tmp_path / "run" / "checkpoints" / "step-4" / ".metadata").is_file()
-    assert sorted(first.saves) == [4] and first.saves[4]["checkpoint/bytes"] > 0
+    assert sorted(first.saves) == [4] and first.saves[4]["system/checkpoint/bytes"] > 0
 
     stop_file.unlink()
     second = Recorder()
@@ -135,8 +135,8 @@ def test_profile_and_held_out_evaluation(tmp_path: Path, data_url: str) -> None:
     before = trainer.evaluate()
     assert trainer.evaluate() == before  # the same batches and noise each time
     trainer.train()
-    assert sorted(s for s, m in sink.metrics.items() if "eval/loss" in m) == [2, 4]
-    assert sink.metrics[4]["eval/loss"] < before  # it learned something
+    assert sorted(s for s, m in sink.metrics.items() if "eval_loss" in m) == [2, 4]
+    assert sink.metrics[4]["eval_loss"] < before  # it learned something
     profile = tmp_path / "run" / "profile"
     trace = (profile / "trace-rank0.json").read_text()
     for phase in ("stoker/data", "stoker/forward", "stoker/backward", "stoker/optimizer"):
