@@ -590,6 +590,21 @@ def test_failing_rank_and_its_traceback(jobs: Jobs) -> None:
 
 
 @pytest.mark.slurm
+def test_logs_follow_ends_a_failed_job_with_the_first_failing_ranks_error(jobs: Jobs) -> None:
+    """`stoker logs -f` follows rank 0, which SLURM ended after rank 2 raised: at the end
+    it says why, as `stoker why` does, and exits 0 (following worked)."""
+    job_id = jobs.ids["failing"]
+    result = stoker("logs", "-f", job_id, env=jobs.env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    tail = result.stderr.strip().splitlines()
+    headline = f"job {job_id} FAILED: rank 2 failed first: ValueError: bad batch shape on rank 2"
+    assert headline in tail, result.stderr
+    assert tail[tail.index(headline) + 1] == "evidence:"
+    assert "    ValueError: bad batch shape on rank 2" in tail  # its traceback, indented
+    assert tail[-1].startswith("fix: fix the error in rank 2's"), tail[-1]
+
+
+@pytest.mark.slurm
 def test_status_reason_is_whys_headline_and_the_run_ends_failed(jobs: Jobs) -> None:
     """Rank 2 raised; SLURM ended the others (exit 15): status names rank 2's error, and
     the MLflow run of this plain command (no stoker runtime to end it) ends FAILED, by
