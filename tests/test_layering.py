@@ -36,6 +36,7 @@ LEAVES = (
     "stoker.redact",
     "stoker.sqlite_retry",
     "stoker.protocol",
+    "stoker.model",
 )
 # Whose module-level imports must stay light (login nodes, `--help`, `import stoker`).
 LOGIN_NODE = (

@@ -177,15 +177,36 @@ class JobConfig(Section):
         return self.ntasks_per_node or max(self.gpus_per_node, 1)
 
 
+BUILTIN_MODELS = ("av_dit", "audio_ar")
+# package.module:factory (dotted names only: a file path would not import the same way
+# on every rank, and a pickled callable breaks between Python environments).
+_IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
 class ModelConfig(Section):
     """Which network is trained."""
 
-    arch: Literal["av_dit", "audio_ar"] = "av_dit"
-    """av_dit: audio-video diffusion transformer; audio_ar: autoregressive audio-token model."""
+    arch: str = "av_dit"
+    """A built-in model (av_dit, audio_ar) or your own factory as package.module:function."""
     size: Literal["tiny", "small", "base", "large", "1b"] = "tiny"
-    """Size preset; tiny learns on two CPU cores in minutes, 1b fills one GPU."""
+    """Size preset of the built-in models (passed as size= to factories that take it)."""
+    args: dict[str, Any] = {}
+    """Keyword arguments of the model's factory (docs/bring-your-own.md)."""
     kernels: Literal["auto", "triton", "reference"] = "auto"
     """Kernel implementation: Triton on CUDA with auto, or force one everywhere."""
+
+    @field_validator("arch")
+    @classmethod
+    def _check_arch(cls, value: str) -> str:
+        if value in BUILTIN_MODELS or _IMPORT_PATH.fullmatch(value):
+            return value
+        hint = ""
+        if "/" in value or value.endswith(".py"):
+            hint = " (a module's dotted name, not a file path)"
+        raise ValueError(
+            f"{value!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) nor an "
+            f"import path package.module:factory{hint}"
+        )
 
 
 class DataConfig(Section):

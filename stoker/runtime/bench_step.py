@@ -25,6 +25,7 @@ import math
 import socket
 import statistics
 import time
+import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ class BenchModel:
     arch: str = "av_dit"
     size: str = "tiny"
     kernels: str = "auto"
+    args: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,7 +226,9 @@ def bench_variant(
     with use_backend(backend):
         torch.manual_seed(0)
         with device:
-            model: TrainingModel = build_model(_as(BenchModel(arch=arch, size=size)), _as(data))
+            model = typing.cast(
+                TrainingModel, build_model(_as(BenchModel(arch=arch, size=size)), _as(data))
+            )
         apply_activation_checkpointing(model, activation_checkpointing)
         if spec.compiled:
             apply_compile(model)
@@ -316,7 +320,9 @@ def add_speedups(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def describe_model(arch: str, size: str, data: BenchData) -> dict[str, Any]:
     with torch.device("meta"):
-        model = build_model(_as(BenchModel(arch=arch, size=size)), _as(data))
+        model = typing.cast(
+            TrainingModel, build_model(_as(BenchModel(arch=arch, size=size)), _as(data))
+        )
     return {
         "arch": arch,
         "size": size,

@@ -1,17 +1,20 @@
 """Wrap a model for training, block by block, in torchtitan's order:
 activation checkpointing, then torch.compile, then FSDP2.
 
-Every model of stoker.runtime.models exposes `model.blocks` (an
-nn.ModuleList): those are the units that are recomputed, compiled and sharded.
+A model's blocks (`blocks()`, or a `blocks` ModuleList: the contract of
+stoker/model.py) are the units that are recomputed, compiled and sharded; a model
+without blocks is one unit, sharded at its root.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+
+from stoker.runtime.models.contract import block_slots
 
 if TYPE_CHECKING:  # pydantic stays optional for the benchmarks on GPU nodes
     from stoker.config import TrainConfig
@@ -25,18 +28,17 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
         return
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    blocks: Any = model.blocks
-    for index, block in enumerate(blocks):
+    for index, (parent, name) in enumerate(block_slots(model)):
         if mode == "full" or index % 2 == 0:
-            blocks[index] = checkpoint_wrapper(block, preserve_rng_state=False)
+            block = getattr(parent, name)
+            setattr(parent, name, checkpoint_wrapper(block, preserve_rng_state=False))
 
 
 def apply_compile(model: nn.Module) -> None:
     """torch.compile each block (not the whole model): blocks are alike, so
     one compilation serves them all, and FSDP2's hooks stay outside the graphs."""
-    blocks: Any = model.blocks
-    for index, block in enumerate(blocks):
-        blocks[index] = torch.compile(block, fullgraph=True)
+    for parent, name in block_slots(model):
+        setattr(parent, name, torch.compile(getattr(parent, name), fullgraph=True))
 
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, bf16_params: bool) -> None:
@@ -50,13 +52,14 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, bf16_params: bool) -> None
         if bf16_params
         else MixedPrecisionPolicy()
     )
-    blocks: Any = model.blocks
-    for index, block in enumerate(blocks):
+    slots = block_slots(model)
+    for index, (parent, name) in enumerate(slots):
         # The last block's parameters are needed right away by backward:
         # keeping them gathered after forward saves one all-gather.
         fully_shard(
-            block, mesh=mesh, mp_policy=policy, reshard_after_forward=index < len(blocks) - 1
-        )
+            getattr(parent, name), mesh=mesh, mp_policy=policy,
+            reshard_after_forward=index < len(slots) - 1,
+        )  # fmt: skip
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 

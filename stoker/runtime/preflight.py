@@ -28,13 +28,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from stoker.config import load_frozen
-    from stoker.runtime.models.build import DataDoesNotFitModel, build_model
+    from stoker.runtime.models import build_model
+    from stoker.runtime.models.build import ModelSetupError
 
     cfg = load_frozen(args.config)
     try:
         with torch.device("meta"):  # the shapes only: nothing allocated
             build_model(cfg.model, cfg.data)
-    except DataDoesNotFitModel as exc:
+    except ModelSetupError as exc:
         print(json.dumps({"key": exc.key, "message": exc.message, "fix": exc.fix}))
         return PREFLIGHT_REFUSED
     return 0

@@ -41,6 +41,7 @@ from stoker.protocol import EXIT_REQUEUE
 from stoker.runtime.dist_env import DistEnv
 from stoker.runtime.heartbeat import COLLECTIVE_PHASE
 from stoker.runtime.metrics_sink import MetricsSink, NullSink
+from stoker.runtime.models import contract
 from stoker.runtime.optim import build_optimizer, build_scheduler
 from stoker.runtime.parallelize import parallelize
 from stoker.runtime.precision import resolve_precision
@@ -173,8 +174,10 @@ class Trainer:
             micro_cfg, rank=self.env.rank, world_size=self.env.world_size
         )
         self.eval_loader = self._eval_loader(micro_cfg) if cfg.train.eval_every else None
-        self.tokens_per_sample = int(model.tokens_per_sample())
-        self.flops_per_sample = float(model.flops_per_sample())
+        self.tokens_per_sample = contract.tokens_per_sample(model)
+        self.flops_per_sample: float | None = None  # asked of the first batch
+        self._model_metrics: dict[str, torch.Tensor] = {}  # sums over the log window
+        self._model_metric_count = 0
         self._generators: list[torch.Generator] = []
         self.start_step = 0
         self.checkpointer = self._checkpointer()
@@ -249,7 +252,8 @@ class Trainer:
         for batch in self.eval_loader.batches(max_batches=self.cfg.train.eval_batches):
             batch = self._to_device(batch)
             with self.autocast():
-                total += self.model.loss(batch, self.noise_for(batch)).float()
+                loss, _ = contract.loss_and_metrics(self.model, self._with_noise(batch))
+                total += loss.float()
             count += 1
         self.model.train()
         stats = torch.stack([total, torch.tensor(float(count), device=self.device)])
@@ -297,6 +301,40 @@ class Trainer:
             generator.manual_seed((seed * 1_000_003 + int(position)) % 2**63)
         return self._generators[: len(positions)]
 
+    def _with_noise(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The batch as a model gets it (stoker/model.py): with its per-sample
+        generators; the FLOPs per sample asked of the first one."""
+        batch = {**batch, "generators": self.noise_for(batch)}
+        if self.flops_per_sample is None:
+            self.flops_per_sample = contract.flops_per_sample(self.model, batch) or 0.0
+            if not self.flops_per_sample and self.env.is_main:
+                print(f"{type(self.model).__name__} has no flops_per_sample(batch): no MFU "
+                      "(stoker/model.py)", flush=True)  # fmt: skip
+        return batch
+
+    def _add_model_metrics(self, metrics: dict[str, Any]) -> None:
+        """The model's own metrics of a micro-batch, summed on the device."""
+        if not metrics:
+            return
+        self._model_metric_count += 1
+        for name, value in metrics.items():
+            value = torch.as_tensor(value, device=self.device).detach().float()
+            previous = self._model_metrics.get(name)
+            self._model_metrics[name] = value if previous is None else previous + value
+
+    def _reduce_model_metrics(self) -> dict[str, float]:
+        """The window's means of the model's metrics, averaged over ranks (one
+        all-reduce, only for a model that returns metrics)."""
+        if not self._model_metrics:
+            return {}
+        names = sorted(self._model_metrics)
+        values = torch.stack([self._model_metrics[n] for n in names]) / self._model_metric_count
+        if self.env.distributed:
+            torch.distributed.all_reduce(values)
+            values = values / self.env.world_size
+        self._model_metrics, self._model_metric_count = {}, 0
+        return dict(zip(names, values.tolist(), strict=True))
+
     def train(self) -> Outcome:
         """Train from `start_step` to train.steps; a stop request ends it after a save."""
         cfg, env = self.cfg, self.env
@@ -311,7 +349,7 @@ class Trainer:
             rank=env.rank,
             world_size=env.world_size,
             device=self.device,
-            blocks=self.model.blocks,
+            blocks=contract.blocks_of(self.model),
         )
         progress = Progress(total, self.start_step) if env.is_main else None
         window, bad_in_row, step = Window(), 0, self.start_step
@@ -371,7 +409,10 @@ class Trainer:
                 # FSDP2: reduce-scatter gradients on the last micro-batch only.
                 self.model.set_requires_gradient_sync(index == accum - 1)
             with watch.phase("forward"), self.autocast():
-                loss = self.model.loss(batch, self.noise_for(batch)) / accum
+                loss: Any
+                loss, metrics = contract.loss_and_metrics(self.model, self._with_noise(batch))
+                loss = loss / accum
+            self._add_model_metrics(metrics)
             with watch.phase("backward"):
                 loss.backward()
             loss_sum += loss.detach().float()
@@ -419,6 +460,7 @@ class Trainer:
         """A log step: the window's metrics over all ranks, the held-out loss every
         train.eval_every steps and at the end, into the sink and progress.json."""
         metrics = self._reduce(window)
+        metrics.update(self._reduce_model_metrics())
         eval_every = self.cfg.train.eval_every
         if self.eval_loader is not None and (
             step % eval_every == 0 or step == self.cfg.train.steps
@@ -469,17 +511,18 @@ class Trainer:
             "grad_norm": grad_norm,
             "lr": float(self.scheduler.get_last_lr()[0]),
             "system/throughput/samples_per_s": samples_per_s,
-            "system/throughput/tokens_per_s": samples_per_s * self.tokens_per_sample,
             "system/time/step_s": elapsed / window.steps,
             "system/time/data_wait_s": window.data_s / window.steps,
             "system/time/fwd_bwd_s": window.fwd_bwd_s / window.steps,
             "system/time/optimizer_s": window.optim_s / window.steps,
             "skipped_nonfinite_steps": float(window.skipped_steps),
         }
+        if self.tokens_per_sample:
+            metrics["system/throughput/tokens_per_s"] = samples_per_s * self.tokens_per_sample
         from stoker.runtime.models.flops import peak_flops
 
         peak = peak_flops(self.device)
-        if peak:
+        if peak and self.flops_per_sample:
             metrics["mfu"] = samples_per_s * self.flops_per_sample / peak
         if self.device.type == "cuda":
             metrics["system/memory/peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9

@@ -329,7 +329,10 @@ class AVDiT(TrainingModel):
         return x_t, t, target
 
     def forward(self, batch: Batch, generator: Noise = None) -> torch.Tensor:
-        """The flow-matching loss of a batch (see the module docstring)."""
+        """The flow-matching loss of a batch (see the module docstring); the noise from
+        `generator`, else the batch's per-sample "generators" (stoker/model.py)."""
+        if generator is None:
+            generator = batch.get("generators")
         x_t, t, target = self.noised(self.clean_tokens(batch), generator)
         predicted = self.velocity(x_t, t)
         losses = [F.mse_loss(predicted[name].float(), target[name]) for name in self.modalities]

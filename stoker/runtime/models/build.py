@@ -1,4 +1,5 @@
-"""`build_model`: the model a config names, shaped for the data it will see.
+"""The built-in models' factories (`model.arch: av_dit` / `audio_ar`, through the same
+registry as a user's: stoker/runtime/models/registry.py), and their shape checks.
 
 The data config fixes every clip's shape (the loader crops and resizes to
 it): T = round(clip_seconds * fps) frames of resolution [H, W], and
@@ -16,49 +17,47 @@ from stoker.errors import StokerError
 from stoker.runtime.models.audio_ar import AudioAR
 from stoker.runtime.models.av_dit import AVDiT
 from stoker.runtime.models.sizes import audio_ar_size, av_dit_size
-from stoker.runtime.models.training_model import TrainingModel
 
 if TYPE_CHECKING:  # pydantic stays optional for the benchmarks on GPU nodes
-    from stoker.config import DataConfig, ModelConfig
+    from stoker.config import DataConfig
+    from stoker.model import DataShapes
 
 
-class DataDoesNotFitModel(StokerError, ValueError):
-    """The data config's shapes do not fit the model: `key` is the setting named first
-    (`data.resolution`), `fix` the values to use. A ValueError too, for callers that
-    build models outside stoker's runs (the benchmarks)."""
+class ModelSetupError(StokerError, ValueError):
+    """The model cannot be built from the config: `key` is the setting to change
+    (`data.resolution`, `model.arch`, `model.args.width`), `fix` what to do. A
+    ValueError too, for callers that build models outside stoker's runs (benchmarks)."""
 
     def __init__(self, key: str, message: str, *, fix: str) -> None:
         super().__init__(message, fix=fix)
         self.key = key
 
 
-def clip_frames(data: DataConfig) -> int:
+class DataDoesNotFitModel(ModelSetupError):
+    """The data's shapes do not fit the model's patches or inputs."""
+
+
+def clip_frames(data: DataConfig | DataShapes) -> int:
     """Frames per clip, as the loader decodes them."""
     return round(data.clip_seconds * data.fps)
 
 
-def clip_samples(data: DataConfig) -> int:
+def clip_samples(data: DataConfig | DataShapes) -> int:
     """Audio samples per clip (per channel), as the loader decodes them."""
     return round(data.clip_seconds * data.sample_rate)
 
 
-def build_model(model_cfg: ModelConfig, data_cfg: DataConfig) -> TrainingModel:
-    """The model of `model_cfg` (arch, size) for clips shaped by `data_cfg`,
-    initialised from torch's global RNG (seed it first). Build it under
-    `with torch.device("meta"):` to allocate nothing, then `to_empty(device=...)`
-    and `init_weights()`. Raises DataDoesNotFitModel naming the setting to change
-    when the data does not fit the model."""
-    if model_cfg.arch == "av_dit":
-        return build_av_dit(model_cfg.size, data_cfg)
-    if model_cfg.arch == "audio_ar":
-        return build_audio_ar(model_cfg.size, data_cfg)
-    raise DataDoesNotFitModel(
-        "model.arch", f"model.arch {model_cfg.arch!r} is not one of av_dit, audio_ar",
-        fix="use model.arch=av_dit or model.arch=audio_ar",
-    )  # fmt: skip
+def av_dit(data: DataShapes, size: str = "tiny") -> AVDiT:
+    """The built-in `model.arch: av_dit` (the factory contract of stoker/model.py)."""
+    return build_av_dit(size, data)
 
 
-def build_av_dit(size_name: str, data: DataConfig) -> AVDiT:
+def audio_ar(data: DataShapes, size: str = "tiny") -> AudioAR:
+    """The built-in `model.arch: audio_ar`."""
+    return build_audio_ar(size, data)
+
+
+def build_av_dit(size_name: str, data: DataConfig | DataShapes) -> AVDiT:
     size = av_dit_size(size_name)
     what = f"the {size_name} av_dit"
     has_video, has_audio = "video" in data.modalities, "audio" in data.modalities
@@ -104,7 +103,7 @@ def build_av_dit(size_name: str, data: DataConfig) -> AVDiT:
     return AVDiT(size, video=video, audio=audio, fps=data.fps, sample_rate=data.sample_rate)
 
 
-def build_audio_ar(size_name: str, data: DataConfig) -> AudioAR:
+def build_audio_ar(size_name: str, data: DataConfig | DataShapes) -> AudioAR:
     size = audio_ar_size(size_name)
     if "audio" not in data.modalities:
         raise DataDoesNotFitModel(
@@ -124,7 +123,7 @@ def build_audio_ar(size_name: str, data: DataConfig) -> AudioAR:
     return AudioAR(size, samples=samples)
 
 
-def _fitting_clip_seconds(data: DataConfig, audio_patch: int, pt: int) -> float:
+def _fitting_clip_seconds(data: DataConfig | DataShapes, audio_patch: int, pt: int) -> float:
     """The clip length nearest data.clip_seconds whose frames divide by pt
     (with video) and whose samples divide by audio_patch (with audio)."""
     has_video, has_audio = "video" in data.modalities, "audio" in data.modalities

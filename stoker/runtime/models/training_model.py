@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from stoker.runtime.models.flops import attention_flops, matmul_flops
 
-Batch = Mapping[str, torch.Tensor]
+Batch = Mapping[str, Any]
 """A batch from the data loader: "video" uint8 [B, T, 3, H, W], "audio" float32
-[B, C, N], and keys a model ignores ("text", "meta", ...)."""
+[B, C, N], "generators", and keys a model ignores ("text", "meta", ...): the
+contract of stoker/model.py."""
 Noise = torch.Generator | Sequence[torch.Generator] | None
 """What draws a loss's noise: one generator for the batch, one per sample, or
 None (the global RNG of the batch's device)."""
@@ -62,7 +64,7 @@ class TrainingModel(nn.Module):
         """Parameters in matmuls (N of stoker.runtime.models.flops)."""
         return self._matmul_params
 
-    def flops_per_sample(self) -> float:
+    def flops_per_sample(self, batch: Batch | None = None) -> float:
         """Training FLOPs (forward + backward) of one sample, by the formula
         of stoker.runtime.models.flops."""
         return self._flops_per_sample

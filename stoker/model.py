@@ -1,0 +1,102 @@
+"""The contract between stoker's trainer and a model: yours or a built-in one.
+
+An experiment names a model by `model.arch`: a built-in (`av_dit`, `audio_ar`) or the
+import path of your factory, `package.module:function`, imported by name on every rank
+from the folder the job runs in (which `stoker submit` snapshots) or from the installed
+packages. Never pickled. `model.args` are the factory's keyword arguments:
+
+    # mypkg/models.py
+    from dataclasses import dataclass
+    from torch import nn
+    from stoker.model import DataShapes
+
+    @dataclass
+    class Args:                       # optional: validated, errors name model.args.<field>
+        width: int = 128
+        depth: int = 4
+
+    def build(data: DataShapes, args: Args) -> nn.Module:   # or (data, **kwargs)
+        return MyModel(data, args.width, args.depth)
+
+    # stoker run model.arch=mypkg.models:build model.args.width=256
+
+The factory gets the data's shapes (`DataShapes`) and its arguments, and returns an
+`nn.Module` the trainer calls as:
+
+- `forward(batch) -> loss` (a scalar tensor) or `(loss, metrics)`, where metrics map
+  names to scalars (tensors or numbers) the trainer averages over the log window and
+  logs beside the loss. Required.
+- `blocks()` -> the repeated modules (an iterable of `nn.Module`; a `blocks`
+  `nn.ModuleList` attribute does as well): the units of FSDP2 sharding, activation
+  checkpointing and per-block `torch.compile`. Optional: without it the whole model is
+  one FSDP unit.
+- `init_weights()`: (re)initialise every parameter and buffer in place. Optional:
+  without it the parameters the factory made are kept (the factory runs under the
+  run's seed, the same on every rank).
+- `flops_per_sample(batch)` -> training FLOPs (forward + backward) of one sample.
+  Optional: without it there is no MFU, said once in the log.
+- `sample(...)`: generation, used for logged samples (a later milestone). Optional.
+
+The batch (`Batch`) holds what the loader decoded and the rest of each sample:
+"video" uint8 [B, T, 3, H, W], "audio" float32 [B, C, N], "valid" bool [B] (False for
+padding rows at the end of the data), every other member of the sample passed through
+(captions as lists of strings, `.json` members as lists of dicts, `.npy` /
+`.safetensors` members as tensors), and "generators": one `torch.Generator` per sample
+on the batch's device, seeded by (train.seed, the sample's position in the data
+order). Draw noise from them and the losses are the same whatever the number of ranks
+and restarts; the global RNG works too, without that guarantee.
+
+This module imports no torch: the login node reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+Batch = Mapping[str, Any]
+"""What forward gets: tensors, lists and generators by name (above)."""
+
+
+@dataclass(frozen=True)
+class DataShapes:
+    """The shapes every clip of the run has (the loader crops and resizes to them)."""
+
+    modalities: tuple[str, ...]
+    """What the data set's samples hold and the loader decodes: 'video', 'audio', ..."""
+    clip_seconds: float
+    fps: int
+    frames: int
+    """T: video frames per clip (clip_seconds x fps, rounded)."""
+    resolution: tuple[int, int]
+    """[H, W] of every frame."""
+    sample_rate: int
+    channels: int
+    samples: int
+    """N: audio samples per clip and channel (clip_seconds x sample_rate, rounded)."""
+
+    @property
+    def video_shape(self) -> tuple[int, int, int, int]:
+        """[T, 3, H, W] of one sample's video."""
+        return (self.frames, 3, *self.resolution)
+
+    @property
+    def audio_shape(self) -> tuple[int, int]:
+        """[C, N] of one sample's audio."""
+        return (self.channels, self.samples)
+
+
+@runtime_checkable
+class TrainableModel(Protocol):
+    """The one method a model must have (the optional ones are in the module's doc)."""
+
+    def forward(self, batch: Batch) -> torch.Tensor | tuple[torch.Tensor, Mapping[str, Any]]:
+        """The training loss of the batch, a scalar; or (loss, {name: scalar})."""
+        ...
+
+    def parameters(self, recurse: bool = True) -> Iterable[nn.Parameter]: ...

@@ -1,0 +1,239 @@
+"""`model.arch` to a model: the factory imported by name, its arguments checked against
+its signature (or its declared argument class), called with the data's shapes.
+
+The built-in models go the same way: `av_dit` and `audio_ar` are names for factories in
+stoker.runtime.models.build. A problem is a ModelSetupError naming the setting to change
+(`model.arch`, `model.args.<name>`) and the fix; `stoker run` asks before it starts
+anything (stoker/runtime/preflight.py), the ranks again when they build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import os
+import sys
+import traceback
+import typing
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from stoker.model import DataShapes
+from stoker.runtime.models.build import ModelSetupError, clip_frames, clip_samples
+
+if TYPE_CHECKING:
+    from stoker.config import DataConfig, ModelConfig
+
+BUILTIN: Mapping[str, str] = {
+    "av_dit": "stoker.runtime.models.build:av_dit",
+    "audio_ar": "stoker.runtime.models.build:audio_ar",
+}
+ARCH = "model.arch"
+
+
+def data_shapes(data: DataConfig) -> DataShapes:
+    """The shapes every clip of a run with these data settings has."""
+    return DataShapes(
+        modalities=tuple(data.modalities),
+        clip_seconds=data.clip_seconds,
+        fps=data.fps,
+        frames=clip_frames(data),
+        resolution=(data.resolution[0], data.resolution[1]),
+        sample_rate=data.sample_rate,
+        channels=data.channels,
+        samples=clip_samples(data),
+    )
+
+
+def build_model(model_cfg: ModelConfig, data_cfg: DataConfig) -> nn.Module:
+    """The model `model_cfg` names, for clips shaped by `data_cfg`, initialised from
+    torch's global RNG (seed it first)."""
+    factory = import_factory(model_cfg.arch)
+    call_args, call_kwargs = factory_arguments(factory, model_cfg)
+    where = _where(factory)
+    try:
+        model = factory(data_shapes(data_cfg), *call_args, **call_kwargs)
+    except ModelSetupError:
+        raise
+    except Exception as exc:
+        raise ModelSetupError(
+            ARCH,
+            f"{model_cfg.arch} ({where}) raised {type(exc).__name__}: {exc} [{_last_frame(exc)}]",
+            fix="fix the factory, or the model.args it was given",
+        ) from exc
+    if not isinstance(model, nn.Module) or not callable(getattr(model, "forward", None)):
+        raise ModelSetupError(
+            ARCH,
+            f"{model_cfg.arch} ({where}) returned {type(model).__name__}, not a "
+            "torch.nn.Module with forward(batch)",
+            fix="return the nn.Module to train (the contract: stoker/model.py)",
+        )
+    return model
+
+
+def import_factory(arch: str) -> Callable[..., Any]:
+    """The callable `arch` names (a built-in, or package.module:attr), imported by name."""
+    path = BUILTIN.get(arch, arch)
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or module_name
+        if module_name == missing or module_name.startswith(missing + "."):
+            raise ModelSetupError(
+                ARCH,
+                f"model.arch {arch!r}: no module {missing!r} in {os.getcwd()} (the folder "
+                f"the job runs in) nor installed in {sys.prefix}",
+                fix=f"run stoker from the folder that holds {missing.split('.')[0]}/, or "
+                f"pip install your package into {sys.prefix}",
+            ) from exc
+        raise _import_failed(arch, module_name, exc) from exc
+    except Exception as exc:
+        raise _import_failed(arch, module_name, exc) from exc
+    found: Any = module
+    for part in attr.split("."):
+        if not hasattr(found, part):
+            names = sorted(
+                n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+            )
+            raise ModelSetupError(
+                ARCH,
+                f"model.arch {arch!r}: module {module_name} ({_file_of(module)}) has no {attr!r}",
+                fix=f"name one of its callables: {', '.join(names) or '(none)'}",
+            )
+        found = getattr(found, part)
+    if not callable(found):
+        raise ModelSetupError(
+            ARCH,
+            f"model.arch {arch!r} is a {type(found).__name__}, not a function or class",
+            fix="name the function that builds the model",
+        )
+    return typing.cast(Callable[..., Any], found)
+
+
+def factory_arguments(
+    factory: Callable[..., Any], model_cfg: ModelConfig
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """(args, kwargs) after the data shapes: `model.args` validated against the
+    factory's `args` parameter when it is annotated with a dataclass or pydantic
+    model, else passed as keywords (checked against the signature); `model.size` as
+    `size=` when the factory takes it."""
+    given = dict(model_cfg.args)
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without a signature: pass as given
+        return (), given
+    params = signature.parameters
+    declared = _declared_args_class(factory, params)
+    kwargs: dict[str, Any] = {}
+    if "size" in params and "size" not in given:
+        kwargs["size"] = model_cfg.size
+    if declared is not None:
+        kwargs["args"] = _validate(declared, given)
+        return (), kwargs
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    named = [
+        n for n, p in list(params.items())[1:]
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]  # fmt: skip
+    unknown = [k for k in given if k not in named and not takes_any]
+    if unknown:
+        raise ModelSetupError(
+            f"model.args.{unknown[0]}",
+            f"model.args.{unknown[0]}: {model_cfg.arch} ({_where(factory)}) takes no "
+            f"argument {unknown[0]!r}",
+            fix=f"use one of: {', '.join(named) or '(none: remove model.args)'}",
+        )
+    missing = [
+        n for n in named
+        if params[n].default is inspect.Parameter.empty and n not in given and n not in kwargs
+    ]  # fmt: skip
+    if missing:
+        raise ModelSetupError(
+            f"model.args.{missing[0]}",
+            f"model.args.{missing[0]} is required by {model_cfg.arch} ({_where(factory)})",
+            fix=f"set it: model.args.{missing[0]}=VALUE",
+        )
+    kwargs.update(given)
+    return (), kwargs
+
+
+def _declared_args_class(
+    factory: Callable[..., Any], params: Mapping[str, inspect.Parameter]
+) -> type | None:
+    if "args" not in params:
+        return None
+    try:
+        hints = typing.get_type_hints(factory)
+    except Exception:  # an annotation that does not resolve: treat as undeclared
+        return None
+    hint = hints.get("args")
+    if isinstance(hint, type) and (dataclasses.is_dataclass(hint) or _is_pydantic(hint)):
+        return hint
+    return None
+
+
+def _is_pydantic(cls: type) -> bool:
+    return any(base.__module__.startswith("pydantic") for base in cls.__mro__[1:])
+
+
+def _validate(cls: type, given: dict[str, Any]) -> Any:
+    """An instance of `cls` from `given`, by pydantic (dataclasses too): errors name
+    `model.args.<field>`."""
+    from pydantic import TypeAdapter, ValidationError
+
+    fields = _field_names(cls)
+    unknown = [k for k in given if k not in fields]
+    if unknown:  # pydantic ignores extra keys of a dataclass: a typo would pass unseen
+        key = f"model.args.{unknown[0]}"
+        raise ModelSetupError(
+            key,
+            f"{key}: {cls.__module__}.{cls.__qualname__} has no field {unknown[0]!r}",
+            fix=f"{cls.__qualname__} takes {', '.join(fields) or 'no arguments'}",
+        )
+    try:
+        return TypeAdapter(cls).validate_python(given, strict=False)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        key = f"model.args.{field}" if field else "model.args"
+        got = f": got {first['input']!r}" if field and "input" in first else ""
+        raise ModelSetupError(
+            key,
+            f"{key}{got}: {first['msg']} ({cls.__module__}.{cls.__qualname__})",
+            fix=f"{cls.__qualname__} takes {', '.join(fields)}" if fields else "see its fields",
+        ) from exc
+
+
+def _field_names(cls: type) -> list[str]:
+    if dataclasses.is_dataclass(cls):
+        return [f.name for f in dataclasses.fields(cls)]
+    return list(getattr(cls, "model_fields", {}))
+
+
+def _import_failed(arch: str, module_name: str, exc: BaseException) -> ModelSetupError:
+    return ModelSetupError(
+        ARCH,
+        f"model.arch {arch!r}: importing {module_name} raised {type(exc).__name__}: {exc} "
+        f"[{_last_frame(exc)}]",
+        fix=f"fix the error in {module_name} (python -c 'import {module_name}' shows it)",
+    )
+
+
+def _last_frame(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "no traceback"
+
+
+def _where(obj: Any) -> str:
+    try:
+        return f"{inspect.getsourcefile(obj)}:{inspect.getsourcelines(obj)[1]}"
+    except (OSError, TypeError):
+        return getattr(obj, "__module__", "?")
+
+
+def _file_of(module: Any) -> str:
+    return str(getattr(module, "__file__", None) or module.__name__)

@@ -1,0 +1,189 @@
+"""A model of the user's own (`model.arch: package.module:factory`) in stoker's trainer:
+the example package examples/own_model trains under `stoker run` (2 ranks, FSDP2 over
+gloo) from the folder it sits in; each way a plugin can be wrong is refused with the
+setting, where it came from and the fix, before anything starts."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from stoker.config import resolve_config
+from stoker.data.synth import synth_dataset
+from stoker.runtime.models import build_model
+from stoker.runtime.models.build import ModelSetupError
+from stoker.runtime.models.contract import block_slots, loss_and_metrics
+from tests.clirun import stoker
+
+REPO = Path(__file__).resolve().parents[2]
+OWN_MODEL = REPO / "examples" / "own_model"
+
+PLUGIN = """
+from dataclasses import dataclass
+import torch
+from torch import nn
+
+raise_on_import = {raise_on_import}
+if raise_on_import:
+    import no_such_dependency_of_the_plugin
+
+@dataclass
+class Args:
+    width: int = 4
+
+class Flat(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(width, width), nn.Linear(width, width))
+        self.w = nn.Parameter(torch.ones(width))
+
+    def blocks(self):
+        return list(self.inner)
+
+    def forward(self, batch):
+        return batch["audio"].mean(dim=(1, 2)) * self.w.sum()  # one loss per sample: wrong
+
+def build(data, args: Args):
+    return Flat(args.width)
+
+def build_plain(data, depth, scale=1.0):
+    return Flat(depth)
+
+def build_nothing(data):
+    return 42
+
+def build_raises(data):
+    raise RuntimeError("out of ideas")
+
+NOT_CALLABLE = 3
+"""
+
+
+@pytest.fixture
+def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder holding the package `myplug` (importable from it, as from a job's
+    working directory)."""
+    package = tmp_path / "myplug"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "models.py").write_text(PLUGIN.format(raise_on_import=False))
+    (package / "broken.py").write_text(PLUGIN.format(raise_on_import=True))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _build(*overrides: str) -> object:
+    cfg = resolve_config(None, list(overrides)).config
+    return build_model(cfg.model, cfg.data)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "message", "fix"),
+    [
+        (["model.arch=nosuch.models:build"], "model.arch",
+         "no module 'nosuch' in", "run stoker from the folder that holds nosuch/"),
+        (["model.arch=myplug.broken:build"], "model.arch",
+         "importing myplug.broken raised ModuleNotFoundError", "fix the error in myplug.broken"),
+        (["model.arch=myplug.models:buld"], "model.arch",
+         "module myplug.models", "name one of its callables: Args, Flat, build"),
+        (["model.arch=myplug.models:NOT_CALLABLE"], "model.arch",
+         "is a int, not a function or class", "name the function"),
+        (["model.arch=myplug.models:build", "model.args.width=wide"], "model.args.width",
+         "model.args.width: got 'wide'", "Args takes width"),
+        (["model.arch=myplug.models:build", "model.args.depth=2"], "model.args.depth",
+         "myplug.models.Args has no field 'depth'", "Args takes width"),
+        (["model.arch=myplug.models:build_plain", "model.args.dept=2"], "model.args.dept",
+         "takes no argument 'dept'", "use one of: depth, scale"),
+        (["model.arch=myplug.models:build_plain"], "model.args.depth",
+         "model.args.depth is required", "model.args.depth=VALUE"),
+        (["model.arch=myplug.models:build_nothing"], "model.arch",
+         "returned int, not a torch.nn.Module", "return the nn.Module"),
+        (["model.arch=myplug.models:build_raises"], "model.arch",
+         "raised RuntimeError: out of ideas", "fix the factory"),
+    ],
+)  # fmt: skip
+def test_each_plugin_mistake_names_the_setting_and_the_fix(
+    plugin_dir: Path, overrides: list[str], key: str, message: str, fix: str
+) -> None:
+    with pytest.raises(ModelSetupError) as info:
+        _build(*overrides)
+    assert info.value.key == key
+    assert message in info.value.message, info.value.message
+    assert info.value.fix is not None and fix in info.value.fix, info.value.fix
+
+
+def test_declared_arguments_reach_the_factory_and_blocks_are_found(plugin_dir: Path) -> None:
+    import torch
+
+    model = _build("model.arch=myplug.models:build", "model.args.width=3")
+    assert isinstance(model, torch.nn.Module)
+    assert [name for _, name in block_slots(model)] == ["0", "1"]  # in inner (Sequential)
+    # Its forward returns one loss per sample: the trainer refuses it by name.
+    batch = {"audio": torch.ones(2, 1, 8)}
+    with pytest.raises(Exception, match=r"Flat.forward\(batch\) returned \[2\], not a scalar"):
+        loss_and_metrics(model, batch)
+
+
+def test_a_broken_plugin_is_refused_before_stoker_run_starts_anything(
+    plugin_dir: Path, isolated_home: Path
+) -> None:
+    result = stoker("run", "model.arch=myplug.models:buld", cwd=plugin_dir, timeout=600)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert ("model.arch 'myplug.models:buld': module myplug.models" in result.stderr
+            and "(model.arch from override model.arch=myplug.models:buld)" in result.stderr
+            ), result.stderr  # fmt: skip
+    assert "fix: name one of its callables: Args, Flat, build" in result.stderr
+    assert not (isolated_home / ".stoker" / "runs").exists() or not any(
+        (isolated_home / ".stoker" / "runs").iterdir()
+    )
+
+
+def test_the_example_plugin_trains_on_two_ranks_from_its_folder(
+    tmp_path: Path, isolated_home: Path
+) -> None:
+    data = tmp_path / "data"
+    synth_dataset(str(data), clips=16, seconds=2.0, size=(64, 64), fps=8)
+    result = stoker(
+        "run", "--nproc", "2", "--json", "model.arch=own_model.denoiser:build",
+        "model.args.width=16", f"data.url={data}", "data.batch_size=4", "data.num_workers=0",
+        "train.steps=30", "train.log_every=5", "optim.lr=1e-3", cwd=OWN_MODEL, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["state"] == "COMPLETED" and summary["step"] == 30
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{isolated_home / '.stoker' / 'mlflow' / 'mlflow.db'}")
+    run = client.get_run(summary["run_id"])
+    assert run.data.params["model.arch"] == "own_model.denoiser:build"
+    assert run.data.params["model.args.width"] == "16"
+    losses = [m.value for m in client.get_metric_history(run.info.run_id, "loss")]
+    assert len(losses) == 6 and losses[-1] < 0.8 * losses[0], losses
+    # Its own metric, averaged over the window and the ranks, beside the loss.
+    noisy = client.get_metric_history(run.info.run_id, "noisy_mse")
+    assert [m.step for m in noisy] == [5, 10, 15, 20, 25, 30]
+    assert all(0.02 < m.value < 0.06 for m in noisy)  # noise 0.2: about 0.04
+    # Sharded at its blocks: the checkpoint holds the layers' parameters.
+    run_dir = Path(summary["run_dir"])
+    assert (run_dir / "checkpoints" / "step-30" / "COMMIT.json").is_file()
+
+
+def test_a_plugin_module_is_imported_by_name_not_by_path(tmp_path: Path) -> None:
+    """A file path is refused by the config (it would not import the same way on
+    every rank), with the reason."""
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(
+        textwrap.dedent("""\
+        model:
+          arch: myplug/models.py:build
+        """)
+    )
+    result = stoker("config", "show", str(exp))
+    assert result.returncode == 2
+    assert f"{exp}:2: model.arch" in result.stderr
+    assert "a module's dotted name, not a file path" in result.stderr
