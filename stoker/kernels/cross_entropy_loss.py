@@ -79,7 +79,10 @@ def _check_range(index: torch.Tensor, v: int) -> None:
     """IndexError for a target outside [0, V), as torch raises on the CPU. A
     host sync: the reference pays it, the Triton path does not (see above).
     Skipped under torch.compile, where the data-dependent branch would break
-    the graph (gather's own bounds check remains)."""
+    the graph (gather's own bounds check remains), and on the meta device, where
+    there are no values to check (a shape-only forward)."""
+    if index.device.type == "meta":
+        return
     bad = (index < 0) | (index >= v)
     if bool(bad.any()):
         value = int(index[bad][0])

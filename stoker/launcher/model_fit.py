@@ -1,8 +1,9 @@
-"""Does the model take the data's shapes? Asked before `stoker run` writes a data set
-or starts a rank: the runtime builds the model on the meta device in a child process
+"""Can the model be built for the data, and does its forward keep the contract? Asked
+before `stoker run` writes a data set or starts a rank: the runtime builds the model
+on the meta device and runs its forward on a meta batch, in a child process
 (stoker/runtime/preflight.py; it imports torch, which this layer does not), and a
 refusal becomes a StokerError naming the setting, where its value came from, and the
-values to use."""
+fix."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from stoker.config import ResolvedConfig, freeze_config
@@ -19,8 +21,14 @@ from stoker.protocol import PREFLIGHT_MODULE, PREFLIGHT_REFUSED
 TIMEOUT_S = 300  # importing torch on a loaded login node
 
 
-def check_model_fits(resolved: ResolvedConfig, python: str = sys.executable) -> None:
-    """Raise StokerError when the model `resolved` names cannot take its data."""
+def check_model_fits(
+    resolved: ResolvedConfig,
+    python: str = sys.executable,
+    say: Callable[[str], None] | None = None,
+) -> None:
+    """Raise StokerError when the model `resolved` names cannot be built for its data
+    or its forward breaks the contract; `say` gets the check's notes (a forward that
+    could not run on the meta device)."""
     with tempfile.TemporaryDirectory(prefix="stoker-preflight-") as tmp:
         frozen = Path(tmp) / "config.yaml"
         frozen.write_text(freeze_config(resolved))
@@ -35,6 +43,9 @@ def check_model_fits(resolved: ResolvedConfig, python: str = sys.executable) -> 
                 fix="try again when the machine is less busy",
             ) from exc
     if result.returncode == 0:
+        for line in result.stderr.splitlines():
+            if line.startswith("stoker: ") and say is not None:
+                say(line.removeprefix("stoker: "))
         return
     if result.returncode == PREFLIGHT_REFUSED:
         refusal = json.loads(result.stdout.strip().splitlines()[-1])

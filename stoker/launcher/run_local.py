@@ -101,7 +101,7 @@ def run_here(
         use_profile=use_profile,
     )
     # Before a data set is written or a rank started: does the model take the data?
-    check_model_fits(resolved)
+    check_model_fits(resolved, say=say)
     if resolved.config.data.url is None:
         from stoker.data.synthetic import ensure_synthetic_data
 

@@ -1,6 +1,8 @@
-"""The model a config names, built on the meta device before a job starts: a data
-config whose shapes the model cannot take is refused in seconds, before a data set is
-written or a rank is started (`stoker run`; docs/runtime.md).
+"""The model a config names, built on the meta device before a job starts, and its
+forward run on a meta batch of the loader's shapes: a data config the model cannot
+take, a plugin that does not import, a wrong argument or a forward that breaks the
+contract is refused in seconds, before a data set is written or a rank is started
+(`stoker run`; docs/runtime.md, docs/bring-your-own.md).
 
 Run by the launcher as a child process (it imports torch, which the login node's
 commands do not): `python -m stoker.runtime.preflight --config FROZEN`. Exit 0 when
@@ -16,8 +18,13 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from stoker.protocol import PREFLIGHT_REFUSED
+
+if TYPE_CHECKING:
+    from stoker.config import ExperimentConfig
+    from stoker.model import DataShapes
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -25,20 +32,75 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, required=True, help="a frozen config")
     args = parser.parse_args(argv)
 
-    import torch
-
     from stoker.config import load_frozen
-    from stoker.runtime.models import build_model
     from stoker.runtime.models.build import ModelSetupError
 
     cfg = load_frozen(args.config)
     try:
-        with torch.device("meta"):  # the shapes only: nothing allocated
-            build_model(cfg.model, cfg.data)
+        check_model(cfg)
     except ModelSetupError as exc:
         print(json.dumps({"key": exc.key, "message": exc.message, "fix": exc.fix}))
         return PREFLIGHT_REFUSED
     return 0
+
+
+def check_model(cfg: ExperimentConfig) -> None:
+    """Build the model on the meta device and run its forward on a meta batch of the
+    loader's shapes: a ModelSetupError for a factory, argument or contract mistake. A
+    forward that reads values (`.item()`, a data-dependent branch) cannot run on meta
+    tensors: that part is then left to the ranks, and said on stderr."""
+    import torch
+
+    from stoker.errors import StokerError
+    from stoker.runtime.models import build_model, contract, data_shapes
+    from stoker.runtime.models.build import ModelSetupError
+
+    with torch.device("meta"):  # the shapes only: nothing allocated
+        model = build_model(cfg.model, cfg.data)
+        batch = meta_batch(data_shapes(cfg.data), rows=min(2, cfg.data.batch_size))
+        try:
+            contract.loss_and_metrics(model, batch)
+        except StokerError as exc:
+            raise ModelSetupError("model.arch", exc.message, fix=exc.fix or "") from exc
+        except (NotImplementedError, RuntimeError) as exc:
+            if "meta" not in str(exc):
+                raise _forward_failed(cfg.model.arch, exc) from exc
+            first = str(exc).splitlines()[0]
+            print(f"stoker: {cfg.model.arch}: forward not checked on the meta device "
+                  f"({first}); the ranks will run it", file=sys.stderr)  # fmt: skip
+        except Exception as exc:
+            raise _forward_failed(cfg.model.arch, exc) from exc
+
+
+def meta_batch(shapes: DataShapes, rows: int) -> dict[str, Any]:
+    """What the loader gives a model, as meta tensors: the modalities it decodes, `valid`
+    and `position`; no generators (there is no meta RNG: the global one serves)."""
+    import torch
+
+    batch: dict[str, Any] = {
+        "valid": torch.ones(rows, dtype=torch.bool),
+        "position": torch.zeros(rows, dtype=torch.int64),
+    }
+    if "video" in shapes.modalities:
+        batch["video"] = torch.empty((rows, *shapes.video_shape), dtype=torch.uint8)
+    if "audio" in shapes.modalities:
+        batch["audio"] = torch.empty((rows, *shapes.audio_shape), dtype=torch.float32)
+    return batch
+
+
+def _forward_failed(arch: str, exc: BaseException) -> Exception:
+    import traceback
+
+    from stoker.runtime.models.build import ModelSetupError
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" [{frames[-1].filename}:{frames[-1].lineno}]" if frames else ""
+    return ModelSetupError(
+        "model.arch",
+        f"{arch}: forward(batch) on a batch of the data's shapes raised "
+        f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}{where}",
+        fix="fix forward for the batch stoker gives (docs/bring-your-own.md: the batch)",
+    )
 
 
 if __name__ == "__main__":

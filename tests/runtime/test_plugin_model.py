@@ -128,6 +128,24 @@ def test_declared_arguments_reach_the_factory_and_blocks_are_found(plugin_dir: P
         loss_and_metrics(model, batch)
 
 
+def test_a_forward_that_breaks_the_contract_is_refused_before_the_ranks_start(
+    plugin_dir: Path,
+) -> None:
+    """The check `stoker run` makes first: the model built on the meta device and its
+    forward run on a meta batch of the loader's shapes, in a child process."""
+    from stoker.errors import StokerError
+    from stoker.launcher.model_fit import check_model_fits
+
+    with pytest.raises(StokerError) as info:
+        check_model_fits(resolve_config(None, ["model.arch=myplug.models:build"]))
+    assert "Flat.forward(batch) returned [2], not a scalar loss" in info.value.message
+    assert "(model.arch from override model.arch=myplug.models:build)" in info.value.message
+    assert info.value.fix is not None and "losses.mean()" in info.value.fix
+    # The built-in models pass it (forward on meta tensors included).
+    for arch in ("av_dit", "audio_ar"):
+        check_model_fits(resolve_config(None, [f"model.arch={arch}"]))
+
+
 def test_a_broken_plugin_is_refused_before_stoker_run_starts_anything(
     plugin_dir: Path, isolated_home: Path
 ) -> None:
