@@ -9,6 +9,7 @@ import typer
 
 from stoker import __version__
 from stoker.cli import bench as bench_cmd
+from stoker.cli import check as check_cmd
 from stoker.cli import ckpt as ckpt_cmd
 from stoker.cli import config as config_cmd
 from stoker.cli import control as control_cmd
@@ -73,6 +74,7 @@ app.add_typer(data_cmd.app, name="data")
 app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(ckpt_cmd.app, name="ckpt")
 app.command("doctor")(doctor_cmd.doctor)
+app.command("check")(check_cmd.check)
 
 
 def main() -> None:

@@ -1,0 +1,115 @@
+"""`stoker check EXP.yaml [k=v ...]`: what a job of this experiment needs, checked from
+here before anything is queued. One finding each (ok or fail, with the fix):
+
+- model: the factory imports, its arguments validate, it builds on the meta device and
+  its forward gives a scalar loss on a meta batch of the loader's shapes (a child
+  process: stoker/launcher/model_fit.py);
+- data: each data set's manifest is there and lists samples (or the synthetic set);
+- checkpoints: the checkpoint root (or the runs folder) takes a file;
+- MLflow: the store is reachable (a sqlite folder writable, a server healthy).
+
+The config itself was resolved before (its errors stop everything, as everywhere).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+from stoker.config import ResolvedConfig
+from stoker.errors import StokerError
+from stoker.launcher.doctor.check import Finding, joined_lines
+
+
+def check_experiment(resolved: ResolvedConfig) -> list[Finding]:
+    cfg = resolved.config
+    findings = [_run("model", lambda: _check_model(resolved))]
+    wanted: list[str] = list(cfg.data.modalities)
+    findings.append(_run("data", lambda: _check_data(cfg.data.url, "data.url", wanted)))
+    if cfg.data.eval_url is not None:
+        eval_url = cfg.data.eval_url
+        findings.append(_run("eval data", lambda: _check_data(eval_url, "data.eval_url", wanted)))
+    findings.append(_run("checkpoints", lambda: _check_checkpoint_root(cfg.checkpoint.root)))
+    findings.append(_run("MLflow", lambda: _check_store(cfg.tracking.uri)))
+    return findings
+
+
+def _run(check: str, probe: Callable[[], Finding | str]) -> Finding:
+    """The probe's finding; its StokerError as a failed one."""
+    try:
+        found = probe()
+    except StokerError as exc:
+        return Finding(check, "fail", joined_lines(exc.message), exc.fix)
+    return found if isinstance(found, Finding) else Finding(check, "ok", found)
+
+
+def _check_model(resolved: ResolvedConfig) -> str:
+    from stoker.launcher.model_fit import check_model_fits
+
+    notes: list[str] = []
+    check_model_fits(resolved, say=notes.append)
+    model = resolved.config.model
+    what = f"{model.arch} (size {model.size})" if ":" not in model.arch else model.arch
+    return f"{what} builds on the meta device; " + (
+        "; ".join(notes) if notes else "forward gives a scalar loss on a batch of the data's shapes"
+    )
+
+
+def _check_data(url: str | None, key: str, modalities: list[str]) -> str:
+    if url is None:
+        return "synthetic data set, written on first use"
+    from stoker.data.dataset import open_dataset
+
+    manifest = open_dataset(url).manifest
+    missing = [m for m in modalities if manifest.modalities and m not in manifest.modalities]
+    if missing:
+        raise StokerError(
+            f"{key} {url} holds {', '.join(manifest.modalities)}, not {', '.join(missing)} "
+            f"(data.modalities {modalities})",
+            fix=f"drop {', '.join(missing)} from data.modalities, or pack a data set that has them",
+        )
+    return f"{key} {url}: {manifest.samples} samples in {len(manifest.shards)} shards"
+
+
+def _check_checkpoint_root(root: str | None) -> Finding | str:
+    from stoker.launcher.doctor.storage import writable_folder
+    from stoker.launcher.rundir import runs_root
+
+    if root is None:
+        folder = runs_root()
+        problem = writable_folder(folder)
+        if problem:
+            return Finding("checkpoints", "fail", problem, "set STOKER_HOME to a writable folder")
+        return f"in each run folder, under {folder}"
+    return _writable_url(root)
+
+
+def _writable_url(root: str) -> str:
+    """Write and delete one small file under `root` (any fsspec URL)."""
+    from fsspec.core import url_to_fs
+
+    try:
+        fs, path = url_to_fs(root)
+        probe = f"{path.rstrip('/')}/.stoker-check-{uuid.uuid4().hex}"
+        fs.makedirs(path, exist_ok=True)
+        fs.pipe_file(probe, b"stoker check\n")
+        fs.rm_file(probe)
+    except (ImportError, ValueError) as exc:
+        raise StokerError(
+            f"checkpoint.root {root!r}: {exc}",
+            fix="install the fsspec package for its scheme (s3fs for s3://), or fix the URL",
+        ) from exc
+    except OSError as exc:
+        raise StokerError(
+            f"checkpoint.root {root!r} does not take a file: {exc}",
+            fix="check the URL, its credentials (AWS_* variables) and permissions",
+        ) from exc
+    return f"checkpoint.root {root} takes a file"
+
+
+def _check_store(uri: str | None) -> Finding:
+    from stoker.launcher.doctor.tracking_store import check_tracking_store
+    from stoker.tracking.store import resolve_tracking_uri
+
+    found = check_tracking_store(resolve_tracking_uri(uri))
+    return Finding("MLflow", found.status, found.detail, found.fix)

@@ -1,0 +1,68 @@
+"""`stoker check`: an experiment's model, data, checkpoint root and MLflow store,
+checked before anything is queued; one line each, exit 1 when one failed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from stoker.data.synth import synth_dataset
+from tests.clirun import stoker
+
+OWN_MODEL = Path(__file__).resolve().parents[2] / "examples" / "own_model"
+
+
+def _findings(*args: str, cwd: Path | None = None) -> tuple[int, dict[str, dict]]:
+    result = stoker("check", *args, "--json", cwd=cwd, timeout=600)
+    assert result.returncode in (0, 1), result.stderr
+    return result.returncode, {f["check"]: f for f in json.loads(result.stdout)}
+
+
+def test_a_sound_experiment_passes_every_check(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    synth_dataset(str(data), clips=4, seconds=1.0, size=(64, 64), fps=8)
+    code, found = _findings(
+        "model.arch=own_model.denoiser:build", "model.args.width=8", f"data.url={data}",
+        f"checkpoint.root={tmp_path / 'ckpt'}", cwd=OWN_MODEL,
+    )  # fmt: skip
+    assert code == 0, found
+    assert [f["status"] for f in found.values()][:3] == ["ok", "ok", "ok"], found
+    assert "own_model.denoiser:build builds on the meta device" in found["model"]["detail"]
+    assert f"data.url {data}: 4 samples in" in found["data"]["detail"]
+    assert found["checkpoints"]["detail"] == f"checkpoint.root {tmp_path / 'ckpt'} takes a file"
+    assert found["MLflow"]["status"] in ("ok", "warn")  # warn: a store local to this node
+    assert not any((tmp_path / "ckpt").iterdir())  # its probe file is gone
+
+
+def test_each_broken_part_fails_with_its_fix(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    synth_dataset(str(data), clips=4, seconds=1.0, size=(64, 64), fps=8)
+    # A data set packed from footage without captions: video and audio only.
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["modalities"] = ["video", "audio"]
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    code, found = _findings(
+        "model.arch=nosuch.models:build", f"data.url={data}",
+        "data.modalities=[video,audio,text]", f"data.eval_url={tmp_path / 'nothing'}",
+        f"checkpoint.root={blocker / 'ckpt'}", "tracking.uri=http://127.0.0.1:9",
+    )  # fmt: skip
+    assert code == 1
+    assert {name: f["status"] for name, f in found.items()} == {
+        "model": "fail", "data": "fail", "eval data": "fail", "checkpoints": "fail",
+        "MLflow": "fail",
+    }  # fmt: skip
+    assert "no module 'nosuch'" in found["model"]["detail"]
+    assert "(model.arch from override model.arch=nosuch.models:build)" in found["model"]["detail"]
+    assert "not text" in found["data"]["detail"] and "drop text" in found["data"]["fix"]
+    assert "manifest.json is missing there" in found["eval data"]["detail"]
+    assert "does not take a file" in found["checkpoints"]["detail"]
+    assert "127.0.0.1:9" in found["MLflow"]["detail"] and found["MLflow"]["fix"]
+
+
+def test_a_config_error_stops_at_once(tmp_path: Path) -> None:
+    result = stoker("check", "train.stepz=5")
+    assert result.returncode == 2
+    assert "did you mean train.steps?" in result.stderr
+    assert result.stdout == ""
