@@ -55,7 +55,7 @@ def test_four_ranks_on_two_nodes_train_like_one(
     assert {"job.sbatch", "config.yaml"} <= artifacts
     # system/<node>/... from each node's sampler (system/time/..., system/throughput/...
     # and the like are the trainer's).
-    trainer_groups = {"throughput", "time", "checkpoint", "stragglers"}
+    trainer_groups = {"throughput", "time", "checkpoint", "stragglers", "data", "memory"}
     system = {k.split("/")[1] for k in run.data.metrics if k.startswith("system/")}
     system -= trainer_groups
     assert len(system) == 2, f"system metrics from each node, got {sorted(system)}"
