@@ -1,12 +1,15 @@
 """The example plugin model (examples/own_model, not a built-in) on the real cluster, 2
-nodes x 2 ranks (HSDP over gloo), imported by name from the job's code snapshot:
-requeued mid-run with `scontrol requeue`, it resumes from its last verified checkpoint
-and its losses equal an uninterrupted run's bit for bit, in one MLflow run with every
+nodes x 2 ranks (HSDP over gloo), both ways a user gets it there: installed with pip
+(an uninterrupted run), and imported by name from the job's code snapshot, requeued
+mid-run with `scontrol requeue`: that one resumes from its last verified checkpoint and
+its losses equal the uninterrupted run's bit for bit, in one MLflow run with every
 logged step once."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,8 +39,19 @@ def test_the_plugin_model_resumes_bit_exact_after_a_requeue_under_hsdp(
         "checkpoint.every=4", "checkpoint.keep_last=100", "optim.lr=1e-3",
         "--nodes", "2", "--ntasks-per-node", "2", "--time", "10",
     ]  # fmt: skip
-    whole = submit_json(*common, cwd=OWN_MODEL)
+    # Installed with pip (into a folder the job puts on its PYTHONPATH), submitted from a
+    # folder without it: the import can only find the installed package.
+    source, installed, elsewhere = tmp_path / "src", tmp_path / "site", tmp_path / "work"
+    shutil.copytree(OWN_MODEL, source)
+    elsewhere.mkdir()
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+         "--target", str(installed), str(source)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    whole = submit_json(*common, f"job.env.PYTHONPATH={installed}", cwd=elsewhere)
     assert wait_final(whole["job_id"], 600) == "COMPLETED", _logs(Path(whole["run_dir"]))
+    assert not (Path(whole["run_dir"]) / "code" / "own_model").exists()
 
     job = submit_json(*common, cwd=OWN_MODEL)
     run_dir = Path(job["run_dir"])
