@@ -110,6 +110,7 @@ class Checkpointer:
         fs_options: dict[str, Any] | None = None,
         full_verify_on_load: bool = False,
         on_commit: Callable[[SaveRecord], None] | None = None,
+        start_fresh_if_none_verifies: bool = False,
     ) -> None:
         self.root = root_url.rstrip("/")
         self.rank, self.world_size = rank, world_size
@@ -119,6 +120,7 @@ class Checkpointer:
         self.mesh, self.state_hash = mesh, state_hash
         self.fs_options = fs_options
         self.full_verify_on_load = full_verify_on_load
+        self.start_fresh_if_none_verifies = start_fresh_if_none_verifies
         self.on_commit = on_commit
         self.distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         self.group: Any = torch.distributed.new_group(backend="gloo") if self.distributed else None
@@ -359,10 +361,30 @@ class Checkpointer:
                 torch.distributed.all_gather_object(everyone, found, group=self.group)
             return [p for problems in everyone for p in problems]
 
-        warn = _warn if self.is_coordinator else (lambda _: None)
+        said: list[str] = []  # the same on every rank: the problems are broadcast
+
+        def warn(message: str) -> None:
+            said.append(message)
+            if self.is_coordinator:
+                _warn(message)
+
         row = ck.first_good(rows[0], check, warn)
         if row is None:
-            return None
+            committed = [r for r in rows[0] if r.committed]
+            if not committed:
+                return None  # nothing saved yet (or only saves cut short): a fresh start
+            if self.start_fresh_if_none_verifies:
+                if self.is_coordinator:
+                    _warn("starting from step 0 (checkpoint.if_none_verifies=start_fresh)")
+                return None
+            # Every rank raises the same error: the job stops, no step is retrained.
+            raise StokerError(
+                f"{len(committed)} committed checkpoint(s) under {self.root}, none verifies: "
+                + "; ".join(m.removeprefix("no checkpoint verifies: ") for m in said),
+                fix=f"see `stoker ckpt verify {self.root} --full`; restore the files, delete "
+                "the broken step folders, or set checkpoint.if_none_verifies=start_fresh to "
+                "train from step 0",
+            )
         if self.is_coordinator:
             self._clear_abandoned(row.step)
         if self.distributed:

@@ -378,7 +378,7 @@ def first_good(
             return row
         broken.append((row.step, problems[0]))
     for step, problem in broken:
-        warn(f"no checkpoint verifies, starting fresh: step-{step} is broken: {problem}")
+        warn(f"no checkpoint verifies: step-{step} is broken: {problem}")
     return None
 
 

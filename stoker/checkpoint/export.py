@@ -152,8 +152,8 @@ def _verified_folder(
             path_url, full=full, warn=warnings_seen.append, fs_options=fs_options
         )
         if found is None:
-            # newest_verified words these for a resume ("..., starting fresh: step-N is
-            # broken: ..."): keep the part that names the folder.
+            # newest_verified words these for a resume ("no checkpoint verifies: step-N
+            # is broken: ..."): keep the part that names the folder.
             broken = [w.split(": ", 1)[-1] for w in warnings_seen]
             check = "stoker ckpt verify " + path_url + (" --full" if full else "")
             raise StokerError(

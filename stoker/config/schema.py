@@ -313,6 +313,8 @@ class CheckpointConfig(Section):
     """Save in the background while training goes on."""
     verify: Literal["quick", "full"] = "full"
     """Check before resuming: file sizes (quick), or also every sha256, split over ranks (full)."""
+    if_none_verifies: Literal["fail", "start_fresh"] = "fail"
+    """When committed checkpoints exist but none verifies: stop the job, or train from step 0."""
     upload_final: bool = False
     """At the end, upload the consolidated final weights to MLflow as a logged model."""
 

@@ -205,6 +205,7 @@ class Trainer:
             state_hash=state_hash(self.cfg),
             full_verify_on_load=ckpt.verify == "full",
             on_commit=self._report_save if self.env.is_main else None,
+            start_fresh_if_none_verifies=ckpt.if_none_verifies == "start_fresh",
         )
 
     def _report_save(self, record: SaveRecord) -> None:

@@ -31,6 +31,7 @@ import yaml
 from stoker.checkpoint import commit as ck
 from stoker.config import ExperimentConfig, resolve_config
 from stoker.data.synth import synth_dataset
+from stoker.errors import StokerError
 from stoker.protocol import EXIT_REQUEUE
 from stoker.runtime.dist_env import detect
 from stoker.runtime.metrics_sink import MetricsOnlySink
@@ -172,6 +173,38 @@ def test_broken_newest_checkpoint_falls_back_with_a_warning(
     assert trainer.start_step == 5 and code == 0
     assert "falling back to step-5: step-15 is broken: not committed" in err
     assert "falling back to step-5: step-10 is broken: __0_0.distcp: sha256" in err
+
+    # Every committed checkpoint broken: the run stops, naming each, and trains nothing
+    # again from step 0, unless told to.
+    for row in ck.list_checkpoints(root):
+        if row.committed:
+            shard = f"{url_to_fs(row.path)[1]}/__0_0.distcp"
+            data = bytearray(fs.cat_file(shard))
+            data[len(data) // 2] ^= 0x01
+            fs.pipe_file(shard, bytes(data))
+    committed = [r.step for r in ck.list_checkpoints(root) if r.committed]
+    stopped = Trainer(more, detect({}), torch.device("cpu"), run_dir=tmp_path / "run",
+                      sink=Recorder())  # fmt: skip
+    with pytest.raises(StokerError) as info:
+        stopped.build()
+    assert f"{len(committed)} committed checkpoint(s) under {root}, none verifies" in str(
+        info.value
+    )
+    for step in committed:
+        assert f"step-{step} is broken: __0_0.distcp: sha256" in info.value.message
+    assert "checkpoint.if_none_verifies=start_fresh" in (info.value.fix or "")
+    fresh_cfg = more.model_copy(update={
+        "checkpoint": more.checkpoint.model_copy(update={"if_none_verifies": "start_fresh"})
+    })  # fmt: skip
+    fresh = Trainer(fresh_cfg, detect({}), torch.device("cpu"), run_dir=tmp_path / "run",
+                    sink=Recorder())  # fmt: skip
+    capsys.readouterr()
+    fresh.build()
+    fresh.checkpointer.close()
+    assert fresh.start_step == 0
+    assert "starting from step 0 (checkpoint.if_none_verifies=start_fresh)" in (
+        capsys.readouterr().err
+    )
 
 
 def _torchrun(nproc: int, *args: str, run_dir: Path, out: Path, timeout: float = 300,
