@@ -1,3 +1,25 @@
-"""stoker: SLURM-native training of generative video and audio models."""
+"""stoker: SLURM-native training of generative video and audio models.
+
+The Python API (stoker/api.py) is here too, loaded on first use so that `import stoker`
+stays light on a login node: `stoker.submit(...)` returns a `stoker.Job`
+(`state`, `wait`, `logs`, `why`, `cancel`), `stoker.jobs()` lists the ledger.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from stoker.api import Job, jobs, submit
+
+__all__ = ["Job", "__version__", "jobs", "submit"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("submit", "jobs", "Job"):
+        from stoker import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'stoker' has no attribute {name!r}")

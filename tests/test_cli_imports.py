@@ -74,3 +74,30 @@ def test_the_guard_catches_a_heavy_import() -> None:
     # `config show` does import pydantic and yaml: the same parse must see them.
     modules = imported_modules("config", "show", "--json")
     assert {"pydantic", "yaml"} <= {m.split(".")[0] for m in modules}
+
+
+# What a login node's Python may load to submit: the config's pydantic and yaml, the
+# launcher's jinja2; never the training stack.
+TRAINING_STACK = {"torch", "triton", "mlflow", "submitit", "av", "soundfile", "numpy"}
+
+
+def test_import_stoker_and_its_python_api_load_no_training_stack() -> None:
+    # The API's module and what its calls import (submit, status, logs, why, cancel).
+    code = (
+        "import stoker; stoker.submit; stoker.jobs; stoker.Job; import stoker.model; "
+        "import stoker.launcher.submit, stoker.launcher.status, stoker.launcher.logs, "
+        "stoker.launcher.why, stoker.launcher.control, stoker.launcher.job_end"
+    )
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    modules = {
+        line.rsplit("|", 1)[1].strip()
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    assert {"stoker.api", "stoker.launcher.submit"} <= modules  # the parse saw them
+    heavy = sorted(m for m in modules if m.split(".")[0] in TRAINING_STACK)
+    assert not heavy, f"`import stoker; stoker.submit` imports {heavy[:10]}"

@@ -1,0 +1,174 @@
+"""stoker from Python, on a login node: submit a job, watch it, read its logs, ask why it
+ended, cancel it. The CLI's commands do the same through the same launcher code.
+
+    import stoker
+
+    job = stoker.submit("exp.yaml", ["train.steps=2000"], nodes=2, gpus_per_node=8)
+    print(job.job_id, job.run_id)
+    state = job.wait(timeout=3600)          # "COMPLETED", "FAILED", ...
+    if state != "COMPLETED":
+        print(job.why()["summary"])
+    print(job.logs(rank=0)[-20:])
+
+    for job in stoker.jobs():               # the ledger, newest first
+        print(job.job_id, job.state())
+
+Importing this module (or `stoker`) imports no torch, mlflow or submitit. Errors are
+`stoker.errors.StokerError`, with the value, where it came from and the fix, as the
+CLI prints them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stoker.errors import StokerError
+
+POLL_S = 2.0
+
+
+@dataclass(frozen=True)
+class Job:
+    """A submitted job: its ids and run folder; each method asks SLURM (or the local
+    supervisor) afresh."""
+
+    job_id: str
+    run_id: str | None
+    run_dir: Path
+
+    def state(self) -> str:
+        """PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, ... (`stoker status`)."""
+        return str(self._status()["state"])
+
+    def status(self) -> dict[str, Any]:
+        """The job's `stoker status --json` row: state, reason, step, loss, ETA, ..."""
+        return self._status()
+
+    def wait(self, timeout: float | None = None, poll_s: float = POLL_S) -> str:
+        """Until the job has ended for good (a requeued job has not); its final state.
+        TimeoutError after `timeout` seconds."""
+        from stoker.launcher.slurm_query import TERMINAL_STATES
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            state = self.state()
+            if state in TERMINAL_STATES or state in ("KILLED", "ENDED"):
+                return state
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.job_id} is still {state} after {timeout} s")
+            time.sleep(poll_s)
+
+    def logs(self, rank: int | None = None, restart: int | None = None) -> list[str]:
+        """The job's log lines as `stoker logs` prints them (`[rank] line`, the batch
+        script's lines, a separator per restart); one rank's or one start's."""
+        from stoker.launcher.logs import LogFilter, LogReader
+
+        lines: list[str] = []
+        target = self._target()
+        wanted = LogFilter(rank=rank, restart=restart)
+        LogReader(target.run, wanted, lines.append).snapshot(final=True)
+        return lines
+
+    def why(self) -> dict[str, Any]:
+        """`stoker why --json`: how it ended or why it waits, the evidence and the fix."""
+        from stoker.launcher.job_end import Ended, settle
+        from stoker.launcher.ledger import Ledger
+        from stoker.launcher.why import diagnose
+
+        target = self._target()
+        diagnosis = diagnose(target)
+        settle(Ledger(), [Ended(target, diagnosis.state)], {target.job_id: diagnosis.summary})
+        return dict(diagnosis.to_json())
+
+    def cancel(self) -> str:
+        """Cancel it (`stoker cancel`); what was done, in words."""
+        from stoker.launcher.control import cancel
+
+        return cancel(self.job_id)
+
+    def _target(self) -> Any:
+        from stoker.launcher.targets import resolve_job
+
+        return resolve_job(self.job_id, command="status")
+
+    def _status(self) -> dict[str, Any]:
+        from stoker.launcher.ledger import Ledger
+        from stoker.launcher.status import collect_status
+
+        ledger = Ledger()
+        report = collect_status([self._target()], ledger)
+        (row,) = report.rows
+        return dict(row.to_json())
+
+
+def submit(
+    experiment: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    command: Sequence[str] = (),
+    nodes: int | None = None,
+    ntasks_per_node: int | None = None,
+    gpus_per_node: int | None = None,
+    cpus_per_task: int | None = None,
+    mem: str | None = None,
+    time: str | None = None,
+    partition: str | None = None,
+    name: str | None = None,
+    after: str | None = None,
+    local: bool = False,
+    code: str | Path | None = None,
+    snapshot: bool = True,
+    cwd: str | Path | None = None,
+    profile: str | Path | None = None,
+    use_profile: bool = True,
+) -> Job:
+    """Submit an experiment (or `command` under it) as `stoker submit` does, and return
+    at once. `overrides` are `key=value` strings; the keyword arguments are the
+    command's flags (`nodes` is `--nodes`), with the same precedence. `cwd`: the folder
+    to snapshot and run from (default: the current one)."""
+    from stoker.config import resolve_config
+    from stoker.launcher.submit import SubmitOptions
+    from stoker.launcher.submit import submit as launch
+
+    flags = {
+        "job.nodes": (nodes, "nodes="),
+        "job.ntasks_per_node": (ntasks_per_node, "ntasks_per_node="),
+        "job.gpus_per_node": (gpus_per_node, "gpus_per_node="),
+        "job.cpus_per_task": (cpus_per_task, "cpus_per_task="),
+        "job.mem": (mem, "mem="),
+        "job.time": (time, "time="),
+        "job.partition": (partition, "partition="),
+        "job.name": (name, "name="),
+    }
+    if isinstance(overrides, str):
+        raise StokerError(
+            f"overrides={overrides!r} is one string", fix=f"pass a list: [{overrides!r}]"
+        )
+    resolved = resolve_config(
+        Path(experiment) if experiment is not None else None,
+        list(overrides),
+        flags,
+        profile=Path(profile) if profile is not None else None,
+        use_profile=use_profile,
+    )
+    options = SubmitOptions(
+        command=list(command),
+        after=after,
+        local=local,
+        code=Path(code) if code is not None else None,
+        snapshot=snapshot,
+        cwd=Path(cwd) if cwd is not None else Path.cwd(),
+    )
+    done = launch(resolved, options)
+    return Job(done.job_id, done.run_id, Path(done.run_dir))
+
+
+def jobs(limit: int | None = None) -> list[Job]:
+    """The jobs in the ledger (`stoker status --all`), newest first."""
+    from stoker.launcher.ledger import Ledger
+
+    return [Job(r.job_id, r.mlflow_run_id, Path(r.run_dir)) for r in Ledger().list(limit=limit)]

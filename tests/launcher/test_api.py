@@ -1,0 +1,61 @@
+"""The Python API (stoker/api.py) against the real cluster: submit, wait, read the logs,
+ask why, cancel, list; the same launcher code as the CLI."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+import stoker
+from stoker.errors import StokerError
+
+if TYPE_CHECKING:
+    from tests.cluster.localslurm import ClusterSettings
+
+pytestmark = pytest.mark.slurm
+PRINT_RANK = "import os; print('hello from', os.environ['RANK'], flush=True)"
+
+
+def test_submit_wait_logs_why_cancel_and_list(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
+    job = stoker.submit(
+        command=[sys.executable, "-c", PRINT_RANK], nodes=1, ntasks_per_node=2, time="5",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert job.job_id.isdigit() and job.run_id and job.run_dir.is_dir()
+    assert job.wait(timeout=300) == "COMPLETED"
+    assert job.state() == "COMPLETED"
+    assert "[1] hello from 1" in job.logs(rank=1)
+    assert not any(line.startswith("[0] ") for line in job.logs(rank=1))
+    assert job.why()["cause"] == "completed"
+
+    failing = stoker.submit(
+        command=[sys.executable, "-c", "raise SystemExit('bad input: x')"], time="5",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert failing.wait(timeout=300) == "FAILED"
+    why = failing.why()
+    assert why["state"] == "FAILED" and "bad input: x" in " ".join(why["evidence"]), why
+
+    sleeper = stoker.submit(command=["sleep", "300"], time="5", cwd=tmp_path)
+    assert sleeper.state() in ("PENDING", "RUNNING")
+    sleeper.cancel()
+    assert sleeper.wait(timeout=120) == "CANCELLED"
+    waiting = stoker.submit(command=["sleep", "60"], time="5", cwd=tmp_path)
+    with pytest.raises(TimeoutError, match=f"job {waiting.job_id} is still"):
+        waiting.wait(timeout=1)
+    waiting.cancel()
+
+    listed = [j.job_id for j in stoker.jobs(limit=10)]
+    assert listed[1:4] == [sleeper.job_id, failing.job_id, job.job_id]  # newest first
+
+
+def test_bad_arguments_are_stoker_errors(tmp_path: Path) -> None:
+    with pytest.raises(StokerError, match=r"job\.nodes"):
+        stoker.submit(nodes=0, command=["true"], cwd=tmp_path)
+    with pytest.raises(StokerError, match="pass a list"):
+        stoker.submit(overrides="train.steps=5", cwd=tmp_path)  # type: ignore[arg-type]
