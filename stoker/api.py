@@ -122,6 +122,7 @@ def submit(
     local: bool = False,
     code: str | Path | None = None,
     snapshot: bool = True,
+    check: bool = True,
     cwd: str | Path | None = None,
     profile: str | Path | None = None,
     use_profile: bool = True,
@@ -129,7 +130,7 @@ def submit(
     """Submit an experiment (or `command` under it) as `stoker submit` does, and return
     at once. `overrides` are `key=value` strings; the keyword arguments are the
     command's flags (`nodes` is `--nodes`), with the same precedence. `cwd`: the folder
-    to snapshot and run from (default: the current one)."""
+    to snapshot and run from (default: the current one). `check=False` is `--no-check`."""
     from stoker.config import resolve_config
     from stoker.launcher.submit import SubmitOptions
     from stoker.launcher.submit import submit as launch
@@ -161,6 +162,7 @@ def submit(
         local=local,
         code=Path(code) if code is not None else None,
         snapshot=snapshot,
+        check=check,
         cwd=Path(cwd) if cwd is not None else Path.cwd(),
     )
     done = launch(resolved, options)

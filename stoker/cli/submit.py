@@ -33,6 +33,7 @@ def submit(
     ),
     code: Path = opt.CODE,
     no_snapshot: bool = opt.NO_SNAPSHOT,
+    no_check: bool = opt.NO_CHECK,
     as_json: bool = typer.Option(
         False, "--json", help='Print {"job_id", "run_id", "run_dir"} as the last line.'
     ),
@@ -80,6 +81,7 @@ def submit(
         local=local,
         code=code,
         snapshot=not no_snapshot,
+        check=not no_check,
     )
     result = do_submit(resolved, options)
     if options.dry_run:

@@ -31,6 +31,7 @@ def sweep(
     explain: bool = opt.EXPLAIN,
     code: Path = opt.CODE,
     no_snapshot: bool = opt.NO_SNAPSHOT,
+    no_check: bool = opt.NO_CHECK,
     as_json: bool = typer.Option(
         False, "--json", help='Print {"job_id", "run_id", "run_dir", "child_run_ids"} last.'
     ),
@@ -79,6 +80,7 @@ def sweep(
         code=code,
         snapshot=not no_snapshot,
         max_parallel=max_parallel,
+        check=not no_check,
     )
     result = submit(configs, options, sweep_params=plan.tasks)
     if options.dry_run:

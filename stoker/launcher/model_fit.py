@@ -25,17 +25,19 @@ def check_model_fits(
     resolved: ResolvedConfig,
     python: str = sys.executable,
     say: Callable[[str], None] | None = None,
+    cwd: Path | None = None,
 ) -> None:
     """Raise StokerError when the model `resolved` names cannot be built for its data
     or its forward breaks the contract; `say` gets the check's notes (a forward that
-    could not run on the meta device)."""
+    could not run on the meta device). `cwd`: where the job's code is (a plugin model
+    imports from there)."""
     with tempfile.TemporaryDirectory(prefix="stoker-preflight-") as tmp:
         frozen = Path(tmp) / "config.yaml"
         frozen.write_text(freeze_config(resolved))
         argv = [python, "-m", PREFLIGHT_MODULE, "--config", str(frozen)]
         try:
             result = subprocess.run(
-                argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+                argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False, cwd=cwd
             )
         except subprocess.TimeoutExpired as exc:
             raise StokerError(

@@ -106,7 +106,8 @@ def run_here(
         from stoker.data.synthetic import ensure_synthetic_data
 
         ensure_synthetic_data(resolved.config.data, progress=say)
-    submitted = submit(resolved, SubmitOptions(local=True))
+    # The model was checked above, before the synthetic data set.
+    submitted = submit(resolved, SubmitOptions(local=True, check=False))
     run = RunDir(submitted.run_dir)
     say(f"job {submitted.job_id}: {ranks} local ranks, run folder {run.path}")
     target = resolve_job(submitted.job_id)

@@ -37,7 +37,7 @@ from stoker.launcher.render import RenderedScript, Shell, render_sbatch
 from stoker.launcher.rundir import RunDir, new_run_dir, runs_root
 from stoker.launcher.slurm_cli import run_slurm
 from stoker.launcher.spec import LaunchSpec
-from stoker.protocol import TRAIN_MODULE
+from stoker.protocol import TRAIN_MODULE, runs_the_runtime
 from stoker.tracking.runs import (
     ChildSpec,
     CreatedRun,
@@ -69,6 +69,9 @@ class SubmitOptions:
     snapshot: bool = True
     max_parallel: int | None = None
     cwd: Path = field(default_factory=Path.cwd)
+    check: bool = True
+    """Build the model on the meta device and run its forward before anything is
+    created (training runtime jobs; `--no-check` skips it)."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,23 @@ def task_command(resolved: ResolvedConfig, options: SubmitOptions) -> list[str]:
     return [python, "-m", TRAIN_MODULE, "--config", Shell('"$STOKER_CONFIG"')]
 
 
+def check_models(request: SubmitRequest) -> None:
+    """The model check of stoker/launcher/model_fit.py for a runtime job, once per
+    distinct model and data settings of its configs (a sweep over the learning rate
+    checks once). Not for a container job: its Python, not this one, imports the model."""
+    if not runs_the_runtime(list(request.command)) or request.base.config.job.container:
+        return
+    from stoker.launcher.model_fit import check_model_fits
+
+    seen: set[str] = set()
+    for resolved in request.configs:
+        cfg = resolved.config
+        key = cfg.model.model_dump_json() + cfg.data.model_dump_json()
+        if key not in seen:
+            seen.add(key)
+            check_model_fits(resolved, cwd=request.options.cwd)
+
+
 def frozen_config_digest(frozen_bodies: Sequence[str]) -> str:
     """SHA-256 (64 hex digits) of the frozen configs' values, comments left out: equal
     digests, equal experiments. Not `stoker.config.state_hash`, which checkpoints keep."""
@@ -187,6 +207,8 @@ def submit(
     and `job_id` is empty.
     """
     request = _request(resolved, options, sweep_params)
+    if options.check and not options.dry_run:
+        check_models(request)
     # Rendered before anything is created, for a dry run and as the last check of a
     # real one: a template or setup line that fails here leaves no run folder or MLflow run.
     name = request.base.config.job.name

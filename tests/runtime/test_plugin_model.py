@@ -205,3 +205,26 @@ def test_a_plugin_module_is_imported_by_name_not_by_path(tmp_path: Path) -> None
     assert result.returncode == 2
     assert f"{exp}:2: model.arch" in result.stderr
     assert "a module's dotted name, not a file path" in result.stderr
+
+
+def test_submit_checks_the_model_before_anything_is_created_unless_told_not_to(
+    plugin_dir: Path, isolated_home: Path
+) -> None:
+    """`stoker submit` (here `--local`) of a runtime job runs the same check: a broken
+    plugin leaves no run folder, MLflow run or ledger entry; `--no-check` submits it,
+    and the ranks then fail with the same message (`stoker why`)."""
+    refused = stoker("submit", "--local", "model.arch=myplug.models:buld", cwd=plugin_dir,
+                     timeout=600)  # fmt: skip
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "model.arch 'myplug.models:buld': module myplug.models" in refused.stderr
+    runs = isolated_home / ".stoker" / "runs"
+    assert not runs.exists() or not any(runs.iterdir())
+    listed = stoker("status", "--all", "--json")
+    assert json.loads(listed.stdout) == []
+
+    sent = stoker("submit", "--local", "--no-check", "--json", "model.arch=myplug.models:buld",
+                  "train.steps=2", cwd=plugin_dir, timeout=600)  # fmt: skip
+    assert sent.returncode == 0, sent.stderr[-2000:]
+    job_id = json.loads(sent.stdout.strip().splitlines()[-1])["job_id"]
+    followed = stoker("logs", "-f", job_id, timeout=600)
+    assert "FAILED" in followed.stderr and "has no 'buld'" in followed.stderr, followed.stderr
