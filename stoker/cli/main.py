@@ -61,6 +61,7 @@ def _root(
 # In the order of a user's day: write, check, submit, watch, diagnose, control, probe.
 app.command("init")(init_cmd.init)
 app.command("run")(run_cmd.run)
+app.command("check")(check_cmd.check)
 app.add_typer(config_cmd.app, name="config")
 app.command("submit")(submit_cmd.submit)
 app.command("sweep")(sweep_cmd.sweep)
@@ -74,7 +75,6 @@ app.add_typer(data_cmd.app, name="data")
 app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(ckpt_cmd.app, name="ckpt")
 app.command("doctor")(doctor_cmd.doctor)
-app.command("check")(check_cmd.check)
 
 
 def main() -> None:

@@ -203,6 +203,11 @@ class ModelConfig(Section):
         hint = ""
         if "/" in value or value.endswith(".py"):
             hint = " (a module's dotted name, not a file path)"
+        else:
+            import difflib
+
+            close = difflib.get_close_matches(value, BUILTIN_MODELS, n=1, cutoff=0.5)
+            hint = f" (did you mean {close[0]}?)" if close else ""
         raise ValueError(
             f"{value!r} is neither a built-in model ({', '.join(BUILTIN_MODELS)}) nor an "
             f"import path package.module:factory{hint}"

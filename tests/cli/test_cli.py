@@ -35,6 +35,7 @@ def test_help_lists_the_commands_in_workflow_order() -> None:
     assert commands == [
         "init",
         "run",
+        "check",
         "submit",
         "sweep",
         "status",

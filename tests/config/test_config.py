@@ -165,7 +165,10 @@ def test_wrong_type_in_yaml_names_file_line_type_and_allowed_values(tmp_path: Pa
     assert "got 'two'" in problems["job.nodes"].message
     assert "an integer >= 1" in problems["job.nodes"].message
     assert problems["model.arch"].where == f"{exp}:5"
-    assert "one of 'av_dit', 'audio_ar'" in problems["model.arch"].message
+    assert problems["model.arch"].message == (
+        "got 'dit': 'dit' is neither a built-in model (av_dit, audio_ar) nor an import path "
+        "package.module:factory (did you mean av_dit?)"
+    )
     assert problems["train.stepz"].where == f"{exp}:7"
     assert problems["train.stepz"].suggestions[0] == "train.steps"
 
