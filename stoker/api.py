@@ -132,19 +132,14 @@ def submit(
     command's flags (`nodes` is `--nodes`), with the same precedence. `cwd`: the folder
     to snapshot and run from (default: the current one). `check=False` is `--no-check`."""
     from stoker.config import resolve_config
-    from stoker.launcher.submit import SubmitOptions
+    from stoker.launcher.submit import SubmitOptions, job_flags
     from stoker.launcher.submit import submit as launch
 
-    flags = {
-        "job.nodes": (nodes, "nodes="),
-        "job.ntasks_per_node": (ntasks_per_node, "ntasks_per_node="),
-        "job.gpus_per_node": (gpus_per_node, "gpus_per_node="),
-        "job.cpus_per_task": (cpus_per_task, "cpus_per_task="),
-        "job.mem": (mem, "mem="),
-        "job.time": (time, "time="),
-        "job.partition": (partition, "partition="),
-        "job.name": (name, "name="),
-    }
+    flags = job_flags(
+        lambda flag: f"{flag}=",
+        nodes=nodes, ntasks_per_node=ntasks_per_node, gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus_per_task, mem=mem, time=time, partition=partition, name=name,
+    )  # fmt: skip
     if isinstance(overrides, str):
         raise StokerError(
             f"overrides={overrides!r} is one string", fix=f"pass a list: [{overrides!r}]"

@@ -55,13 +55,10 @@ def job_flags(
     name: str | None,
 ) -> dict[str, tuple[Any, str]]:
     """The flags as `resolve_config` takes them: key -> (value or None, flag)."""
-    return {
-        "job.nodes": (nodes, "--nodes"),
-        "job.ntasks_per_node": (ntasks_per_node, "--ntasks-per-node"),
-        "job.gpus_per_node": (gpus_per_node, "--gpus-per-node"),
-        "job.cpus_per_task": (cpus_per_task, "--cpus-per-task"),
-        "job.mem": (mem, "--mem"),
-        "job.time": (time, "--time"),
-        "job.partition": (partition, "--partition"),
-        "job.name": (name, "--name"),
-    }
+    from stoker.launcher.submit import job_flags as flags_of
+
+    return flags_of(
+        lambda flag: "--" + flag.replace("_", "-"),
+        nodes=nodes, ntasks_per_node=ntasks_per_node, gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus_per_task, mem=mem, time=time, partition=partition, name=name,
+    )  # fmt: skip
