@@ -8,6 +8,7 @@ fix."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -36,9 +37,12 @@ def check_model_fits(
         frozen.write_text(freeze_config(resolved))
         argv = [python, "-m", PREFLIGHT_MODULE, "--config", str(frozen)]
         try:
+            # The job's environment (job.env: a PYTHONPATH where the model is installed).
+            env = {**os.environ, **resolved.config.job.env}
             result = subprocess.run(
-                argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False, cwd=cwd
-            )
+                argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False, cwd=cwd,
+                env=env,
+            )  # fmt: skip
         except subprocess.TimeoutExpired as exc:
             raise StokerError(
                 f"the model check ({' '.join(argv[1:3])}) took more than {TIMEOUT_S} s",
