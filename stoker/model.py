@@ -37,14 +37,15 @@ The factory gets the data's shapes (`DataShapes`) and its arguments, and returns
   Optional: without it there is no MFU, said once in the log.
 - `sample(...)`: generation, used for logged samples (a later milestone). Optional.
 
-The batch (`Batch`) holds what the loader decoded and the rest of each sample:
-"video" uint8 [B, T, 3, H, W], "audio" float32 [B, C, N], "valid" bool [B] (False for
-padding rows at the end of the data), every other member of the sample passed through
-(captions as lists of strings, `.json` members as lists of dicts, `.npy` /
-`.safetensors` members as tensors), and "generators": one `torch.Generator` per sample
-on the batch's device, seeded by (train.seed, the sample's position in the data
-order). Draw noise from them and the losses are the same whatever the number of ranks
-and restarts; the global RNG works too, without that guarantee.
+The batch (`Batch`) holds what the loader decoded, as `data.modalities` asks: "video"
+uint8 [B, T, 3, H, W], "audio" float32 [B, C, N], "text" (the captions, a list of
+strings), "meta" (the `.json` members, a list of dicts); "valid" bool [B] (False for a
+row that repeats another because its sample could not be decoded), "position" int64
+[B] (each sample's place in the data order), and "generators": one `torch.Generator`
+per sample on the batch's device, seeded by (train.seed, the sample's position in the
+data order): draw noise from them and the losses are the same whatever the number of
+ranks and restarts; the global RNG works too, without that guarantee. (Other members,
+`.npy` / `.safetensors` arrays, are not passed yet.)
 
 This module imports no torch: the login node reads it.
 """
