@@ -64,5 +64,6 @@ def check_model_fits(
     raise StokerError(
         f"the model check ({' '.join(argv[:3])}) failed with exit {result.returncode}: "
         f"{result.stderr.strip()[-2000:]}",
-        fix="fix the error above; `stoker run` starts nothing until the model builds",
+        fix="fix the error above (nothing is started or queued until the model builds), "
+        "or skip the check with --no-check",
     )
