@@ -91,7 +91,10 @@ def _writable_url(root: str) -> str:
     try:
         fs, path = url_to_fs(root)
         probe = f"{path.rstrip('/')}/.stoker-check-{uuid.uuid4().hex}"
-        fs.makedirs(path, exist_ok=True)
+        # A local folder is made as a save would; on an object store makedirs would
+        # create a missing bucket, which a check must not do.
+        if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+            fs.makedirs(path, exist_ok=True)
         fs.pipe_file(probe, b"stoker check\n")
         fs.rm_file(probe)
     except (ImportError, ValueError) as exc:

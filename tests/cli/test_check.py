@@ -8,6 +8,7 @@ from pathlib import Path
 
 from stoker.data.synth import synth_dataset
 from tests.clirun import stoker
+from tests.s3_server import S3Server
 
 OWN_MODEL = Path(__file__).resolve().parents[2] / "examples" / "own_model"
 
@@ -66,3 +67,19 @@ def test_a_config_error_stops_at_once(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "did you mean train.steps?" in result.stderr
     assert result.stdout == ""
+
+
+def test_a_checkpoint_root_on_s3_is_probed_through_the_s3_api(
+    tmp_path: Path, s3_env: S3Server
+) -> None:
+    """checkpoint.root on the S3 API server: a bucket that exists takes the probe file
+    (and loses it again); one that does not fails with the fix."""
+    import s3fs
+
+    bucket = s3_env.new_bucket()
+    code, found = _findings("train.steps=1", f"checkpoint.root=s3://{bucket}/ckpt")
+    assert found["checkpoints"]["status"] == "ok", found["checkpoints"]
+    assert s3fs.S3FileSystem().find(f"{bucket}/ckpt") == []  # the probe is gone
+    code, found = _findings(f"checkpoint.root=s3://no-such-bucket-{bucket}/ckpt")
+    assert code == 1 and found["checkpoints"]["status"] == "fail", found["checkpoints"]
+    assert "does not take a file" in found["checkpoints"]["detail"]
