@@ -388,6 +388,12 @@ def test_watch_refreshes_on_a_terminal_until_ctrl_c(tmp_path: Path) -> None:
                 screen += chunk
     except OSError:  # EIO: the child closed the terminal
         pass
+    # EIO (or EOF) comes when the child closed the terminal on its way out, which can be
+    # well before it is reaped on a loaded machine: wait for its exit, not just poll.
+    try:
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
     if proc.poll() is None:
         # Where it is stuck (seen twice in CI on a loaded machine, never alone): its stack.
         from stoker.runtime.heartbeat import py_spy_dump
