@@ -181,6 +181,11 @@ BUILTIN_MODELS = ("av_dit", "audio_ar")
 # package.module:factory (dotted names only: a file path would not import the same way
 # on every rank, and a pickled callable breaks between Python environments).
 _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_FILE_HINT = " (a module's dotted name, not a file path)"
+
+
+def _looks_like_a_file(value: str) -> bool:
+    return "/" in value or "\\" in value or value.endswith(".py") or ".py:" in value
 
 
 class ModelConfig(Section):
@@ -201,8 +206,8 @@ class ModelConfig(Section):
         if value in BUILTIN_MODELS or _IMPORT_PATH.fullmatch(value):
             return value
         hint = ""
-        if "/" in value or value.endswith(".py"):
-            hint = " (a module's dotted name, not a file path)"
+        if _looks_like_a_file(value):
+            hint = _FILE_HINT
         else:
             import difflib
 
@@ -245,6 +250,18 @@ class DataConfig(Section):
     """Bytes fetched ahead per rank, split over its workers."""
     start_method: Literal["forkserver", "spawn"] = "forkserver"
     """How DataLoader workers start; fork is unsafe with s3fs/gcsfs."""
+    transform: str | None = None
+    """Per-sample function package.module:function, run in the loader workers; null: none."""
+
+    @field_validator("transform")
+    @classmethod
+    def _check_transform(cls, value: str | None) -> str | None:
+        # Imported by name in every loader worker, as model.arch is on every rank. A
+        # module named `py` is legal, but `loader.py:fn` means a file far more often.
+        if value is None or (_IMPORT_PATH.fullmatch(value) and ".py:" not in value):
+            return value
+        hint = _FILE_HINT if _looks_like_a_file(value) else ""
+        raise ValueError(f"{value!r} is not an import path package.module:function{hint}")
 
 
 class OptimConfig(Section):
@@ -292,6 +309,9 @@ class TrainConfig(Section):
     """Fail the job when a rank makes no progress for this long (stacks dumped); 0 never."""
     collective_timeout_s: Annotated[float, Field(ge=5, le=86400)] = 120
     """Seconds a collective waits for a lost peer before the rank fails (process group timeout)."""
+    rendezvous_timeout_s: Annotated[float, Field(ge=5, le=86400)] = 45
+    """Seconds every rank waits at start for all ranks to join; then the job fails naming
+    the missing ones. Raise it for big jobs whose nodes start slowly."""
     profile_steps: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] | None = None
     """[first, last]: record a torch.profiler trace of these steps; null never."""
 

@@ -19,7 +19,6 @@ step instead of the all-gathers of every layer.
 
 from __future__ import annotations
 
-import datetime
 import os
 import re
 from collections.abc import Mapping
@@ -130,29 +129,6 @@ def cpu_threads(env: DistEnv, environ: Mapping[str, str] | None = None) -> int:
         if value.isdigit() and int(value) > 0:
             return int(value)
     return max(1, len(os.sched_getaffinity(0)) // env.local_world_size)
-
-
-def init_process_group(env: DistEnv, device: torch.device, timeout_s: float = 120.0) -> None:
-    """Join the job's process group (nccl on GPUs, gloo on CPUs); nothing for
-    one process. The timeout (train.collective_timeout_s) bounds how long the
-    rendezvous and every collective wait for a lost rank: gloo raises, NCCL's
-    watchdog aborts the process (TORCH_NCCL_ASYNC_ERROR_HANDLING, on by default)."""
-    if not env.distributed or torch.distributed.is_initialized():
-        return
-    for name in ("MASTER_ADDR", "MASTER_PORT"):
-        if name not in os.environ:
-            raise StokerError(
-                f"{env.world_size} ranks ({env.source}) but {name} is not set",
-                fix="start ranks with `stoker submit`, `stoker run` or torchrun, which set it",
-            )
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    torch.distributed.init_process_group(
-        backend,
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        device_id=device if device.type == "cuda" else None,
-    )
 
 
 def data_parallel_mesh(env: DistEnv, device: torch.device) -> DeviceMesh | None:

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from stoker.config import load_frozen
     from stoker.kernels import KernelBackendError
     from stoker.protocol import ENV_RESTART, ENV_RUN_DIR, EXIT_HANG, EXIT_PEER_LOST
-    from stoker.runtime import dist_env
+    from stoker.runtime import dist_env, rendezvous
     from stoker.runtime.heartbeat import announce_exit, hang_reported, interval_for, silent_ranks
     from stoker.runtime.rank_tracking import open_tracking
     from stoker.runtime.trainer import Trainer
@@ -54,11 +54,21 @@ def main(argv: list[str] | None = None) -> int:
     device = dist_env.device_for(env)
     if device.type == "cpu":
         torch.set_num_threads(dist_env.cpu_threads(env))
-    dist_env.init_process_group(env, device, cfg.train.collective_timeout_s)
     run_dir = Path(os.environ.get(ENV_RUN_DIR) or args.config.resolve().parent)
+    restart = int(os.environ.get(ENV_RESTART) or 0)
+    try:
+        rendezvous.join(
+            env,
+            device,
+            rendezvous_timeout_s=cfg.train.rendezvous_timeout_s,
+            collective_timeout_s=cfg.train.collective_timeout_s,
+        )
+    except StokerError as exc:
+        print(f"stoker: rank {env.rank}: {exc}", file=sys.stderr, flush=True)
+        announce_exit(run_dir, restart, env.rank, 1, ())
+        return 1
     tracking = open_tracking(cfg, env, device, run_dir, args.config)
     status = "FAILED"
-    restart = int(os.environ.get(ENV_RESTART) or 0)
 
     def ending(code: int, silent: list[int] | None = None) -> int:
         # Said before the slow way out (MLflow, the process group): a rank SLURM kills

@@ -32,7 +32,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from stoker.checkpoint.commit import write_commit
 from stoker.config import DataConfig, resolve_config
-from stoker.runtime import dist_env
+from stoker.runtime import dist_env, rendezvous
 from stoker.runtime.models import AVDiT, build_model, clip_frames, clip_samples
 from stoker.runtime.optim import build_optimizer
 from stoker.runtime.parallelize import apply_fsdp
@@ -54,7 +54,7 @@ def main(root: Path, step: int, reference: Path) -> None:
     torch.set_num_threads(1)
     env = dist_env.detect()
     device = torch.device("cpu")
-    dist_env.init_process_group(env, device)
+    rendezvous.join(env, device, rendezvous_timeout_s=300, collective_timeout_s=300)
     mesh = dist_env.data_parallel_mesh(env, device)
     assert mesh is not None and env.world_size == 2, "run with 2 ranks"
     cfg = resolve_config(TINY, use_profile=False).config

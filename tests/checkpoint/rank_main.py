@@ -28,7 +28,7 @@ import torch
 
 from stoker.checkpoint import checkpointer
 from stoker.config import load_frozen
-from stoker.runtime import dist_env
+from stoker.runtime import dist_env, rendezvous
 from stoker.runtime.metrics_sink import MetricsOnlySink
 from stoker.runtime.trainer import Trainer
 
@@ -99,7 +99,7 @@ def main() -> int:
     cfg = load_frozen(args.config)
     env = dist_env.detect()
     device = torch.device("cpu")
-    dist_env.init_process_group(env, device)
+    rendezvous.join(env, device, rendezvous_timeout_s=300, collective_timeout_s=300)
     if args.hold_step is not None and env.rank == 1:
         hold_writes(args.hold_step, args.run_dir)
     stop_file = args.run_dir / "stop-requested"

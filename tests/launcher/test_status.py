@@ -8,6 +8,7 @@ into another's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
@@ -390,10 +391,8 @@ def test_watch_refreshes_on_a_terminal_until_ctrl_c(tmp_path: Path) -> None:
         pass
     # EIO (or EOF) comes when the child closed the terminal on its way out, which can be
     # well before it is reaped on a loaded machine: wait for its exit, not just poll.
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pass
     if proc.poll() is None:
         # Where it is stuck (seen twice in CI on a loaded machine, never alone): its stack.
         from stoker.runtime.heartbeat import py_spy_dump

@@ -311,8 +311,10 @@ def _failed(facts: JobFacts, make: DiagnosisMaker) -> Diagnosis:
     if reported is not None:
         # The runtime's own words for an error the user can fix: the most specific cause.
         log = f"logs/r{facts.restart}/rank-{rank}.log"
+        # The rendezvous check's (stoker/runtime/rendezvous.py) has a cause of its own.
+        cause = "rendezvous" if reported.message.startswith("rendezvous:") else "error"
         return make(
-            "error",
+            cause,
             f"rank {rank}: {reported.message}",
             [*evidence, f"{log}: {reported.line}"],
             reported.fix,

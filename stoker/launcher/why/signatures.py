@@ -78,6 +78,14 @@ SIGNATURES: tuple[Signature, ...] = (
     ),
     _sig(
         "rendezvous",
+        r"rendezvous: (?:\d+ of \d+ ranks did not join|rank 0 did not open|rank 0 gave no)",
+        "not every rank joined the job at its start (the line names the missing ranks)",
+        "read the missing ranks' logs (`stoker logs JOB --rank N`): a rank that did not "
+        "start or hangs before training points at its node (`stoker doctor`); on a big job "
+        "whose nodes start slowly, raise train.rendezvous_timeout_s",
+    ),
+    _sig(
+        "rendezvous",
         r"RendezvousTimeoutError|RendezvousConnectionError|RendezvousClosedError"
         r"|DistNetworkError|DistStoreError|TCPStore|[Cc]onnection refused"
         r"|Connection reset by peer|Name or service not known|No route to host"
