@@ -48,11 +48,11 @@ def sweep(
     import sys
 
     from stoker.cli.config import split_experiment_args
-    from stoker.cli.output import out
+    from stoker.cli.output import note, out
     from stoker.cli.trailing import trailing_command
     from stoker.config import resolve_config
     from stoker.launcher.submit import SubmitOptions, submit
-    from stoker.launcher.sweep import plan_sweep
+    from stoker.launcher.sweep import check_task_models, plan_sweep
 
     experiment, rest = split_experiment_args(args)
     plan = plan_sweep(rest)
@@ -80,17 +80,20 @@ def sweep(
         code=code,
         snapshot=not no_snapshot,
         max_parallel=max_parallel,
-        check=not no_check,
+        check=False,  # every task's model checked here instead, in one child process
     )
+    if not no_check:
+        check_task_models(plan, configs, options)
     result = submit(configs, options, sweep_params=plan.tasks)
     if options.dry_run:
         sys.stdout.write(result.script.text)
+        for index in range(len(plan.tasks)):
+            note(f"task {index}: {plan.describe(index)}")
         return
     console = out()
     console.print(f"submitted sweep {result.job_id}: {len(plan.tasks)} tasks", markup=False)
-    for index, task in enumerate(plan.tasks):
-        values = " ".join(f"{k}={v}" for k, v in task.items())
-        console.print(f"  {result.job_id}_{index}  {values}", markup=False)
+    for index in range(len(plan.tasks)):
+        console.print(f"  {result.job_id}_{index}  {plan.describe(index)}", markup=False)
     console.print(f"  run folder: {result.run_dir}", markup=False)
     if result.run_link:
         console.print(f"  parent run: {result.run_id}  view: {result.run_link}", markup=False)

@@ -3,7 +3,7 @@ before `stoker run` writes a data set or starts a rank: the runtime builds the m
 on the meta device and runs its forward on a meta batch, in a child process
 (stoker/runtime/preflight.py; it imports torch, which this layer does not), and a
 refusal becomes a StokerError naming the setting, where its value came from, and the
-fix."""
+fix. A sweep's tasks are checked in one child process."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from stoker.config import ResolvedConfig, freeze_config
@@ -32,13 +32,29 @@ def check_model_fits(
     or its forward breaks the contract; `say` gets the check's notes (a forward that
     could not run on the meta device). `cwd`: where the job's code is (a plugin model
     imports from there)."""
+    check_all_models_fit([resolved], python, say, cwd)
+
+
+def check_all_models_fit(
+    configs: Sequence[ResolvedConfig],
+    python: str = sys.executable,
+    say: Callable[[str], None] | None = None,
+    cwd: Path | None = None,
+    labels: Sequence[str] = (),
+) -> None:
+    """`check_model_fits` for several configs (a sweep's tasks) in one child process:
+    torch is imported once, not once a config. The first refusal is raised, named by
+    its config's label (`labels[i]` for `configs[i]`) when given. The child has the
+    first config's job.env (a job array's tasks share their job.* keys)."""
     with tempfile.TemporaryDirectory(prefix="stoker-preflight-") as tmp:
-        frozen = Path(tmp) / "config.yaml"
-        frozen.write_text(freeze_config(resolved))
-        argv = [python, "-m", PREFLIGHT_MODULE, "--config", str(frozen)]
+        argv = [python, "-m", PREFLIGHT_MODULE]
+        for index, resolved in enumerate(configs):
+            frozen = Path(tmp) / f"config-{index}.yaml"
+            frozen.write_text(freeze_config(resolved))
+            argv += ["--config", str(frozen)]
         try:
             # The job's environment (job.env: a PYTHONPATH where the model is installed).
-            env = {**os.environ, **resolved.config.job.env}
+            env = {**os.environ, **configs[0].config.job.env}
             result = subprocess.run(
                 argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False, cwd=cwd,
                 env=env,
@@ -55,10 +71,11 @@ def check_model_fits(
         return
     if result.returncode == PREFLIGHT_REFUSED:
         refusal = json.loads(result.stdout.strip().splitlines()[-1])
-        key = refusal["key"]
-        source = resolved.source_of(tuple(key.split(".")))
+        key, index = refusal["key"], refusal["index"]
+        source = configs[index].source_of(tuple(key.split(".")))
+        label = f"{labels[index]}: " if labels else ""
         raise StokerError(
-            f"{refusal['message']} ({key} from {source}); nothing was started",
+            f"{label}{refusal['message']} ({key} from {source}); nothing was started",
             fix=refusal["fix"],
         )
     raise StokerError(

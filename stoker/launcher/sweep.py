@@ -5,8 +5,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from stoker.errors import StokerError
+
+if TYPE_CHECKING:
+    from stoker.config import ResolvedConfig
+    from stoker.launcher.submit import SubmitOptions
 
 MAX_TASKS = 10_000  # far below SLURM's MaxArraySize on any cluster we know; a typo guard
 
@@ -19,6 +24,10 @@ class SweepPlan:
 
     def overrides(self, index: int) -> list[str]:
         return [*self.fixed, *(f"{k}={v}" for k, v in self.tasks[index].items())]
+
+    def describe(self, index: int) -> str:
+        """Task `index` in words: `model.args.width=32 optim.lr=1e-4`."""
+        return " ".join(f"{k}={v}" for k, v in self.tasks[index].items())
 
 
 def _split_values(text: str) -> list[str]:
@@ -62,3 +71,29 @@ def plan_sweep(args: Sequence[str]) -> SweepPlan:
         )
     tasks = [dict(zip(axes, combo, strict=True)) for combo in combos]
     return SweepPlan(fixed, axes, tasks)
+
+
+def check_task_models(
+    plan: SweepPlan, configs: Sequence[ResolvedConfig], options: SubmitOptions
+) -> None:
+    """Every task's model checked (stoker/launcher/model_fit.py) before anything is
+    written, a dry run included: one config per distinct model and data settings (a
+    sweep over model.args.width checks each value, one over optim.lr once), all in one
+    child process. A refusal names the task and its values. As `submit` decides: only
+    for the training runtime, and not in a container (whose Python imports the model)."""
+    from stoker.launcher.model_fit import check_all_models_fit
+    from stoker.launcher.submit import task_command
+    from stoker.protocol import runs_the_runtime
+
+    if not runs_the_runtime(task_command(configs[0], options)) or configs[0].config.job.container:
+        return
+    first_of: dict[str, int] = {}
+    for index, resolved in enumerate(configs):
+        cfg = resolved.config
+        first_of.setdefault(cfg.model.model_dump_json() + cfg.data.model_dump_json(), index)
+    tasks = list(first_of.values())
+    check_all_models_fit(
+        [configs[i] for i in tasks],
+        cwd=options.cwd,
+        labels=[f"sweep task {i} ({plan.describe(i)})" for i in tasks],
+    )

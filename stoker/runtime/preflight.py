@@ -5,10 +5,12 @@ contract is refused in seconds, before a data set is written or a rank is starte
 (`stoker run`; docs/runtime.md, docs/bring-your-own.md).
 
 Run by the launcher as a child process (it imports torch, which the login node's
-commands do not): `python -m stoker.runtime.preflight --config FROZEN`. Exit 0 when
-the model builds; else exit PREFLIGHT_REFUSED (stoker/protocol.py) with one JSON
-object on stdout: {"key", "message", "fix"}, the setting to change first and the
-values to use.
+commands do not): `python -m stoker.runtime.preflight --config FROZEN [--config ...]`,
+several configs for a sweep's tasks (torch imported once, not once a task). Exit 0
+when every model builds; else exit PREFLIGHT_REFUSED (stoker/protocol.py) at the first
+refusal with one JSON object on stdout: {"key", "message", "fix"}, the setting to
+change first and the values to use, and "index", the refused config's place in the
+arguments.
 """
 
 from __future__ import annotations
@@ -29,18 +31,21 @@ if TYPE_CHECKING:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stoker.runtime.preflight")
-    parser.add_argument("--config", type=Path, required=True, help="a frozen config")
+    parser.add_argument(
+        "--config", type=Path, action="append", required=True, help="a frozen config (repeatable)"
+    )
     args = parser.parse_args(argv)
 
     from stoker.config import load_frozen
     from stoker.runtime.models.build import ModelSetupError
 
-    cfg = load_frozen(args.config)
-    try:
-        check_model(cfg)
-    except ModelSetupError as exc:
-        print(json.dumps({"key": exc.key, "message": exc.message, "fix": exc.fix}))
-        return PREFLIGHT_REFUSED
+    for index, path in enumerate(args.config):
+        try:
+            check_model(load_frozen(path))
+        except ModelSetupError as exc:
+            refusal = {"key": exc.key, "message": exc.message, "fix": exc.fix, "index": index}
+            print(json.dumps(refusal))
+            return PREFLIGHT_REFUSED
     return 0
 
 
