@@ -108,6 +108,32 @@ def test_tour_runs_in_order(tmp_path: Path) -> None:
             assert result.returncode == 0, f"{command}: {result.stderr}"
 
 
+OWN_CODE_TOUR = [
+    line[2:]
+    for block in code_blocks(README, "Your own model or loop")
+    for line in block.splitlines()
+    if line.startswith("$ ")
+]
+
+
+def test_own_code_tour_runs_in_order(tmp_path: Path) -> None:
+    """A model package of one's own, checked and trained; then the example own loop."""
+    assert len(OWN_CODE_TOUR) >= 3
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    cwd = tmp_path
+    for command in OWN_CODE_TOUR:
+        # `python` in the README is whatever python the user has; here, this venv's.
+        args = [sys.executable if a == "python" else a for a in shlex.split(command)]
+        if args[0] == "cd":
+            cwd = (cwd / args[1]).resolve()
+            continue
+        assert args[0] == "stoker"
+        result = stoker(*args[1:], cwd=cwd, timeout=900)
+        assert result.returncode == 0, f"{command}: {result.stderr[-3000:]}"
+        if args[1] == "run":
+            assert "completed at step 20" in result.stderr, result.stderr[-3000:]
+
+
 JOBS_TOUR = [
     line[2:]
     for block in code_blocks(README, "Jobs on a SLURM cluster")

@@ -64,6 +64,8 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
         "stoker.kernels",
         "stoker.checkpoint",
     ),
+    # Your own loop's API (`from stoker import job`): the runtime's services, on a rank.
+    "stoker.job": ("stoker.runtime", "stoker.config"),
     "stoker.data": ("stoker.config",),
     "stoker.checkpoint": (),
     "stoker.kernels": (),

@@ -146,7 +146,7 @@ class Checkpointer:
         state: TrainState,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     ) -> float:
         """Save the state at `step` (a collective); returns the blocking seconds.
         With async_save the files are written in the background: wait() for them."""
@@ -410,7 +410,7 @@ class Checkpointer:
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     ) -> TrainState | None:
         """Load the newest verified checkpoint into the model, optimizer and schedule
         (resharded onto this world size); None when there is none."""

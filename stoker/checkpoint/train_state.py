@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +34,9 @@ class TrainState:
 
 
 def _rng_blob() -> torch.Tensor:
-    """This rank's CPU and CUDA RNG states as one uint8 tensor (DCP saves tensors
+    """This rank's CPU, CUDA and Python (`random`) RNG states as one uint8 tensor (DCP saves tensors
     per rank by key; a pickled dict would need an object per rank)."""
-    state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+    state: dict[str, Any] = {"cpu": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         state["cuda"] = torch.cuda.get_rng_state()
     buffer = io.BytesIO()
@@ -46,6 +47,8 @@ def _rng_blob() -> torch.Tensor:
 def _restore_rng(blob: torch.Tensor) -> None:
     state = torch.load(io.BytesIO(blob.numpy().tobytes()), weights_only=True)
     torch.set_rng_state(state["cpu"])
+    if "python" in state:  # saved since stoker 0.2
+        random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
 
@@ -54,7 +57,7 @@ def state_to_save(
     state: TrainState,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     *,
     rank: int,
 ) -> dict[str, Any]:
@@ -66,7 +69,7 @@ def state_to_save(
             "step": state.step,
             "loader": state.loader,
             "mlflow_run_id": state.mlflow_run_id,
-            "scheduler": scheduler.state_dict(),
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
         }
     )
     return {
@@ -101,7 +104,7 @@ def apply_loaded(
     loaded: dict[str, Any],
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
 ) -> TrainState:
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
@@ -109,7 +112,8 @@ def apply_loaded(
         model, optimizer, model_state_dict=loaded[MODEL_KEY], optim_state_dict=loaded["optim"]
     )
     train = json.loads(loaded["train"])
-    scheduler.load_state_dict(train["scheduler"])
+    if scheduler is not None and train.get("scheduler") is not None:
+        scheduler.load_state_dict(train["scheduler"])
     for blob in loaded.get("rng", {}).values():
         _restore_rng(blob)
     return TrainState(int(train["step"]), train["loader"], train.get("mlflow_run_id"))

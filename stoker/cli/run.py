@@ -10,8 +10,9 @@ import typer
 def run(
     args: list[str] = typer.Argument(
         None,
-        metavar="[EXP.yaml] [KEY=VALUE ...]",
-        help="Experiment file (default: the built-in tiny experiment) and overrides.",
+        metavar="[EXP.yaml] [KEY=VALUE ...] [-- CMD ...]",
+        help="Experiment file (default: the built-in tiny experiment), overrides, and after "
+        "`--` the command each rank runs (default: the training runtime).",
     ),
     nproc: int = typer.Option(
         0, "--nproc", min=0, help="Local ranks (default: one per GPU, 2 on a CPU machine)."
@@ -27,9 +28,11 @@ def run(
     With no file, trains the built-in tiny audio-video diffusion transformer on
     a synthetic data set made on first use under $STOKER_HOME. The ranks run as
     `stoker submit --local` runs them (same variables, run folder and ledger
-    entry), so `stoker status`, `logs` and `why` work on it.
+    entry), so `stoker status`, `logs` and `why` work on it. After `--`, each rank
+    runs your command instead, e.g. a script of your own loop using `stoker.job`.
 
-    Examples: stoker run ; stoker run train.steps=50 ; stoker run exp.yaml --nproc 4
+    Examples: stoker run ; stoker run train.steps=50 ; stoker run exp.yaml --nproc 4 ;
+    stoker run exp.yaml train.steps=40 -- python train.py
     """
     import json
     import sys
@@ -37,6 +40,7 @@ def run(
     from stoker.cli.config import split_experiment_args
     from stoker.cli.live_echo import LiveEcho
     from stoker.cli.output import note
+    from stoker.cli.trailing import trailing_command
     from stoker.launcher.run_local import run_here
 
     experiment, overrides = split_experiment_args(args or [])
@@ -51,6 +55,7 @@ def run(
             experiment,
             overrides,
             nproc=nproc or None,
+            command=trailing_command(),
             profile=profile,
             use_profile=not no_profile,
             say=say,

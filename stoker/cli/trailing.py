@@ -7,7 +7,7 @@ be told from `k=v` overrides; `main()` cuts it off before click parses the rest.
 from __future__ import annotations
 
 # Commands that take a trailing command.
-TAKES_COMMAND = frozenset({"submit", "sweep"})
+TAKES_COMMAND = frozenset({"submit", "sweep", "run"})
 
 _command: list[str] | None = None
 

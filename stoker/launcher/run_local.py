@@ -66,6 +66,7 @@ def run_here(
     overrides: Sequence[str],
     *,
     nproc: int | None,
+    command: Sequence[str] = (),
     profile: Path | None,
     use_profile: bool,
     say: Say,
@@ -100,14 +101,16 @@ def run_here(
         profile=profile,
         use_profile=use_profile,
     )
-    # Before a data set is written or a rank started: does the model take the data?
-    check_model_fits(resolved, say=say)
-    if resolved.config.data.url is None:
-        from stoker.data.synthetic import ensure_synthetic_data
+    if not command:
+        # Before a data set is written or a rank started: does the model take the data?
+        check_model_fits(resolved, say=say)
+        if resolved.config.data.url is None:
+            from stoker.data.synthetic import ensure_synthetic_data
 
-        ensure_synthetic_data(resolved.config.data, progress=say)
-    # The model was checked above, before the synthetic data set.
-    submitted = submit(resolved, SubmitOptions(local=True, check=False))
+            ensure_synthetic_data(resolved.config.data, progress=say)
+    # The model was checked above, before the synthetic data set; a command of the
+    # user's own (a loop using stoker.job) has no model stoker knows of.
+    submitted = submit(resolved, SubmitOptions(local=True, check=False, command=list(command)))
     run = RunDir(submitted.run_dir)
     say(f"job {submitted.job_id}: {ranks} local ranks, run folder {run.path}")
     target = resolve_job(submitted.job_id)

@@ -131,6 +131,16 @@ def cpu_threads(env: DistEnv, environ: Mapping[str, str] | None = None) -> int:
     return max(1, len(os.sched_getaffinity(0)) // env.local_world_size)
 
 
+def all_gather_flat(output: torch.Tensor, tensor: torch.Tensor) -> None:
+    """Every rank's `tensor` into consecutive slices of the flat `output` (gloo refuses
+    a (ranks, n) output): all_gather_single since torch 2.13, all_gather_into_tensor
+    before (deprecated since)."""
+    gather = getattr(torch.distributed, "all_gather_single", None)
+    if gather is None:
+        gather = torch.distributed.all_gather_into_tensor
+    gather(output, tensor)
+
+
 def data_parallel_mesh(env: DistEnv, device: torch.device) -> DeviceMesh | None:
     """("shard",) over all ranks on one node; ("replicate", "shard") = (nodes,
     ranks per node) across nodes (HSDP). None for one process."""

@@ -38,6 +38,7 @@ from stoker.checkpoint.train_state import TrainState
 from stoker.config import ExperimentConfig, state_hash
 from stoker.errors import StokerError
 from stoker.protocol import EXIT_REQUEUE
+from stoker.runtime import dist_env
 from stoker.runtime.dist_env import DistEnv
 from stoker.runtime.heartbeat import COLLECTIVE_PHASE
 from stoker.runtime.metrics_sink import MetricsSink, NullSink
@@ -54,15 +55,6 @@ from stoker.runtime.stragglers import Slowest, node_name
 # row means the run has diverged and stops (FAILED) instead of burning hours.
 MAX_NONFINITE_IN_ROW = 5
 EXIT_TERMINATED = 128 + 15
-
-
-def _all_gather(output: torch.Tensor, tensor: torch.Tensor) -> None:
-    """Every rank's `tensor` into the rows of `output` (all_gather_single since torch
-    2.13; all_gather_into_tensor before, deprecated since)."""
-    gather = getattr(torch.distributed, "all_gather_single", None)
-    if gather is None:
-        gather = torch.distributed.all_gather_into_tensor
-    gather(output, tensor)
 
 
 @dataclass
@@ -178,6 +170,7 @@ class Trainer:
         self.flops_per_sample: float | None = None  # asked of the first batch
         self._model_metrics: dict[str, torch.Tensor] = {}  # sums over the log window
         self._model_metric_count = 0
+        self._metric_names: list[str] | None = None  # agreed by the ranks at the first log
         self._generators: list[torch.Generator] = []
         self.start_step = 0
         self.checkpointer = self._checkpointer()
@@ -326,15 +319,34 @@ class Trainer:
     def _reduce_model_metrics(self) -> dict[str, float]:
         """The window's means of the model's metrics, averaged over ranks (one
         all-reduce, only for a model that returns metrics)."""
-        if not self._model_metrics:
-            return {}
         names = sorted(self._model_metrics)
+        if self._metric_names is None:
+            self._metric_names = self._agreed_metric_names(names)
+        if not names:
+            return {}
         values = torch.stack([self._model_metrics[n] for n in names]) / self._model_metric_count
         if self.env.distributed:
             torch.distributed.all_reduce(values)
             values = values / self.env.world_size
         self._model_metrics, self._model_metric_count = {}, 0
         return dict(zip(names, values.tolist(), strict=True))
+
+    def _agreed_metric_names(self, names: list[str]) -> list[str]:
+        """At the first log: every rank returns the same metric names, or the all-reduce
+        below would mix them up or wait forever; a model that does not is told so."""
+        if not self.env.distributed:
+            return names
+        every: list[Any] = [None] * self.env.world_size
+        torch.distributed.all_gather_object(every, names)
+        for rank, theirs in enumerate(every):
+            if theirs != names:
+                raise StokerError(
+                    f"{type(self.model).__name__}.forward returned metrics {theirs} on rank "
+                    f"{rank} but {names} on rank {self.env.rank}",
+                    fix="return the same metric names on every rank and every batch "
+                    "(a metric with no value for a batch: return 0 or NaN for it)",
+                )
+        return names
 
     def train(self) -> Outcome:
         """Train from `start_step` to train.steps; a stop request ends it after a save."""
@@ -496,7 +508,7 @@ class Trainer:
         if env.distributed:
             # Flat: gloo refuses a (ranks, 4) output.
             gathered = torch.empty(env.world_size * mine.numel(), device=self.device)
-            _all_gather(gathered, mine)
+            dist_env.all_gather_flat(gathered, mine)
             rows = gathered.view(env.world_size, -1).tolist()  # the log step's one host sync
             self.slowest = Slowest.of(
                 [row[2] for row in rows], [row[3] for row in rows], self._rank_hosts()

@@ -117,3 +117,11 @@ def synth_experiment(tmp_path: Path, job: dict[str, Any], train: dict[str, Any])
         "checkpoint": {"every": 0},
     }))  # fmt: skip
     return exp
+
+
+def run_logs(run_dir: Path) -> str:
+    """The tail of every log of a run folder, for a failing assertion's message."""
+    return "\n".join(
+        f"== {p.relative_to(run_dir)}\n{p.read_text()[-2000:]}"
+        for p in sorted((run_dir / "logs").rglob("*.log"))
+    )

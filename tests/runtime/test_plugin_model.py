@@ -59,6 +59,19 @@ def build_raises(data):
     raise RuntimeError("out of ideas")
 
 NOT_CALLABLE = 3
+
+class ByRank(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(1))
+
+    def forward(self, batch):
+        import os
+        loss = batch["audio"].float().mean() * self.w.sum()
+        return loss, dict([("seen_by_rank_" + os.environ.get("RANK", "0"), loss.detach())])
+
+def build_rank_metrics(data):
+    return ByRank()
 """
 
 
@@ -228,3 +241,21 @@ def test_submit_checks_the_model_before_anything_is_created_unless_told_not_to(
     job_id = json.loads(sent.stdout.strip().splitlines()[-1])["job_id"]
     followed = stoker("logs", "-f", job_id, timeout=600)
     assert "FAILED" in followed.stderr and "has no 'buld'" in followed.stderr, followed.stderr
+
+
+def test_metrics_named_differently_on_two_ranks_fail_the_run_by_name(
+    plugin_dir: Path, isolated_home: Path, tmp_path: Path
+) -> None:
+    """The ranks' metrics are averaged by name in one all-reduce: names that differ would
+    mix values up or hang it. The first log step compares them and says which."""
+    data = tmp_path / "data"
+    synth_dataset(str(data), clips=8, seconds=1.0, size=(32, 32), fps=8)
+    result = stoker(
+        "run", "--nproc", "2", "--json", "model.arch=myplug.models:build_rank_metrics",
+        f"data.url={data}", "data.batch_size=4", "data.num_workers=0", "train.steps=4",
+        "train.log_every=2", cwd=plugin_dir, timeout=900,
+    )  # fmt: skip
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["state"] == "FAILED", result.stderr[-3000:]
+    assert "ByRank.forward returned metrics ['seen_by_rank_" in result.stderr, result.stderr
+    assert "return the same metric names on every rank" in result.stderr

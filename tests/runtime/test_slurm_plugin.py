@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING
 import pytest
 
 from stoker.data.synth import synth_dataset
-from tests.faults.training_jobs import committed_steps, loss_history, resumed_step, starts
+from tests.faults.training_jobs import (
+    committed_steps,
+    loss_history,
+    resumed_step,
+    run_logs,
+    starts,
+)
 from tests.launcher_jobs import submit_json, wait_final, wait_for
 
 if TYPE_CHECKING:
@@ -50,7 +56,7 @@ def test_the_plugin_model_resumes_bit_exact_after_a_requeue_under_hsdp(
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     whole = submit_json(*common, f"job.env.PYTHONPATH={installed}", cwd=elsewhere)
-    assert wait_final(whole["job_id"], 600) == "COMPLETED", _logs(Path(whole["run_dir"]))
+    assert wait_final(whole["job_id"], 600) == "COMPLETED", run_logs(Path(whole["run_dir"]))
     assert not (Path(whole["run_dir"]) / "code" / "own_model").exists()
 
     job = submit_json(*common, cwd=OWN_MODEL)
@@ -60,19 +66,12 @@ def test_the_plugin_model_resumes_bit_exact_after_a_requeue_under_hsdp(
     assert (run_dir / "code" / "examples" / "own_model" / "own_model" / "denoiser.py").is_file()
     wait_for(lambda: max(committed_steps(run_dir), default=0) >= 8, 600, "step-8 committed")
     subprocess.run(["scontrol", "requeue", job["job_id"]], check=True, timeout=60)
-    assert wait_final(job["job_id"], 900, run_dir) == "COMPLETED", _logs(run_dir)
+    assert wait_final(job["job_id"], 900, run_dir) == "COMPLETED", run_logs(run_dir)
 
     assert [restart for _, restart, _ in starts(run_dir)] == [0, 1]
     resumed = resumed_step(run_dir, 1)
-    assert resumed is not None and resumed >= 8, _logs(run_dir)
+    assert resumed is not None and resumed >= 8, run_logs(run_dir)
     requeued, uninterrupted = loss_history(job["run_id"]), loss_history(whole["run_id"])
     # A loss per step (a window's mean would span the stop), each once.
     assert [s for s, _ in requeued] == list(range(1, STEPS + 1)), "every step once"
     assert requeued == uninterrupted  # bit for bit
-
-
-def _logs(run_dir: Path) -> str:
-    return "\n".join(
-        f"== {p.relative_to(run_dir)}\n{p.read_text()[-2000:]}"
-        for p in sorted((run_dir / "logs").rglob("*.log"))
-    )

@@ -1,0 +1,50 @@
+"""A small loop of one's own on `stoker.job`, for tests/runtime/test_own_loop.py:
+`python own_loop_script.py MODE [RANK]`, started by `stoker run -- ...` on every rank.
+
+    ok       trains train.steps steps of a linear model on stoker's loader
+    slow R   rank R takes 0.15 s more per step (a straggler)
+    raise    rank 1 raises ValueError at step 3
+    hang R   rank R stops calling should_stop() at step 3 (sleeps)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from torch import nn
+
+from stoker import job
+
+mode = sys.argv[1]
+target = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+
+run = job.init()
+model = nn.Linear(1, 1).to(run.device)
+optim = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = run.loader()
+ckpt = run.checkpointer(model=model, optim=optim, loader=loader)
+start = ckpt.restore()
+batches = loader.batches()
+total = run.config.train.steps
+for step in range(start, total):
+    batch = next(batches)
+    x = batch["audio"].float().mean(dim=(1, 2)).unsqueeze(1)
+    loss = (model(x) - 0.5).pow(2).mean()
+    loss.backward()
+    optim.step()
+    optim.zero_grad()
+    done = step + 1
+    if mode == "slow" and run.rank == target:
+        time.sleep(0.15)
+    if mode == "raise" and run.rank == target and done == 3:
+        raise ValueError("the loss went sideways at step 3")
+    if mode == "hang" and run.rank == target and done == 3:
+        time.sleep(3600)
+    run.log({"loss": loss.item(), "x_mean": x.mean().item()}, step=done)
+    if run.should_stop():
+        ckpt.save(done, wait=True)
+        run.exit_for_requeue()
+ckpt.save(total, wait=True)
+run.finish()

@@ -1,0 +1,133 @@
+"""Your own loop with stoker's guarantees (`stoker.job`), run by `stoker run -- CMD` on two
+local ranks (gloo): the example trains and checkpoints into a FINISHED MLflow run with
+`stoker status`'s step and loss; a straggler is named; an exception fails the MLflow run
+and `why` shows it; a stalled rank is caught by the hang watchdog; and misuse is told
+with the fix. The requeue and its bit-exact resume are in test_slurm_own_loop.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stoker.data.synth import synth_dataset
+from tests.clirun import stoker
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "own_loop"
+SCRIPT = Path(__file__).with_name("own_loop_script.py")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("own-loop-data")
+    synth_dataset(str(folder), clips=16, seconds=1.0, size=(32, 32), fps=8)
+    return folder
+
+
+def _run(data: Path, *args: str, command: list[str], timeout: float = 900) -> dict[str, Any]:
+    result = stoker(
+        "run", "--nproc", "2", "--json", str(EXAMPLE / "experiment.yaml"), f"data.url={data}",
+        "data.num_workers=0", "data.clip_seconds=0.5", *args, "--", sys.executable, *command,
+        cwd=REPO, timeout=timeout,
+    )  # fmt: skip
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    summary["stderr"] = result.stderr
+    summary["returncode"] = result.returncode
+    return summary
+
+
+def _client(home: Path) -> Any:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(f"sqlite:///{home / '.stoker' / 'mlflow' / 'mlflow.db'}")
+
+
+def test_the_example_loop_trains_checkpoints_and_logs(data: Path, isolated_home: Path) -> None:
+    summary = _run(
+        data, "train.steps=20", "train.log_every=5", "checkpoint.every=10",
+        command=[str(EXAMPLE / "train.py"), "--width", "16"],
+    )  # fmt: skip
+    assert summary["state"] == "COMPLETED", summary["stderr"][-3000:]
+    assert (summary["step"], summary["exit_code"]) == (20, 0)
+    client = _client(isolated_home)
+    run = client.get_run(summary["run_id"])
+    assert run.info.status == "FINISHED"
+    losses = client.get_metric_history(run.info.run_id, "loss")
+    assert [m.step for m in losses] == [5, 10, 15, 20]
+    assert losses[-1].value < losses[0].value, [m.value for m in losses]
+    # Checkpoints of the background saves and the final one, committed, in MLflow too.
+    run_dir = Path(summary["run_dir"])
+    for step in (10, 20):
+        assert (run_dir / "checkpoints" / f"step-{step}" / "COMMIT.json").is_file()
+    saved = client.get_metric_history(run.info.run_id, "system/checkpoint/bytes")
+    assert sorted(m.step for m in saved) == [10, 20]
+    status = json.loads(stoker("status", summary["job_id"], "--json", check=True).stdout)[0]
+    assert status["state"] == "COMPLETED" and status["step"] == 20
+    assert status["loss"] == pytest.approx(losses[-1].value)
+
+
+def test_a_slow_rank_is_named_in_the_straggler_metrics(data: Path, isolated_home: Path) -> None:
+    summary = _run(data, "train.steps=12", command=[str(SCRIPT), "slow", "1"])
+    assert summary["state"] == "COMPLETED", summary["stderr"][-3000:]
+    client = _client(isolated_home)
+    slowest = client.get_metric_history(summary["run_id"], "system/stragglers/slowest_rank")
+    # Every log after the first step (the first has no step time yet) names rank 1.
+    assert slowest and all(m.value == 1.0 for m in slowest), slowest
+    ratio = client.get_metric_history(summary["run_id"], "system/stragglers/slowest_ratio")
+    assert max(m.value for m in ratio) > 1.2
+
+
+def test_an_exception_fails_the_run_and_why_shows_it(data: Path, isolated_home: Path) -> None:
+    summary = _run(data, "train.steps=10", command=[str(SCRIPT), "raise", "1"])
+    assert summary["state"] == "FAILED" and summary["returncode"] == 1
+    assert "ValueError: the loss went sideways at step 3" in summary["stderr"]
+    run = _client(isolated_home).get_run(summary["run_id"])
+    assert run.info.status == "FAILED"
+    why = json.loads(stoker("why", summary["job_id"], "--json", check=True).stdout)
+    assert why["failing_rank"] == 1 and "the loss went sideways" in why["summary"], why
+
+
+def test_a_rank_that_stops_stepping_is_caught_by_the_hang_watchdog(
+    data: Path, isolated_home: Path
+) -> None:
+    summary = _run(
+        data, "train.steps=40", "train.hang_timeout_s=10", command=[str(SCRIPT), "hang", "1"]
+    )
+    assert summary["state"] == "FAILED", summary["stderr"][-3000:]
+    hang = json.loads((Path(summary["run_dir"]) / "heartbeat/r0/hang.json").read_text())
+    assert hang["rank"] == 1 and hang["step"] == 3, hang
+    why = json.loads(stoker("why", summary["job_id"], "--json", check=True).stdout)
+    assert why["cause"] == "hung" and why["failing_rank"] == 1, why
+
+
+def test_init_outside_a_job_says_how_to_start_one(tmp_path: Path) -> None:
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("STOKER_")}
+    result = subprocess.run(
+        [sys.executable, "-c", "from stoker import job; job.init()"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "found no job: $STOKER_CONFIG is not set" in result.stderr
+    assert "stoker run -- python train.py" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_loader_without_state_is_refused_by_name(tmp_path: Path) -> None:
+    from stoker.config import ExperimentConfig
+    from stoker.errors import StokerError
+    from stoker.runtime.own_loop import Run
+
+    torch = pytest.importorskip("torch")
+    from stoker.runtime.dist_env import DistEnv
+    from stoker.runtime.stop_request import StopRequest
+
+    run = Run(ExperimentConfig(), DistEnv(0, 1, 0, 1, 0, 1, "single"), torch.device("cpu"),
+              tmp_path, 0, StopRequest())  # fmt: skip
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(StokerError, match=r"the loader given to run.checkpointer\(\) \(list\)"):
+        run.checkpointer(model=model, optim=torch.optim.SGD(model.parameters()), loader=[1, 2])
