@@ -310,8 +310,7 @@ class TrainConfig(Section):
     collective_timeout_s: Annotated[float, Field(ge=5, le=86400)] = 120
     """Seconds a collective waits for a lost peer before the rank fails (process group timeout)."""
     rendezvous_timeout_s: Annotated[float, Field(ge=5, le=86400)] = 45
-    """Seconds every rank waits at start for all ranks to join; then the job fails naming
-    the missing ones. Raise it for big jobs whose nodes start slowly."""
+    """Seconds the ranks wait at start for every rank to join before failing, naming the missing."""
     profile_steps: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] | None = None
     """[first, last]: record a torch.profiler trace of these steps; null never."""
 
