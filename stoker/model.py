@@ -40,12 +40,20 @@ The factory gets the data's shapes (`DataShapes`) and its arguments, and returns
 The batch (`Batch`) holds what the loader decoded, as `data.modalities` asks: "video"
 uint8 [B, T, 3, H, W], "audio" float32 [B, C, N], "text" (the captions, a list of
 strings), "meta" (the `.json` members, a list of dicts); "valid" bool [B] (False for a
-row that repeats another because its sample could not be decoded), "position" int64
-[B] (each sample's place in the data order), and "generators": one `torch.Generator`
-per sample on the batch's device, seeded by (train.seed, the sample's position in the
-data order): draw noise from them and the losses are the same whatever the number of
-ranks and restarts; the global RNG works too, without that guarantee. (Other members,
-`.npy` / `.safetensors` arrays, are not passed yet.)
+row that repeats another because its sample could not be decoded or transformed),
+"position" int64 [B] (each sample's place in the data order), and "generators": one
+`torch.Generator` per sample on the batch's device, seeded by (train.seed, the sample's
+position in the data order): draw noise from them and the losses are the same whatever
+the number of ranks and restarts; the global RNG works too, without that guarantee.
+
+Array members pass through whatever `data.modalities` says: each `.npy` and
+`.safetensors` member that every sample of the data set has, under its extension
+("npy", "latent.npy", "safetensors"). A `.npy` is a tensor of its stored dtype (never
+unpickled); a `.safetensors` a dict of tensors by name. Tensors of one shape and dtype
+in every row are stacked [B, ...]; where they differ, the key holds a list of B
+tensors (and a `.safetensors` dict, a dict of those). What `data.transform` adds is
+collated the same way; values that are not tensors come as lists. Stacked tensors
+arrive on the model's device; lists and dicts stay on the host for forward to move.
 
 This module imports no torch: the login node reads it.
 """

@@ -1,5 +1,6 @@
 """Decode one training clip from a sample's encoded bytes: RGB frames at a target
-frame rate and size, or float audio at a target rate and channel count.
+frame rate and size, or float audio at a target rate and channel count; and the
+sample's array members (`.npy`, `.safetensors`) as they are stored.
 
 The streaming loader calls these in its DataLoader workers, once per sample, with
 one worker per core; so the decoders use one thread each, decode from the
@@ -20,6 +21,11 @@ from stoker.data.shard_format import AudioInfo, VideoInfo
 
 if TYPE_CHECKING:
     import numpy.typing as npt
+    import torch
+
+# Member extensions decoded as arrays: `npy`, or `<name>.npy` (WebDataset's extension is
+# all after the key's first dot), and the same for safetensors.
+ARRAY_EXTS = ("npy", "safetensors")
 
 # Audio members soundfile reads with sample-exact seeks; anything else (mp3, audio
 # inside a video container) goes through FFmpeg.
@@ -358,3 +364,37 @@ def _resample(
         out.append(np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32))
     length = min(len(c) for c in out)
     return np.stack([c[:length] for c in out]).astype(np.float32, copy=False)
+
+
+def array_fields(fields: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """The member extensions among `fields` that decode as arrays (`npy`, `latent.npy`,
+    `safetensors`, ...), in their order."""
+    return tuple(f for f in fields if f.rsplit(".", 1)[-1] in ARRAY_EXTS)
+
+
+def decode_array(data: bytes, field: str) -> torch.Tensor | dict[str, torch.Tensor]:
+    """An array member as stored: a `.npy` as one tensor (its dtype and shape, native
+    byte order), a `.safetensors` as a dict of tensors by name. Never unpickles: an
+    object array is refused. Raises MediaError for bytes that do not load."""
+    import torch
+
+    if field.rsplit(".", 1)[-1] == "safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load
+
+        try:
+            return load(data)
+        except (SafetensorError, ValueError, RuntimeError) as exc:
+            raise MediaError(f"unreadable .{field} ({type(exc).__name__}: {exc})") from exc
+    try:
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise MediaError(f"unreadable .{field} ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(array, np.ndarray):  # an .npz archive under a .npy name
+        raise MediaError(f"unreadable .{field}: holds {type(array).__name__}, not one array")
+    try:
+        # np.load gives a read-only view of the bytes: a copy torch may own and write,
+        # in native byte order (torch has no big-endian tensors).
+        return torch.from_numpy(np.array(array, dtype=array.dtype.newbyteorder("="), order="C"))
+    except TypeError as exc:  # a dtype torch lacks: strings, structured records
+        raise MediaError(f".{field} holds dtype {array.dtype}, which no tensor has") from exc

@@ -47,8 +47,10 @@ class ShardFailed(Exception):
     """A shard could not be read after all retries."""
 
 
-def members_for(entry: SampleEntry, modalities: tuple[str, ...]) -> list[str]:
-    """The member extensions of `entry` that `modalities` need."""
+def members_for(
+    entry: SampleEntry, modalities: tuple[str, ...], arrays: tuple[str, ...] = ()
+) -> list[str]:
+    """The member extensions of `entry` that `modalities` need, then its `arrays`."""
     names = []
     for modality in modalities:
         if modality == "video" and entry.video is not None:
@@ -59,7 +61,7 @@ def members_for(entry: SampleEntry, modalities: tuple[str, ...]) -> list[str]:
             names.append(CAPTION_EXT)
         elif modality == "meta" and METADATA_EXT in entry.members:
             names.append(METADATA_EXT)
-    return names
+    return names + [a for a in arrays if a in entry.members]
 
 
 class SampleFetcher:
@@ -72,9 +74,11 @@ class SampleFetcher:
         stats: LoaderStats,
         retry: RetryPolicy | None = None,
         max_cached_indexes: int = 64,
+        arrays: tuple[str, ...] = (),
     ) -> None:
         self.source = source
         self.modalities = modalities
+        self.arrays = arrays
         self.stats = stats
         self.retry = retry or RetryPolicy()
         self._max_cached = max_cached_indexes
@@ -162,7 +166,7 @@ class SampleFetcher:
     def fetch(self, sample_id: int, shard: int, local: int) -> FetchedSample:
         """The sample's members; raises ShardFailed when its shard cannot be read."""
         entry = self.index(shard).samples[local]
-        names = members_for(entry, self.modalities)
+        names = members_for(entry, self.modalities, self.arrays)
         if not names or entry.unreadable(self.modalities):  # nothing to read, or no use
             return FetchedSample(sample_id, shard, entry, {})
         spans = [entry.members[n] for n in names]

@@ -18,15 +18,24 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from stoker.data.dataset import DataSource, open_dataset
+from stoker.data.decode import array_fields
 from stoker.data.fetch import RetryPolicy
 from stoker.data.loader_stats import LoaderStats
 from stoker.data.parent_death import die_with_parent
 from stoker.data.shard_format import MODALITIES
-from stoker.data.stream import STATS_KEY, ClipSpec, Sample, StreamDataset, StreamPlan
+from stoker.data.stream import (
+    STATS_KEY,
+    ClipSpec,
+    Sample,
+    StreamDataset,
+    StreamPlan,
+    Transform,
+    import_transform,
+)
 from stoker.errors import StokerError
 
 STATE_VERSION = 1
@@ -59,7 +68,7 @@ class StreamingLoader:
         retry: RetryPolicy | None = None,
         start_method: str = "forkserver",
         storage_options: dict[str, Any] | None = None,
-        transform: Callable[[Sample], Sample] | None = None,
+        transform: Transform | str | None = None,
         pin_memory: bool = False,
         source_name: str = "StreamingLoader",
     ) -> None:
@@ -102,6 +111,9 @@ class StreamingLoader:
                 f"{where}: memory:// lives in one process; DataLoader workers would see it empty",
                 fix="use num_workers=0 with memory://",
             )
+        if isinstance(transform, str):
+            # Here, before any worker starts: each worker imports it again by name.
+            import_transform(transform)
         self.batch_size = batch_size
         self.rank = rank
         self.world_size = world_size
@@ -117,6 +129,7 @@ class StreamingLoader:
             sample_rate=sample_rate,
             channels=channels,
             clip_offset=clip_offset,
+            arrays=array_fields(self.source.manifest.fields),
         )
         self.prefetch_bytes = int(prefetch_mb * (1 << 20))
         self.fetch_threads = fetch_threads
@@ -171,11 +184,21 @@ class StreamingLoader:
             pin_memory=self.pin_memory,
             worker_init_fn=_init_worker if workers else None,
         )
-        for batch in loader:
-            worker, counts = batch.pop(STATS_KEY)
-            self._stats_live[int(worker)] = LoaderStats.from_dict(counts)
-            self.position += self.batch_size
-            yield batch
+        it = iter(loader)
+        try:
+            for batch in it:
+                worker, counts = batch.pop(STATS_KEY)
+                self._stats_live[int(worker)] = LoaderStats.from_dict(counts)
+                self.position += self.batch_size
+                yield batch
+        finally:
+            # The workers go now, not when the iterator is collected: a worker's error
+            # (a transform returning None) keeps the iterator alive in its traceback,
+            # and the workers ignore SIGTERM, so multiprocessing's exit-time join
+            # would wait for them forever. Idempotent after a normal end.
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
 
     def __iter__(self) -> Iterator[Sample]:
         return self.batches()
@@ -301,6 +324,8 @@ def loader_from_config(config: Any, *, rank: int, world_size: int) -> StreamingL
             "data.url is null: there is no data set to stream",
             fix="set data.url to a data set (write one with `stoker data synth DST`)",
         )
+    if data.transform is not None:
+        import_transform(data.transform, key="data.transform")  # named as the config names it
     return StreamingLoader(
         data.url,
         batch_size=data.batch_size,
@@ -318,5 +343,6 @@ def loader_from_config(config: Any, *, rank: int, world_size: int) -> StreamingL
         shuffle_shards=data.shuffle_shards,
         prefetch_mb=data.prefetch_mb,
         start_method=data.start_method,
+        transform=data.transform,
         source_name="data.url",
     )

@@ -7,11 +7,20 @@ n = w, w+W, w+2W, ... The DataLoader asks its workers for batches in
 round-robin order, so the rank sees batches 0, 1, 2, ... in order, and every
 rank sees exactly one batch per global batch: uneven shards cannot make one
 rank run out before the others.
+
+A `transform` (data.transform: package.module:function) runs on each decoded sample
+in the worker; given as its import path, the worker imports it by name (a function
+never travels pickled between processes).
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
+import os
+import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,8 +34,12 @@ from stoker.data.fetch import FetchedSample, RetryPolicy, SampleFetcher
 from stoker.data.loader_stats import LoaderStats
 from stoker.data.order import SampleOrder
 from stoker.data.prefetch import Prefetcher
+from stoker.errors import StokerError
+
+log = logging.getLogger("stoker.data")
 
 Sample = dict[str, Any]
+Transform = Callable[[Sample], Sample]
 STATS_KEY = "_loader_stats"
 
 
@@ -43,6 +56,8 @@ class ClipSpec:
     channels: int = 1
     clip_offset: str = "random"
     """random: a start drawn per sample from (seed, position); start: always 0."""
+    arrays: tuple[str, ...] = ()
+    """Member extensions passed through as tensors (`npy`, `latent.npy`, `safetensors`)."""
 
 
 @dataclass(frozen=True)
@@ -70,12 +85,17 @@ class StreamPlan:
         return range(first, first + self.per_rank)
 
 
+class _Skip(Exception):
+    """A sample that must not be trained on, and why."""
+
+
 @dataclass
 class StreamDataset(IterableDataset[Sample]):
     source: DataSource
     plan: StreamPlan
     clip: ClipSpec
-    transform: Callable[[Sample], Sample] | None = None
+    transform: Transform | str | None = None
+    """A function, or the import path of one (imported by name in each worker)."""
     prefetch_bytes: int = 256 << 20
     fetch_threads: int = 4
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -83,6 +103,7 @@ class StreamDataset(IterableDataset[Sample]):
     def __iter__(self) -> Iterator[Sample]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        transform = self._transform()
         stats = LoaderStats()
         order = SampleOrder(
             tuple(s.samples for s in self.source.manifest.shards),
@@ -91,7 +112,9 @@ class StreamDataset(IterableDataset[Sample]):
             shuffle=self.plan.shuffle,
             shuffle_shards=self.plan.shuffle_shards,
         )
-        fetcher = SampleFetcher(self.source, self.clip.modalities, stats, self.retry)
+        fetcher = SampleFetcher(
+            self.source, self.clip.modalities, stats, self.retry, arrays=self.clip.arrays
+        )
 
         def batch_numbers() -> Iterator[int]:
             n = worker
@@ -121,27 +144,61 @@ class StreamDataset(IterableDataset[Sample]):
         current: int | None = None
         pending: list[tuple[int, Sample | None]] = []
         skipped: list[str] = []
+        reason = ""  # why the latest skipped sample was skipped
         for (n, position, shard, local), fetched, error, waited in prefetcher:
             if current is not None and n != current:
-                yield self._collate(pending, skipped, current, stats)
+                yield self._collate(pending, skipped, current, stats, reason)
                 pending, skipped = [], []
             current = n
             stats.fetch_s += waited
             sample = None
-            if fetched is not None and error is None:
+            if fetched is None or error is not None:
+                reason = f"fetch failed: {error}"  # the fetcher logged it
+            else:
                 # Counted as consumed, not as prefetched: bytes/s then matches samples/s.
                 stats.bytes_read += sum(len(b) for b in fetched.members.values())
-                sample = self._decode(fetched, position, stats)
+                try:
+                    sample = self._decode(fetched, position, stats, transform)
+                except _Skip as skip:
+                    reason = str(skip)
+                    log.warning(
+                        "stoker.data: skipping sample %r of %s: %s",
+                        fetched.entry.key,
+                        self.source.shard_path(fetched.shard),
+                        reason,
+                    )
             if sample is None:
                 stats.skipped_samples += 1
                 key = fetched.entry.key if fetched is not None else f"#{local}"
                 skipped.append(f"{self.source.manifest.shards[shard].path}:{key}")
             pending.append((position, sample))
         if current is not None:
-            yield self._collate(pending, skipped, current, stats)
+            yield self._collate(pending, skipped, current, stats, reason)
 
-    def _decode(self, fetched: FetchedSample, position: int, stats: LoaderStats) -> Sample | None:
-        from stoker.data.decode import clip_start, decode_audio, decode_video
+    @property
+    def transform_name(self) -> str:
+        """How messages name the transform: its import path."""
+        if self.transform is None or isinstance(self.transform, str):
+            return self.transform or ""
+        return f"{self.transform.__module__}:{getattr(self.transform, '__qualname__', '?')}"
+
+    def _transform(self) -> tuple[Transform, str] | None:
+        """The transform and its name; a path is imported here, in the worker."""
+        if self.transform is None:
+            return None
+        if isinstance(self.transform, str):
+            return import_transform(self.transform), self.transform
+        return self.transform, self.transform_name
+
+    def _decode(
+        self,
+        fetched: FetchedSample,
+        position: int,
+        stats: LoaderStats,
+        transform: tuple[Transform, str] | None,
+    ) -> Sample:
+        """The sample's tensors, transformed; _Skip when it must not be trained on."""
+        from stoker.data.decode import clip_start, decode_array, decode_audio, decode_video
         from stoker.data.probe import MediaError
 
         entry = fetched.entry
@@ -187,24 +244,41 @@ class StreamDataset(IterableDataset[Sample]):
                 import json
 
                 sample["meta"] = json.loads(fetched.members["json"])
+            for name in clip.arrays:  # under its extension: batch["latent.npy"]
+                sample[name] = decode_array(fetched.members[name], name)
         except (MediaError, ValueError, KeyError, UnicodeDecodeError) as exc:
-            import logging
-
-            logging.getLogger("stoker.data").warning(
-                "stoker.data: skipping sample %r of %s: %s",
-                entry.key,
-                self.source.shard_path(fetched.shard),
-                exc,
-            )
-            return None
+            raise _Skip(str(exc)) from exc
         finally:
             stats.decode_s += time.perf_counter() - began
         if entry.duration_s + 1e-6 < clip.clip_seconds:
             stats.short_samples += 1  # decoded, padded to the clip length
-        if self.transform is not None:
-            sample = self.transform(sample)
+        if transform is not None:
+            sample = self._transformed(sample, transform, fetched)
         stats.samples += 1
         return sample
+
+    def _transformed(
+        self, sample: Sample, transform: tuple[Transform, str], fetched: FetchedSample
+    ) -> Sample:
+        function, name = transform
+        try:
+            out = function(sample)
+        except Exception as exc:
+            # Skipped as a corrupt sample is, not fatal: the untransformed sample is
+            # not what the model expects, so it must not be trained on either way,
+            # and one odd sample in millions must not end a job hours in. A transform
+            # that fails on every sample still stops at the first batch (_collate).
+            raise _Skip(
+                f"transform {name} raised {type(exc).__name__}: {exc} [{_last_frame(exc)}]"
+            ) from exc
+        if not isinstance(out, dict):
+            # A bug in the transform, the same for every sample: stop, do not skip.
+            raise StokerError(
+                f"transform {name} returned {type(out).__name__}, not a sample dict "
+                f"(sample {self.source.shard_path(fetched.shard)}:{fetched.entry.key})",
+                fix="return the sample: the dict the function got (changed) or a new dict",
+            )
+        return out
 
     def _collate(
         self,
@@ -212,24 +286,34 @@ class StreamDataset(IterableDataset[Sample]):
         skipped: list[str],
         n: int,
         stats: LoaderStats,
+        reason: str,
     ) -> Sample:
         good = [s for _, s in pending if s is not None]
         if not good:
             raise RuntimeError(
-                f"every sample of batch {n} on rank {self.plan.rank} failed to fetch or decode "
-                f"(positions {pending[0][0]}..{pending[-1][0]} of {self.source.url}); "
-                "see the warnings above: is the store reachable?"
+                f"every sample of batch {n} on rank {self.plan.rank} failed to fetch, decode "
+                f"or transform (positions {pending[0][0]}..{pending[-1][0]} of "
+                f"{self.source.url}); the last: {reason} (the warnings above name each)"
             )
+        names = list(good[0])
+        for other in good[1:]:
+            if set(other) != set(names):
+                raise StokerError(
+                    f"samples {good[0].get('key')!r} and {other.get('key')!r} of "
+                    f"{self.source.url} have different keys ({sorted(names)} and "
+                    f"{sorted(other)}): a batch needs each key in every row"
+                    + (f" (transform {self.transform_name})" if self.transform else ""),
+                    fix="return the same keys for every sample from the transform",
+                )
         # A skipped sample's slot takes a copy of a good one from the same batch, so
         # shapes stay fixed; `valid` tells the loss which rows are real.
         filled = [s if s is not None else good[i % len(good)] for i, (_, s) in enumerate(pending)]
         valid = torch.tensor([s is not None for _, s in pending])
         batch: Sample = {}
-        for name in filled[0]:
+        for name in names:
             if name == "position":
                 continue
-            values = [s[name] for s in filled]
-            batch[name] = torch.stack(values) if isinstance(values[0], torch.Tensor) else values
+            batch[name] = collate([s[name] for s in filled])
         batch["position"] = torch.tensor([p for p, _ in pending], dtype=torch.int64)
         batch["valid"] = valid
         # `shard path:key` of each sample skipped in this batch (also logged and counted).
@@ -237,3 +321,82 @@ class StreamDataset(IterableDataset[Sample]):
         info = get_worker_info()
         batch[STATS_KEY] = (info.id if info is not None else 0, stats.as_dict())
         return batch
+
+
+def collate(values: list[Any]) -> Any:
+    """One key's values across a batch's rows: tensors of one shape and dtype stacked
+    ([B, ...]), other tensors a list; dicts of tensors (a `.safetensors` member) with
+    the same names in every row a dict of these, name by name; anything else a list."""
+    first = values[0]
+    if isinstance(first, torch.Tensor):
+        if all(
+            isinstance(v, torch.Tensor) and v.shape == first.shape and v.dtype == first.dtype
+            for v in values
+        ):
+            return torch.stack(values)
+        return list(values)
+    if (
+        isinstance(first, dict)
+        and first
+        and all(isinstance(t, torch.Tensor) for t in first.values())
+        and all(isinstance(v, dict) and v.keys() == first.keys() for v in values)
+    ):
+        return {name: collate([v[name] for v in values]) for name in first}
+    return list(values)
+
+
+def import_transform(path: str, key: str = "transform") -> Transform:
+    """The function `path` (package.module:function) names, imported by name; a
+    StokerError naming `key` (the setting), the value and the fix when it does not."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise StokerError(
+            f"{key} {path!r} is not an import path package.module:function",
+            fix="name a function by its module's dotted name, e.g. mypkg.transforms:crop",
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or module_name
+        if module_name == missing or module_name.startswith(missing + "."):
+            raise StokerError(
+                f"{key} {path!r}: no module {missing!r} in {os.getcwd()} (the folder the job "
+                f"runs in) nor installed in {sys.prefix}",
+                fix=f"run stoker from the folder that holds {missing.split('.')[0]}/, or pip "
+                f"install your package into {sys.prefix}",
+            ) from exc
+        raise _import_failed(key, path, module_name, exc) from exc
+    except Exception as exc:
+        raise _import_failed(key, path, module_name, exc) from exc
+    found: Any = module
+    for part in attr.split("."):
+        if not hasattr(found, part):
+            names = sorted(
+                n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+            )
+            raise StokerError(
+                f"{key} {path!r}: module {module_name} "
+                f"({getattr(module, '__file__', None) or module_name}) has no {attr!r}",
+                fix=f"name one of its functions: {', '.join(names) or '(none)'}",
+            )
+        found = getattr(found, part)
+    if not callable(found):
+        raise StokerError(
+            f"{key} {path!r} is a {type(found).__name__}, not a function",
+            fix="name the function that takes a sample dict and returns one",
+        )
+    function: Transform = found
+    return function
+
+
+def _import_failed(key: str, path: str, module_name: str, exc: BaseException) -> StokerError:
+    return StokerError(
+        f"{key} {path!r}: importing {module_name} raised {type(exc).__name__}: {exc} "
+        f"[{_last_frame(exc)}]",
+        fix=f"fix the error in {module_name} (python -c 'import {module_name}' shows it)",
+    )
+
+
+def _last_frame(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "no traceback"

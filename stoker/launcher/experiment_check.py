@@ -5,6 +5,8 @@ here before anything is queued. One finding each (ok or fail, with the fix):
   its forward gives a scalar loss on a meta batch of the loader's shapes (a child
   process: stoker/launcher/model_fit.py);
 - data: each data set's manifest is there and lists samples (or the synthetic set);
+- transform: data.transform imports by name, as the loader's workers will import it
+  (a child process with job.env, like the model's: the login node imports no torch);
 - checkpoints: the checkpoint root (or the runs folder) takes a file;
 - MLflow: the store is reachable (a sqlite folder writable, a server healthy).
 
@@ -13,6 +15,10 @@ The config itself was resolved before (its errors stop everything, as everywhere
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable
 
@@ -29,6 +35,8 @@ def check_experiment(resolved: ResolvedConfig) -> list[Finding]:
     if cfg.data.eval_url is not None:
         eval_url = cfg.data.eval_url
         findings.append(_run("eval data", lambda: _check_data(eval_url, "data.eval_url", wanted)))
+    if cfg.data.transform is not None:
+        findings.append(_run("transform", lambda: _check_transform(resolved)))
     findings.append(_run("checkpoints", lambda: _check_checkpoint_root(cfg.checkpoint.root)))
     findings.append(_run("MLflow", lambda: _check_store(cfg.tracking.uri)))
     return findings
@@ -69,6 +77,56 @@ def _check_data(url: str | None, key: str, modalities: list[str]) -> str:
             fix=f"drop {', '.join(missing)} from data.modalities, or pack a data set that has them",
         )
     return f"{key} {url}: {manifest.samples} samples in {len(manifest.shards)} shards"
+
+
+TRANSFORM_TIMEOUT_S = 300  # the child imports torch (stoker.data) on a loaded login node
+_TRANSFORM_REFUSED = 3
+# Run by the child: the loader's own import, so the check says what the workers will.
+_IMPORT_TRANSFORM = """
+import inspect, json, sys
+from stoker.data.stream import import_transform
+from stoker.errors import StokerError
+try:
+    function = import_transform(sys.argv[1], key="data.transform")
+except StokerError as exc:
+    print(json.dumps({"message": exc.message, "fix": exc.fix}))
+    sys.exit(3)  # _TRANSFORM_REFUSED
+try:
+    where = f"{inspect.getsourcefile(function)}:{inspect.getsourcelines(function)[1]}"
+except (OSError, TypeError):
+    where = getattr(function, "__module__", "?")
+print(json.dumps({"where": where}))
+"""
+
+
+def _check_transform(resolved: ResolvedConfig) -> str:
+    path = resolved.config.data.transform
+    assert path is not None
+    source = resolved.source_of(("data", "transform"))
+    argv = [sys.executable, "-c", _IMPORT_TRANSFORM, path]
+    try:
+        result = subprocess.run(
+            argv, capture_output=True, text=True, timeout=TRANSFORM_TIMEOUT_S, check=False,
+            env={**os.environ, **resolved.config.job.env},  # as the job imports it
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        raise StokerError(
+            f"importing data.transform {path} took more than {TRANSFORM_TIMEOUT_S} s",
+            fix="try again when the machine is less busy",
+        ) from exc
+    lines = result.stdout.strip().splitlines()
+    if result.returncode == _TRANSFORM_REFUSED and lines:
+        refusal = json.loads(lines[-1])
+        raise StokerError(
+            f"{refusal['message']} (data.transform from {source})", fix=refusal["fix"]
+        )
+    if result.returncode != 0 or not lines:
+        raise StokerError(
+            f"the import check of data.transform {path} (from {source}) failed with exit "
+            f"{result.returncode}: {result.stderr.strip()[-2000:]}",
+            fix="fix the error above: the loader's workers import the transform the same way",
+        )
+    return f"data.transform {path} imports ({json.loads(lines[-1])['where']})"
 
 
 def _check_checkpoint_root(root: str | None) -> Finding | str:

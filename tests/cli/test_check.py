@@ -47,19 +47,51 @@ def test_each_broken_part_fails_with_its_fix(tmp_path: Path) -> None:
     code, found = _findings(
         "model.arch=nosuch.models:build", f"data.url={data}",
         "data.modalities=[video,audio,text]", f"data.eval_url={tmp_path / 'nothing'}",
+        "data.transform=nosuch_aug.crops:center_crop",
         f"checkpoint.root={blocker / 'ckpt'}", "tracking.uri=http://127.0.0.1:9",
     )  # fmt: skip
     assert code == 1
     assert {name: f["status"] for name, f in found.items()} == {
-        "model": "fail", "data": "fail", "eval data": "fail", "checkpoints": "fail",
-        "MLflow": "fail",
+        "model": "fail", "data": "fail", "eval data": "fail", "transform": "fail",
+        "checkpoints": "fail", "MLflow": "fail",
     }  # fmt: skip
     assert "no module 'nosuch'" in found["model"]["detail"]
     assert "(model.arch from override model.arch=nosuch.models:build)" in found["model"]["detail"]
     assert "not text" in found["data"]["detail"] and "drop text" in found["data"]["fix"]
     assert "manifest.json is missing there" in found["eval data"]["detail"]
+    transform = found["transform"]["detail"]
+    assert transform.startswith(
+        "data.transform 'nosuch_aug.crops:center_crop': no module 'nosuch_aug' in "
+    )
+    assert "(data.transform from override data.transform=nosuch_aug.crops:center_crop)" in transform
+    assert "run stoker from the folder that holds nosuch_aug/" in found["transform"]["fix"]
     assert "does not take a file" in found["checkpoints"]["detail"]
     assert "127.0.0.1:9" in found["MLflow"]["detail"] and found["MLflow"]["fix"]
+
+
+def test_data_transform_is_imported_as_the_loader_workers_will(tmp_path: Path) -> None:
+    """From the folder stoker runs in, as the workers import it by name: a function
+    that is there passes with its file and line; a misspelt one fails with where the
+    value came from and the functions there are."""
+    project = tmp_path / "proj"
+    (project / "my_aug").mkdir(parents=True)
+    (project / "my_aug" / "__init__.py").write_text("")
+    (project / "my_aug" / "crops.py").write_text(
+        "import torch\n\n\ndef center_crop(sample):\n    return sample\n"
+    )
+    code, found = _findings("data.transform=my_aug.crops:center_crop", cwd=project)
+    assert found["transform"]["status"] == "ok", found["transform"]
+    assert found["transform"]["detail"] == (
+        f"data.transform my_aug.crops:center_crop imports ({project}/my_aug/crops.py:4)"
+    )
+    code, found = _findings("data.transform=my_aug.crops:centre_crop", cwd=project)
+    assert code == 1 and found["transform"]["status"] == "fail", found["transform"]
+    assert found["transform"]["detail"] == (
+        f"data.transform 'my_aug.crops:centre_crop': module my_aug.crops "
+        f"({project}/my_aug/crops.py) has no 'centre_crop' "
+        "(data.transform from override data.transform=my_aug.crops:centre_crop)"
+    )
+    assert found["transform"]["fix"] == "name one of its functions: center_crop"
 
 
 def test_a_config_error_stops_at_once(tmp_path: Path) -> None:

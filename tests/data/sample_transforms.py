@@ -1,0 +1,42 @@
+"""Transforms the loader tests name by import path (`data.transform`): the loader's
+worker processes import this module by name, as they would a user's package."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+FAILS_ON = "clip-000003"
+
+
+def halve_audio_and_tag(sample: dict[str, Any]) -> dict[str, Any]:
+    """Changes a decoded tensor and adds keys: the process it ran in, and a number."""
+    sample["audio"] = sample["audio"] * 0.5
+    sample["ran_in_pid"] = torch.tensor(os.getpid())
+    sample["clip"] = int(sample["key"].split("-")[1])
+    return sample
+
+
+def fail_on_one(sample: dict[str, Any]) -> dict[str, Any]:
+    if sample["key"] == FAILS_ON:
+        raise ValueError(f"cannot crop {sample['key']}")
+    return sample
+
+
+def always_fail(sample: dict[str, Any]) -> dict[str, Any]:
+    raise RuntimeError("this transform has a bug")
+
+
+def return_nothing(sample: dict[str, Any]) -> None:
+    sample["audio"] = sample["audio"] * 2  # forgot the return
+
+
+def tag_odd_clips_only(sample: dict[str, Any]) -> dict[str, Any]:
+    if int(sample["key"].split("-")[1]) % 2:
+        sample["odd"] = True
+    return sample
+
+
+NOT_A_FUNCTION = 3
