@@ -25,7 +25,8 @@ The factory gets the data's shapes (`DataShapes`) and its arguments, and returns
 
 - `forward(batch) -> loss` (a scalar tensor) or `(loss, metrics)`, where metrics map
   names to scalars (tensors or numbers) the trainer averages over the log window and
-  logs beside the loss. Required.
+  the ranks and logs beside the loss: the same names on every rank and every batch (the
+  first log step checks the ranks agree). Required.
 - `blocks()` -> the repeated modules (an iterable of `nn.Module`; a `blocks`
   `nn.ModuleList` attribute does as well): the units of FSDP2 sharding, activation
   checkpointing and per-block `torch.compile`. Optional: without it the whole model is

@@ -67,6 +67,15 @@ def check_model(cfg: ExperimentConfig) -> None:
             contract.loss_and_metrics(model, batch)
         except StokerError as exc:
             raise ModelSetupError("model.arch", exc.message, fix=exc.fix or "") from exc
+        except KeyError as exc:
+            key = exc.args[0] if exc.args else None
+            if key in _MODALITIES:
+                raise _forward_failed(cfg.model.arch, exc, _missing_modality_fix(key)) from exc
+            # A member of the data set's own (.npy, .safetensors) or one data.transform
+            # adds: the data set says whether it is there, not the config.
+            print(f"stoker: {cfg.model.arch}: forward not checked on the meta device (it "
+                  f"reads batch[{key!r}], which the data set's members or data.transform "
+                  "give); the ranks will run it", file=sys.stderr)  # fmt: skip
         except (NotImplementedError, RuntimeError) as exc:
             if "meta" not in str(exc):
                 raise _forward_failed(cfg.model.arch, exc) from exc
@@ -90,10 +99,25 @@ def meta_batch(shapes: DataShapes, rows: int) -> dict[str, Any]:
         batch["video"] = torch.empty((rows, *shapes.video_shape), dtype=torch.uint8)
     if "audio" in shapes.modalities:
         batch["audio"] = torch.empty((rows, *shapes.audio_shape), dtype=torch.float32)
+    if "text" in shapes.modalities:
+        batch["text"] = [""] * rows
+    if "meta" in shapes.modalities:
+        batch["meta"] = [{} for _ in range(rows)]
     return batch
 
 
-def _forward_failed(arch: str, exc: BaseException) -> Exception:
+# What data.modalities decides is in the batch (stoker/model.py).
+_MODALITIES = ("video", "audio", "text", "meta")
+
+
+def _missing_modality_fix(key: str) -> str:
+    return (
+        f"add {key} to data.modalities (the data set must hold it: `stoker data inspect`), "
+        f"or do not read batch[{key!r}] in forward"
+    )
+
+
+def _forward_failed(arch: str, exc: BaseException, fix: str | None = None) -> Exception:
     import traceback
 
     from stoker.runtime.models.build import ModelSetupError
@@ -104,7 +128,7 @@ def _forward_failed(arch: str, exc: BaseException) -> Exception:
         "model.arch",
         f"{arch}: forward(batch) on a batch of the data's shapes raised "
         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}{where}",
-        fix="fix forward for the batch stoker gives (docs/bring-your-own.md: the batch)",
+        fix=fix or "fix forward for the batch stoker gives (docs/bring-your-own.md: the batch)",
     )
 
 

@@ -59,6 +59,12 @@ def build_raises(data):
     raise RuntimeError("out of ideas")
 
 NOT_CALLABLE = 3
+"""
+
+# Models for the checks past the factory: metrics by rank, a batch member read.
+EXTRA = """
+import torch
+from torch import nn
 
 class ByRank(nn.Module):
     def __init__(self):
@@ -68,10 +74,23 @@ class ByRank(nn.Module):
     def forward(self, batch):
         import os
         loss = batch["audio"].float().mean() * self.w.sum()
-        return loss, dict([("seen_by_rank_" + os.environ.get("RANK", "0"), loss.detach())])
+        return loss, {"seen_by_rank_" + os.environ.get("RANK", "0"): loss.detach()}
 
 def build_rank_metrics(data):
     return ByRank()
+
+class Reads(nn.Module):
+    def __init__(self, key):
+        super().__init__()
+        self.key = key
+        self.w = nn.Parameter(torch.ones(1))
+
+    def forward(self, batch):
+        batch[self.key]
+        return batch["audio"].float().mean() * self.w.sum()
+
+def build_reads(data, member="npy"):
+    return Reads(member)
 """
 
 
@@ -84,6 +103,7 @@ def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (package / "__init__.py").write_text("")
     (package / "models.py").write_text(PLUGIN.format(raise_on_import=False))
     (package / "broken.py").write_text(PLUGIN.format(raise_on_import=True))
+    (package / "extra.py").write_text(EXTRA)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -251,7 +271,7 @@ def test_metrics_named_differently_on_two_ranks_fail_the_run_by_name(
     data = tmp_path / "data"
     synth_dataset(str(data), clips=8, seconds=1.0, size=(32, 32), fps=8)
     result = stoker(
-        "run", "--nproc", "2", "--json", "model.arch=myplug.models:build_rank_metrics",
+        "run", "--nproc", "2", "--json", "model.arch=myplug.extra:build_rank_metrics",
         f"data.url={data}", "data.batch_size=4", "data.num_workers=0", "train.steps=4",
         "train.log_every=2", cwd=plugin_dir, timeout=900,
     )  # fmt: skip
@@ -259,3 +279,21 @@ def test_metrics_named_differently_on_two_ranks_fail_the_run_by_name(
     assert summary["state"] == "FAILED", result.stderr[-3000:]
     assert "ByRank.forward returned metrics ['seen_by_rank_" in result.stderr, result.stderr
     assert "return the same metric names on every rank" in result.stderr
+
+
+def test_a_member_only_the_data_set_knows_is_left_to_the_ranks(
+    plugin_dir: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The meta batch holds what the config decides (data.modalities); an array member
+    of the data set's own, or a key data.transform adds, cannot be checked there."""
+    from stoker.runtime.preflight import check_model
+
+    reads = "model.arch=myplug.extra:build_reads"
+    check_model(resolve_config(None, [reads, "model.args.member=latent.npy"]).config)
+    assert "reads batch['latent.npy']" in capfd.readouterr().err
+    check_model(resolve_config(None, [reads, "model.args.member=text",
+                                      "data.modalities=[video,audio,text]"]).config)  # fmt: skip
+    with pytest.raises(ModelSetupError) as info:
+        check_model(resolve_config(None, [reads, "model.args.member=text"]).config)
+    assert "raised KeyError: 'text'" in info.value.message
+    assert info.value.fix is not None and "add text to data.modalities" in info.value.fix
