@@ -92,6 +92,4 @@ def _noise(frames: torch.Tensor, generators: Any, per_sample: int) -> torch.Tens
     if not generators:
         return torch.randn_like(frames)
     shape = (per_sample, *frames.shape[1:])
-    return torch.cat(
-        [torch.randn(shape, device=frames.device, generator=g) for g in generators]
-    )
+    return torch.cat([torch.randn(shape, device=frames.device, generator=g) for g in generators])
