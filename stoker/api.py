@@ -13,6 +13,9 @@ ended, cancel it. The CLI's commands do the same through the same launcher code.
     for job in stoker.jobs():               # the ledger, newest first
         print(job.job_id, job.state())
 
+    tasks = stoker.sweep("exp.yaml", ["optim.lr=1e-4,3e-4", "train.steps=500"])
+    print([task.wait() for task in tasks])  # one Job per task of the job array
+
 Importing this module (or `stoker`) imports no torch, mlflow or submitit. Errors are
 `stoker.errors.StokerError`, with the value, where it came from and the fix, as the
 CLI prints them.
@@ -162,6 +165,66 @@ def submit(
     )
     done = launch(resolved, options)
     return Job(done.job_id, done.run_id, Path(done.run_dir))
+
+
+def sweep(
+    experiment: str | Path | None,
+    axes: Sequence[str],
+    *,
+    command: Sequence[str] = (),
+    max_parallel: int | None = None,
+    nodes: int | None = None,
+    ntasks_per_node: int | None = None,
+    gpus_per_node: int | None = None,
+    cpus_per_task: int | None = None,
+    mem: str | None = None,
+    time: str | None = None,
+    partition: str | None = None,
+    name: str | None = None,
+    after: str | None = None,
+    code: str | Path | None = None,
+    snapshot: bool = True,
+    check: bool = True,
+    cwd: str | Path | None = None,
+    profile: str | Path | None = None,
+    use_profile: bool = True,
+) -> list[Job]:
+    """Submit a grid as one job array, as `stoker sweep` does: `axes` are `KEY=V1,V2`
+    sweep axes and `KEY=V` overrides every task shares (every task's model is checked
+    first unless `check=False`). One `Job` per task (`JOB_<index>`), in the order of the
+    grid, each with its own MLflow run (children of one parent run)."""
+    from stoker.launcher.submit import SubmitOptions, job_flags
+    from stoker.launcher.sweep import submit_sweep
+
+    if isinstance(axes, str):
+        raise StokerError(f"axes={axes!r} is one string", fix=f"pass a list: [{axes!r}]")
+    flags = job_flags(
+        lambda flag: f"{flag}=",
+        nodes=nodes, ntasks_per_node=ntasks_per_node, gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus_per_task, mem=mem, time=time, partition=partition, name=name,
+    )  # fmt: skip
+    options = SubmitOptions(
+        command=list(command),
+        after=after,
+        code=Path(code) if code is not None else None,
+        snapshot=snapshot,
+        max_parallel=max_parallel,
+        check=check,
+        cwd=Path(cwd) if cwd is not None else Path.cwd(),
+    )
+    _, done = submit_sweep(
+        Path(experiment) if experiment is not None else None,
+        list(axes),
+        flags,
+        options,
+        profile=Path(profile) if profile is not None else None,
+        use_profile=use_profile,
+    )
+    run_dir = Path(done.run_dir)
+    return [
+        Job(f"{done.job_id}_{index}", run_id, run_dir / "tasks" / str(index))
+        for index, run_id in enumerate(done.child_run_ids)
+    ]
 
 
 def jobs(limit: int | None = None) -> list[Job]:

@@ -84,7 +84,8 @@ TRAINING_STACK = {"torch", "triton", "mlflow", "submitit", "av", "soundfile", "n
 def test_import_stoker_and_its_python_api_load_no_training_stack() -> None:
     # The API's module and what its calls import (submit, status, logs, why, cancel).
     code = (
-        "import stoker; stoker.submit; stoker.jobs; stoker.Job; import stoker.model; "
+        "import stoker; stoker.submit; stoker.sweep; stoker.jobs; stoker.Job; "
+        "import stoker.model, stoker.launcher.sweep; "
         "import stoker.launcher.submit, stoker.launcher.status, stoker.launcher.logs, "
         "stoker.launcher.why, stoker.launcher.control, stoker.launcher.job_end"
     )

@@ -50,12 +50,10 @@ def sweep(
     from stoker.cli.config import split_experiment_args
     from stoker.cli.output import note, out
     from stoker.cli.trailing import trailing_command
-    from stoker.config import resolve_config
-    from stoker.launcher.submit import SubmitOptions, submit
-    from stoker.launcher.sweep import check_task_models, plan_sweep
+    from stoker.launcher.submit import SubmitOptions
+    from stoker.launcher.sweep import submit_sweep
 
     experiment, rest = split_experiment_args(args)
-    plan = plan_sweep(rest)
     flags = opt.job_flags(
         nodes=nodes,
         ntasks_per_node=ntasks_per_node,
@@ -66,12 +64,6 @@ def sweep(
         partition=partition,
         name=name,
     )
-    configs = [
-        resolve_config(
-            experiment, plan.overrides(i), flags, profile=profile, use_profile=not no_profile
-        )
-        for i in range(len(plan.tasks))
-    ]
     options = SubmitOptions(
         command=trailing_command(),
         after=after,
@@ -80,11 +72,11 @@ def sweep(
         code=code,
         snapshot=not no_snapshot,
         max_parallel=max_parallel,
-        check=False,  # every task's model checked here instead, in one child process
+        check=not no_check,
     )
-    if not no_check:
-        check_task_models(plan, configs, options)
-    result = submit(configs, options, sweep_params=plan.tasks)
+    plan, result = submit_sweep(
+        experiment, rest, flags, options, profile=profile, use_profile=not no_profile
+    )
     if options.dry_run:
         sys.stdout.write(result.script.text)
         for index in range(len(plan.tasks)):

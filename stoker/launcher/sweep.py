@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from stoker.errors import StokerError
 
 if TYPE_CHECKING:
     from stoker.config import ResolvedConfig
-    from stoker.launcher.submit import SubmitOptions
+    from stoker.launcher.submit import SubmitOptions, Submitted
 
 MAX_TASKS = 10_000  # far below SLURM's MaxArraySize on any cluster we know; a typo guard
 
@@ -97,3 +98,33 @@ def check_task_models(
         cwd=options.cwd,
         labels=[f"sweep task {i} ({plan.describe(i)})" for i in tasks],
     )
+
+
+def submit_sweep(
+    experiment: Path | None,
+    args: Sequence[str],
+    flags: Mapping[str, tuple[Any, str]],
+    options: SubmitOptions,
+    *,
+    profile: Path | None,
+    use_profile: bool,
+) -> tuple[SweepPlan, Submitted]:
+    """`stoker sweep` and `stoker.sweep`: the plan of `args` (axes KEY=V1,V2 and fixed
+    KEY=V), one resolved config per task, every task's model checked unless
+    `options.check` is false, then one job array (nothing with a dry run)."""
+    from dataclasses import replace
+
+    from stoker.config import resolve_config
+    from stoker.launcher.submit import submit
+
+    plan = plan_sweep(args)
+    configs = [
+        resolve_config(experiment, plan.overrides(i), flags, profile=profile,
+                       use_profile=use_profile)
+        for i in range(len(plan.tasks))
+    ]  # fmt: skip
+    if options.check:
+        check_task_models(plan, configs, options)
+    # Checked above, every task; submit() would check the first alone.
+    result = submit(configs, replace(options, check=False), sweep_params=plan.tasks)
+    return plan, result

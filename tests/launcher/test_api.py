@@ -59,3 +59,25 @@ def test_bad_arguments_are_stoker_errors(tmp_path: Path) -> None:
         stoker.submit(nodes=0, command=["true"], cwd=tmp_path)
     with pytest.raises(StokerError, match="pass a list"):
         stoker.submit(overrides="train.steps=5", cwd=tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(StokerError, match="pass a list"):
+        stoker.sweep(None, "train.seed=1,2", cwd=tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(StokerError, match="no sweep axis"):
+        stoker.sweep(None, ["train.seed=1"], command=["true"], cwd=tmp_path)
+
+
+PRINT_SEED = (
+    "import os, yaml; cfg = yaml.safe_load(open(os.environ['STOKER_CONFIG'])); "
+    "print('seed', cfg['train']['seed'], flush=True)"
+)
+
+
+def test_a_sweep_is_one_job_per_task(slurm_cluster: ClusterSettings, tmp_path: Path) -> None:
+    tasks = stoker.sweep(
+        None, ["train.seed=11,12"], command=[sys.executable, "-c", PRINT_SEED], time="5",
+        cwd=tmp_path,
+    )  # fmt: skip
+    array = tasks[0].job_id.split("_")[0]
+    assert [t.job_id for t in tasks] == [f"{array}_0", f"{array}_1"]
+    assert len({t.run_id for t in tasks}) == 2 and all(t.run_dir.is_dir() for t in tasks)
+    assert [t.wait(timeout=300) for t in tasks] == ["COMPLETED", "COMPLETED"]
+    assert "[0] seed 11" in tasks[0].logs(rank=0) and "[0] seed 12" in tasks[1].logs(rank=0)
