@@ -22,10 +22,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from stoker.checkpoint.checkpointer import Checkpointer, SaveRecord
 from stoker.checkpoint.train_state import TrainState
-from stoker.config import state_hash
 from stoker.errors import StokerError
+from stoker.runtime.job_checkpointer import checkpointer_for
 
 if TYPE_CHECKING:
     from stoker.runtime.own_loop import Run
@@ -53,21 +52,13 @@ class Checkpoint:
         self.root = cfg.root or str(run.run_dir / "checkpoints")
         self.every = cfg.every
         """checkpoint.every: save when `due(step)`."""
-        mesh = None
-        if run.mesh is not None:
-            mesh = {"dims": list(run.mesh.mesh_dim_names or ()), "shape": list(run.mesh.shape)}
-        self._checkpointer = Checkpointer(
+        self._checkpointer = checkpointer_for(
+            run.config,
             self.root,
             rank=run.rank,
             world_size=run.world_size,
-            async_save=cfg.async_save,
-            keep_last=cfg.keep_last,
-            keep_every=cfg.keep_every,
-            mesh=mesh,
-            state_hash=state_hash(run.config),
-            full_verify_on_load=cfg.verify == "full",
-            on_commit=self._report if run.is_main else None,
-            start_fresh_if_none_verifies=cfg.if_none_verifies == "start_fresh",
+            mesh=run.mesh,
+            sink=run._tracking if run.is_main else None,
         )
 
     def restore(self) -> int:
@@ -113,15 +104,4 @@ class Checkpoint:
                 f"the checkpoint of step {step} failed: {message}",
                 fix="check that checkpoint.root is writable and has space; the run can "
                 "resume from the checkpoint before",
-            )
-
-    def _report(self, record: SaveRecord) -> None:
-        tracking = self._run._tracking
-        if tracking is not None:
-            tracking.log_checkpoint(
-                record.step,
-                record.url,
-                bytes=record.bytes,
-                blocking_s=record.blocking_s,
-                background_s=record.background_s,
             )

@@ -33,9 +33,9 @@ from typing import Any
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
-from stoker.checkpoint.checkpointer import Checkpointer, SaveRecord
+from stoker.checkpoint.checkpointer import Checkpointer
 from stoker.checkpoint.train_state import TrainState
-from stoker.config import ExperimentConfig, state_hash
+from stoker.config import ExperimentConfig
 from stoker.errors import StokerError
 from stoker.protocol import EXIT_REQUEUE
 from stoker.runtime import dist_env
@@ -183,32 +183,15 @@ class Trainer:
                 print(f"resumed from {self.checkpoint_root}/step-{state.step}", flush=True)
 
     def _checkpointer(self) -> Checkpointer:
-        ckpt = self.cfg.checkpoint
-        mesh = None
-        if self.mesh is not None:
-            mesh = {"dims": list(self.mesh.mesh_dim_names or ()), "shape": list(self.mesh.shape)}
-        return Checkpointer(
+        from stoker.runtime.job_checkpointer import checkpointer_for
+
+        return checkpointer_for(
+            self.cfg,
             self.checkpoint_root,
             rank=self.env.rank,
             world_size=self.env.world_size,
-            async_save=ckpt.async_save,
-            keep_last=ckpt.keep_last,
-            keep_every=ckpt.keep_every,
-            mesh=mesh,
-            state_hash=state_hash(self.cfg),
-            full_verify_on_load=ckpt.verify == "full",
-            on_commit=self._report_save if self.env.is_main else None,
-            start_fresh_if_none_verifies=ckpt.if_none_verifies == "start_fresh",
-        )
-
-    def _report_save(self, record: SaveRecord) -> None:
-        """Called from the checkpoint thread when a save has committed."""
-        self.sink.log_checkpoint(
-            record.step,
-            record.url,
-            bytes=record.bytes,
-            blocking_s=record.blocking_s,
-            background_s=record.background_s,
+            mesh=self.mesh,
+            sink=self.sink if self.env.is_main else None,
         )
 
     def _eval_loader(self, micro_cfg: ExperimentConfig) -> Any:

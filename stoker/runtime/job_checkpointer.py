@@ -1,0 +1,56 @@
+"""The job's checkpointer from the experiment's `checkpoint.*` keys: one place for the
+built-in trainer and `stoker.job`'s `run.checkpointer()` (own_checkpoint.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from stoker.checkpoint.checkpointer import Checkpointer, SaveRecord
+from stoker.config import ExperimentConfig, state_hash
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from stoker.runtime.metrics_sink import MetricsSink
+
+
+def checkpointer_for(
+    cfg: ExperimentConfig,
+    root: str,
+    *,
+    rank: int,
+    world_size: int,
+    mesh: DeviceMesh | None,
+    sink: MetricsSink | None,
+) -> Checkpointer:
+    """A Checkpointer under `root` as checkpoint.* asks (create it on every rank: a
+    collective). `sink`, on global rank 0: each committed save's metrics and logged
+    model (`log_checkpoint`), from the checkpoint thread."""
+    ckpt = cfg.checkpoint
+    layout: dict[str, Any] | None = None
+    if mesh is not None:
+        layout = {"dims": list(mesh.mesh_dim_names or ()), "shape": list(mesh.shape)}
+
+    def report(record: SaveRecord) -> None:
+        assert sink is not None
+        sink.log_checkpoint(
+            record.step,
+            record.url,
+            bytes=record.bytes,
+            blocking_s=record.blocking_s,
+            background_s=record.background_s,
+        )
+
+    return Checkpointer(
+        root,
+        rank=rank,
+        world_size=world_size,
+        async_save=ckpt.async_save,
+        keep_last=ckpt.keep_last,
+        keep_every=ckpt.keep_every,
+        mesh=layout,
+        state_hash=state_hash(cfg),
+        full_verify_on_load=ckpt.verify == "full",
+        on_commit=report if sink is not None else None,
+        start_fresh_if_none_verifies=ckpt.if_none_verifies == "start_fresh",
+    )
