@@ -37,6 +37,7 @@ LEAVES = (
     "stoker.sqlite_retry",
     "stoker.protocol",
     "stoker.model",
+    "stoker.import_path",
 )
 # Whose module-level imports must stay light (login nodes, `--help`, `import stoker`).
 LOGIN_NODE = (

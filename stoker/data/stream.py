@@ -15,12 +15,8 @@ never travels pickled between processes).
 
 from __future__ import annotations
 
-import importlib
 import logging
-import os
-import sys
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +31,7 @@ from stoker.data.loader_stats import LoaderStats
 from stoker.data.order import SampleOrder
 from stoker.data.prefetch import Prefetcher
 from stoker.errors import StokerError
+from stoker.import_path import import_callable, last_frame
 
 log = logging.getLogger("stoker.data")
 
@@ -269,7 +266,7 @@ class StreamDataset(IterableDataset[Sample]):
             # and one odd sample in millions must not end a job hours in. A transform
             # that fails on every sample still stops at the first batch (_collate).
             raise _Skip(
-                f"transform {name} raised {type(exc).__name__}: {exc} [{_last_frame(exc)}]"
+                f"transform {name} raised {type(exc).__name__}: {exc} [{last_frame(exc)}]"
             ) from exc
         if not isinstance(out, dict):
             # A bug in the transform, the same for every sample: stop, do not skip.
@@ -348,55 +345,11 @@ def collate(values: list[Any]) -> Any:
 def import_transform(path: str, key: str = "transform") -> Transform:
     """The function `path` (package.module:function) names, imported by name; a
     StokerError naming `key` (the setting), the value and the fix when it does not."""
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise StokerError(
-            f"{key} {path!r} is not an import path package.module:function",
-            fix="name a function by its module's dotted name, e.g. mypkg.transforms:crop",
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        missing = exc.name or module_name
-        if module_name == missing or module_name.startswith(missing + "."):
-            raise StokerError(
-                f"{key} {path!r}: no module {missing!r} in {os.getcwd()} (the folder the job "
-                f"runs in) nor installed in {sys.prefix}",
-                fix=f"run stoker from the folder that holds {missing.split('.')[0]}/, or pip "
-                f"install your package into {sys.prefix}",
-            ) from exc
-        raise _import_failed(key, path, module_name, exc) from exc
-    except Exception as exc:
-        raise _import_failed(key, path, module_name, exc) from exc
-    found: Any = module
-    for part in attr.split("."):
-        if not hasattr(found, part):
-            names = sorted(
-                n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-            )
-            raise StokerError(
-                f"{key} {path!r}: module {module_name} "
-                f"({getattr(module, '__file__', None) or module_name}) has no {attr!r}",
-                fix=f"name one of its functions: {', '.join(names) or '(none)'}",
-            )
-        found = getattr(found, part)
-    if not callable(found):
-        raise StokerError(
-            f"{key} {path!r} is a {type(found).__name__}, not a function",
-            fix="name the function that takes a sample dict and returns one",
-        )
-    function: Transform = found
-    return function
-
-
-def _import_failed(key: str, path: str, module_name: str, exc: BaseException) -> StokerError:
-    return StokerError(
-        f"{key} {path!r}: importing {module_name} raised {type(exc).__name__}: {exc} "
-        f"[{_last_frame(exc)}]",
-        fix=f"fix the error in {module_name} (python -c 'import {module_name}' shows it)",
+    function: Transform = import_callable(
+        path,
+        key=key,
+        noun="functions",
+        kind="a function",
+        kind_fix="name the function that takes a sample dict and returns one",
     )
-
-
-def _last_frame(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
-    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "no traceback"
+    return function

@@ -10,17 +10,15 @@ anything (stoker/runtime/preflight.py), the ranks again when they build.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
-import os
-import sys
-import traceback
 import typing
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from stoker.errors import StokerError
+from stoker.import_path import import_callable, last_frame
 from stoker.model import DataShapes
 from stoker.runtime.models.build import ModelSetupError, clip_frames, clip_samples
 
@@ -61,7 +59,7 @@ def build_model(model_cfg: ModelConfig, data_cfg: DataConfig) -> nn.Module:
     except Exception as exc:
         raise ModelSetupError(
             ARCH,
-            f"{model_cfg.arch} ({where}) raised {type(exc).__name__}: {exc} [{_last_frame(exc)}]",
+            f"{model_cfg.arch} ({where}) raised {type(exc).__name__}: {exc} [{last_frame(exc)}]",
             fix="fix the factory, or the model.args it was given",
         ) from exc
     if not isinstance(model, nn.Module) or not callable(getattr(model, "forward", None)):
@@ -76,41 +74,16 @@ def build_model(model_cfg: ModelConfig, data_cfg: DataConfig) -> nn.Module:
 
 def import_factory(arch: str) -> Callable[..., Any]:
     """The callable `arch` names (a built-in, or package.module:attr), imported by name."""
-    path = BUILTIN.get(arch, arch)
-    module_name, _, attr = path.partition(":")
     try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        missing = exc.name or module_name
-        if module_name == missing or module_name.startswith(missing + "."):
-            raise ModelSetupError(
-                ARCH,
-                f"model.arch {arch!r}: no module {missing!r} in {os.getcwd()} (the folder "
-                f"the job runs in) nor installed in {sys.prefix}",
-                fix=f"run stoker from the folder that holds {missing.split('.')[0]}/, or "
-                f"pip install your package into {sys.prefix}",
-            ) from exc
-        raise _import_failed(arch, module_name, exc) from exc
-    except Exception as exc:
-        raise _import_failed(arch, module_name, exc) from exc
-    found: Any = module
-    for part in attr.split("."):
-        if not hasattr(found, part):
-            names = sorted(
-                n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-            )
-            raise ModelSetupError(
-                ARCH,
-                f"model.arch {arch!r}: module {module_name} ({_file_of(module)}) has no {attr!r}",
-                fix=f"name one of its callables: {', '.join(names) or '(none)'}",
-            )
-        found = getattr(found, part)
-    if not callable(found):
-        raise ModelSetupError(
-            ARCH,
-            f"model.arch {arch!r} is a {type(found).__name__}, not a function or class",
-            fix="name the function that builds the model",
+        found = import_callable(
+            BUILTIN.get(arch, arch),
+            key=ARCH,
+            shown=arch,
+            kind="a function or class",
+            kind_fix="name the function that builds the model",
         )
+    except StokerError as exc:
+        raise ModelSetupError(ARCH, exc.message, fix=exc.fix or "") from exc
     return typing.cast(Callable[..., Any], found)
 
 
@@ -214,26 +187,8 @@ def _field_names(cls: type) -> list[str]:
     return list(getattr(cls, "model_fields", {}))
 
 
-def _import_failed(arch: str, module_name: str, exc: BaseException) -> ModelSetupError:
-    return ModelSetupError(
-        ARCH,
-        f"model.arch {arch!r}: importing {module_name} raised {type(exc).__name__}: {exc} "
-        f"[{_last_frame(exc)}]",
-        fix=f"fix the error in {module_name} (python -c 'import {module_name}' shows it)",
-    )
-
-
-def _last_frame(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
-    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "no traceback"
-
-
 def _where(obj: Any) -> str:
     try:
         return f"{inspect.getsourcefile(obj)}:{inspect.getsourcelines(obj)[1]}"
     except (OSError, TypeError):
         return getattr(obj, "__module__", "?")
-
-
-def _file_of(module: Any) -> str:
-    return str(getattr(module, "__file__", None) or module.__name__)
