@@ -77,6 +77,9 @@ def check_model(cfg: ExperimentConfig) -> None:
                   f"reads batch[{key!r}], which the data set's members or data.transform "
                   "give); the ranks will run it", file=sys.stderr)  # fmt: skip
         except (NotImplementedError, RuntimeError) as exc:
+            if 'missing the required "forward"' in str(exc):
+                fix = "define forward(self, batch) returning the loss (stoker/model.py)"
+                raise _forward_failed(cfg.model.arch, exc, fix) from exc
             if "meta" not in str(exc):
                 raise _forward_failed(cfg.model.arch, exc) from exc
             first = str(exc).splitlines()[0]

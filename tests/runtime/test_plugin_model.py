@@ -91,6 +91,14 @@ class Reads(nn.Module):
 
 def build_reads(data, member="npy"):
     return Reads(member)
+
+class NoForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(1))
+
+def build_no_forward(data):
+    return NoForward()
 """
 
 
@@ -261,6 +269,45 @@ def test_submit_checks_the_model_before_anything_is_created_unless_told_not_to(
     job_id = json.loads(sent.stdout.strip().splitlines()[-1])["job_id"]
     followed = stoker("logs", "-f", job_id, timeout=600)
     assert "FAILED" in followed.stderr and "has no 'buld'" in followed.stderr, followed.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.arch=myplug.broken:build"],
+         "importing myplug.broken raised ModuleNotFoundError"),
+        (["model.arch=myplug.extra:build_no_forward"], 'missing the required "forward"'),
+        (["model.arch=myplug.models:build"], "Flat.forward(batch) returned [2], not a scalar"),
+        (["model.arch=myplug.models:build", "model.args.width=wide"],
+         "model.args.width: got 'wide'"),
+    ],
+    ids=["import-fails", "no-forward", "loss-per-sample", "wrong-argument"],
+)  # fmt: skip
+def test_check_and_submit_refuse_a_broken_plugin_and_queue_nothing(
+    plugin_dir: Path, isolated_home: Path, overrides: list[str], message: str
+) -> None:
+    """Before anything is queued: `stoker check` fails the model line with the message
+    and its fix, and `stoker submit` (to SLURM: the check comes before sbatch) refuses
+    with the same, leaving no run folder, MLflow run or ledger entry."""
+    checked = stoker("check", "--json", *overrides, cwd=plugin_dir, timeout=600)
+    assert checked.returncode == 1, checked.stderr[-2000:]
+    model = {f["check"]: f for f in json.loads(checked.stdout)}["model"]
+    assert model["status"] == "fail" and message in model["detail"], model
+    assert model["fix"]
+    if "forward" in message and "missing" in message:
+        assert "define forward(self, batch)" in model["fix"]
+
+    refused = stoker("submit", *overrides, cwd=plugin_dir, timeout=600)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert message in refused.stderr and "fix:" in refused.stderr, refused.stderr
+    runs = isolated_home / ".stoker" / "runs"
+    assert not runs.exists() or not any(runs.iterdir())
+    assert json.loads(stoker("status", "--all", "--json").stdout) == []
+    mlflow_db = isolated_home / ".stoker" / "mlflow" / "mlflow.db"
+    if mlflow_db.exists():
+        from mlflow.tracking import MlflowClient
+
+        assert MlflowClient(f"sqlite:///{mlflow_db}").search_runs(["0", "1"]) == []
 
 
 def test_metrics_named_differently_on_two_ranks_fail_the_run_by_name(
