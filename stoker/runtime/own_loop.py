@@ -126,7 +126,10 @@ class Run:
         self._start_step = 0
         self._synced_at: float | None = None  # when the last should_stop() returned
         self._own_s, self._data_s = 0.0, 0.0  # this rank's, since the last should_stop()
-        self._window: list[list[float]] = []  # per step: every rank's [own_s, data_s]
+        # Since the last log(), on rank 0: steps, and every rank's own and data seconds
+        # summed (sums, not rows: a loop that never logs must not grow them).
+        self._window_steps = 0
+        self._window_sums: list[float] = []  # [own_0, data_0, own_1, data_1, ...]
         self._window_started = time.perf_counter()
         self._hosts: list[str] | None = None
         self._checkpoints: list[Checkpoint] = []
@@ -210,12 +213,13 @@ class Run:
             return
         values = {k: float(v) for k, v in metrics.items()}
         slowest = self._slowest()
-        if self._window:
+        if self._window_steps:
             elapsed = time.perf_counter() - self._window_started
-            values["system/time/step_s"] = elapsed / len(self._window)
+            values["system/time/step_s"] = elapsed / self._window_steps
         if slowest is not None:
             values.update(slowest.metrics())
-        self._window, self._window_started = [], time.perf_counter()
+        self._window_steps, self._window_sums = 0, []
+        self._window_started = time.perf_counter()
         if self._tracking is not None:
             self._tracking.log_metrics(values, step)
         if self._progress is None:
@@ -246,8 +250,11 @@ class Run:
         self._step += 1
         if heartbeat is not None:
             heartbeat.beat(self._step + 1, "step")  # the next step has begun
-        if self._synced_at is not None:
-            self._window.append([value for row in rows for value in row[1:]])
+        if self._synced_at is not None and self.is_main:
+            flat = [value for row in rows for value in row[1:]]
+            sums = self._window_sums or [0.0] * len(flat)
+            self._window_sums = [a + b for a, b in zip(sums, flat, strict=True)]
+            self._window_steps += 1
         self._synced_at, self._data_s = time.perf_counter(), 0.0
         return any(row[0] > 0 for row in rows)
 
@@ -289,11 +296,11 @@ class Run:
 
     def _slowest(self) -> Slowest | None:
         """The slowest rank of the steps since the last log (several ranks)."""
-        if not self._window or self._hosts is None:
+        if not self._window_steps or self._hosts is None:
             return None
-        steps, world = len(self._window), self.world_size
-        own = [sum(row[2 * r] for row in self._window) / steps for r in range(world)]
-        data = [sum(row[2 * r + 1] for row in self._window) / steps for r in range(world)]
+        steps, sums = self._window_steps, self._window_sums
+        own = [sums[2 * r] / steps for r in range(self.world_size)]
+        data = [sums[2 * r + 1] / steps for r in range(self.world_size)]
         compute = [max(o - d, 0.0) for o, d in zip(own, data, strict=True)]
         return Slowest.of(data, compute, self._hosts)
 
