@@ -22,6 +22,7 @@ and `Checkpoint` (own_checkpoint.py) is the trainer's verified async checkpointe
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -309,13 +310,16 @@ class Run:
         self._step = self._start_step = step
         self._beat("step")
 
-    def _end(self, code: int, status: str | None) -> None:
+    def _end(self, code: int | None, status: str | None) -> None:
         """Close everything once, in the order the trainer does: say the exit code
-        first (the batch script reads it if SLURM kills this rank on its way out)."""
+        first (the batch script reads it if SLURM kills this rank on its way out);
+        `code` None: not known (the script ended without finish())."""
         if self._ended:
             return
         self._ended = True
-        announce_exit(self.run_dir, self.restart, self.rank, code, self._frozen_peers(code))
+        if code is not None:
+            peers = self._frozen_peers(code)
+            announce_exit(self.run_dir, self.restart, self.rank, code, peers)
         for checkpoint in self._checkpoints:
             checkpoint.close()
         if self._heartbeat is not None:
@@ -328,6 +332,12 @@ class Run:
             torch.distributed.destroy_process_group()
         # As train.py: a stop that comes while the process exits must not kill it.
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+    def _at_exit(self) -> None:
+        """atexit: a script that ended without finish() or exit_for_requeue() still
+        sends what it logged (the MLflow writer is a daemon thread) and lets a save in
+        flight commit; the run's final state then comes from the job's end."""
+        self._end(None, None)
 
     def _frozen_peers(self, code: int) -> list[int]:
         """For a lost peer: the ranks whose heartbeat went silent (train.py)."""
@@ -394,6 +404,7 @@ def init(config: str | Path | None = None) -> Run:
     run = Run(cfg, env, device, run_dir, restart, stop)
     _current = run
     sys.excepthook = run._on_uncaught
+    atexit.register(run._at_exit)
     rendezvous.join(
         env,
         device,

@@ -5,6 +5,7 @@
     slow R   rank R takes 0.15 s more per step (a straggler)
     raise    rank 1 raises ValueError at step 3
     hang R   rank R stops calling should_stop() at step 3 (sleeps)
+    nofinish trains, but the script ends without run.finish()
 """
 
 from __future__ import annotations
@@ -47,4 +48,5 @@ for step in range(start, total):
         ckpt.save(done, wait=True)
         run.exit_for_requeue()
 ckpt.save(total, wait=True)
-run.finish()
+if mode != "nofinish":
+    run.finish()

@@ -82,6 +82,18 @@ def test_a_slow_rank_is_named_in_the_straggler_metrics(data: Path, isolated_home
     assert max(m.value for m in ratio) > 1.2
 
 
+def test_a_script_that_forgets_finish_still_logs_every_step(
+    data: Path, isolated_home: Path
+) -> None:
+    summary = _run(data, "train.steps=8", command=[str(SCRIPT), "nofinish"])
+    assert summary["state"] == "COMPLETED", summary["stderr"][-3000:]
+    client = _client(isolated_home)
+    losses = client.get_metric_history(summary["run_id"], "loss")
+    assert [m.step for m in losses] == list(range(1, 9))  # sent at exit, not lost
+    assert client.get_run(summary["run_id"]).info.status == "FINISHED"  # the job's end
+    assert (Path(summary["run_dir"]) / "checkpoints/step-8/COMMIT.json").is_file()
+
+
 def test_an_exception_fails_the_run_and_why_shows_it(data: Path, isolated_home: Path) -> None:
     summary = _run(data, "train.steps=10", command=[str(SCRIPT), "raise", "1"])
     assert summary["state"] == "FAILED" and summary["returncode"] == 1
