@@ -34,18 +34,31 @@ The factory gets the data's shapes (`DataShapes`) and its arguments, and returns
 - `init_weights()`: (re)initialise every parameter and buffer in place. Optional:
   without it the parameters the factory made are kept (the factory runs under the
   run's seed, the same on every rank).
-- `flops_per_sample(batch)` -> training FLOPs (forward + backward) of one sample.
-  Optional: without it there is no MFU, said once in the log.
+- `flops_per_sample(batch)` -> training FLOPs (forward + backward) of one sample of
+  this batch's shape. Optional: without it there is no MFU, said once in the log.
 - `sample(...)`: generation, used for logged samples (a later milestone). Optional.
 
 The batch (`Batch`) holds what the loader decoded, as `data.modalities` asks: "video"
 uint8 [B, T, 3, H, W], "audio" float32 [B, C, N], "text" (the captions, a list of
-strings), "meta" (the `.json` members, a list of dicts); "valid" bool [B] (False for a
-row that repeats another because its sample could not be decoded or transformed),
+strings), "meta" (the `.json` members, a list of dicts); "valid" bool [B], "skipped"
+(the "shard:key" of each sample of this batch that could not be used, a list),
 "position" int64 [B] (each sample's place in the data order), and "generators": one
 `torch.Generator` per sample on the batch's device, seeded by (train.seed, the sample's
 position in the data order): draw noise from them and the losses are the same whatever
 the number of ranks and restarts; the global RNG works too, without that guarantee.
+
+`valid` is False for a row that stands in for a sample that could not be fetched,
+decoded or transformed: the row is a copy of another row of the batch, so that shapes
+stay fixed. forward must leave such rows out of the loss (and so out of the gradient):
+compute a loss per sample and average it over the valid rows with
+`valid_mean(per_sample_loss, batch)`. A batch may hold no valid row at all (a
+micro-batch of a gradient-accumulation step): valid_mean gives 0 then, not NaN.
+
+Shapes: without `data.buckets` every batch has the one shape of `DataShapes`. With
+buckets each batch is one bucket's shape (`DataShapes.buckets`: T frames of H x W and N
+audio samples per bucket; the batch size varies too): forward must take each, and
+`stoker check` runs it on every bucket's shape before anything is queued.
+`flops_per_sample(batch)` is asked once per shape of batch.
 
 Array members pass through whatever `data.modalities` says: each `.npy` and
 `.safetensors` member that every sample of the data set has, under its extension
@@ -56,7 +69,8 @@ tensors (and a `.safetensors` dict, a dict of those). What `data.transform` adds
 collated the same way; values that are not tensors come as lists. Stacked tensors
 arrive on the model's device; lists and dicts stay on the host for forward to move.
 
-This module imports no torch: the login node reads it.
+This module imports no torch when imported (valid_mean does when called): the login node
+reads it.
 """
 
 from __future__ import annotations
@@ -74,18 +88,14 @@ Batch = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
-class DataShapes:
-    """The shapes every clip of the run has (the loader crops and resizes to them)."""
+class ClipShape:
+    """One shape a batch's clips have: one bucket of `data.buckets`."""
 
-    modalities: tuple[str, ...]
-    """What the data set's samples hold and the loader decodes: 'video', 'audio', ..."""
     clip_seconds: float
-    fps: int
     frames: int
     """T: video frames per clip (clip_seconds x fps, rounded)."""
     resolution: tuple[int, int]
     """[H, W] of every frame."""
-    sample_rate: int
     channels: int
     samples: int
     """N: audio samples per clip and channel (clip_seconds x sample_rate, rounded)."""
@@ -101,6 +111,52 @@ class DataShapes:
         return (self.channels, self.samples)
 
 
+@dataclass(frozen=True)
+class DataShapes:
+    """The shapes of the run's clips (the loader crops and resizes to them).
+
+    Without `data.buckets`, every clip has the one shape the fields below give. With
+    buckets, `buckets` holds each bucket's shape (in `data.buckets`' order) and the
+    fields below give the largest of each over the buckets: the longest clip, the most
+    frames and samples, the largest H and the largest W (which may come from two
+    buckets): a box every bucket's clips fit in, for sizing position tables."""
+
+    modalities: tuple[str, ...]
+    """What the data set's samples hold and the loader decodes: 'video', 'audio', ..."""
+    clip_seconds: float
+    fps: int
+    frames: int
+    """T: video frames per clip (clip_seconds x fps, rounded)."""
+    resolution: tuple[int, int]
+    """[H, W] of every frame."""
+    sample_rate: int
+    channels: int
+    samples: int
+    """N: audio samples per clip and channel (clip_seconds x sample_rate, rounded)."""
+    buckets: tuple[ClipShape, ...] = ()
+    """Each bucket's shape, in `data.buckets`' order; empty without buckets."""
+
+    @property
+    def video_shape(self) -> tuple[int, int, int, int]:
+        """[T, 3, H, W] of one sample's video (with buckets: the largest of each)."""
+        return (self.frames, 3, *self.resolution)
+
+    @property
+    def audio_shape(self) -> tuple[int, int]:
+        """[C, N] of one sample's audio (with buckets: the longest)."""
+        return (self.channels, self.samples)
+
+    @property
+    def clip_shapes(self) -> tuple[ClipShape, ...]:
+        """Every shape a batch may have: the buckets', or without buckets the one shape."""
+        if self.buckets:
+            return self.buckets
+        only = ClipShape(
+            self.clip_seconds, self.frames, self.resolution, self.channels, self.samples
+        )
+        return (only,)
+
+
 @runtime_checkable
 class TrainableModel(Protocol):
     """The one method a model must have (the optional ones are in the module's doc)."""
@@ -110,3 +166,36 @@ class TrainableModel(Protocol):
         ...
 
     def parameters(self, recurse: bool = True) -> Iterable[nn.Parameter]: ...
+
+
+def valid_mean(per_sample: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """The mean of `per_sample` [B] (one loss per row) over the rows of `batch` whose
+    `valid` is True: rows that stand in for a skipped sample add nothing to the loss
+    and get an exact zero gradient. 0 (not NaN) when no row is valid; the plain mean
+    when the batch has no "valid" (a batch not from stoker's loader).
+
+        per_sample = ((predicted - target) ** 2).flatten(1).mean(dim=1)
+        return valid_mean(per_sample, batch)
+
+    A non-finite value in a stand-in row does not reach the loss either (it is
+    selected away, not multiplied by 0). Works under torch.compile and on meta tensors.
+    """
+    import torch
+
+    if per_sample.dim() != 1:
+        raise ValueError(
+            f"valid_mean takes one loss per sample, a [B] tensor; got shape "
+            f"{tuple(per_sample.shape)} (reduce the other dims first, e.g. .flatten(1).mean(1))"
+        )
+    valid = batch.get("valid")
+    if valid is None:
+        return per_sample.mean()
+    if tuple(valid.shape) != tuple(per_sample.shape):
+        raise ValueError(
+            f"batch['valid'] has shape {tuple(valid.shape)} but the losses "
+            f"{tuple(per_sample.shape)}: give one loss per row of the batch"
+        )
+    valid = valid.to(device=per_sample.device, dtype=torch.bool)
+    kept = torch.where(valid, per_sample, torch.zeros_like(per_sample))
+    mean: torch.Tensor = kept.sum() / valid.sum().clamp(min=1).to(per_sample.dtype)
+    return mean

@@ -48,16 +48,28 @@ def wait_final(job_id: str, timeout: float = 120, run_dir: Path | None = None) -
     job = scontrol_job(job_id)
     nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T %E"], capture_output=True,
                            text=True, check=False).stdout  # fmt: skip
-    history = ""
-    for name in ("attempts", "events", "failures"):
-        path = (run_dir / name) if run_dir else None
-        if path and path.exists():
-            history += f"\n{name}:\n{path.read_text()}"
     pytest.fail(
         f"job {job_id} still {state or 'unknown'} after {timeout} s: "
         f"Reason={job.get('Reason')} ExcNodeList={job.get('ExcNodeList')} "
-        f"NodeList={job.get('NodeList')} Restarts={job.get('Restarts')}\nnodes:\n{nodes}{history}"
+        f"NodeList={job.get('NodeList')} Restarts={job.get('Restarts')}\nnodes:\n{nodes}"
+        + (run_story(run_dir) if run_dir else "")
     )
+
+
+def run_story(run_dir: Path) -> str:
+    """What the batch script recorded of a job's starts (attempts, events, failures, the
+    end of batch.log) and the end of each rank's log per start: a failed assertion's
+    message, so that a failure in CI can be read without its run folder."""
+    story = ""
+    for name in ("attempts", "events", "failures"):
+        if (run_dir / name).exists():
+            story += f"\n{name}:\n{(run_dir / name).read_text()}"
+    batch = run_dir / "logs" / "batch.log"
+    if batch.exists():
+        story += "\nbatch.log (end):\n" + "\n".join(batch.read_text().splitlines()[-60:])
+    for log in sorted((run_dir / "logs").glob("r*/rank-*.log")):
+        story += f"\n{log.parent.name}/{log.name} (end):\n" + log.read_text()[-1200:]
+    return story
 
 
 def rank_lines(run_dir: Path, restart: int = 0) -> dict[int, str]:

@@ -174,7 +174,8 @@ def test_data_tour_runs_in_order(tmp_path: Path) -> None:
         assert result.returncode == 0, f"{command}: {result.stderr}"
         outputs[args[2]] = result.stdout
     packed = json.loads(outputs["pack"].strip().splitlines()[-1])
-    assert packed == {"samples": 32, "shards": 1, "skipped": []}  # 16 clips of 4 s, cut in 2
+    # 16 clips of 4 s, cut in 2
+    assert packed == {"samples": 32, "shards": 1, "skipped": [], "skipped_by_kind": {}}
     assert "32 in 1 shards" in outputs["inspect"] and "headroom" in outputs["bench"]
 
 

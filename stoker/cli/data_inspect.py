@@ -16,22 +16,57 @@ def inspect(
         Path("stoker-frames"), "--frames-dir", help="Folder for the PNG frames."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
+    suggest_buckets: bool = typer.Option(
+        False,
+        "--suggest-buckets",
+        help="Propose data.buckets from the sizes and durations, with each one's share.",
+    ),
+    max_side: int = typer.Option(
+        256, "--max-side", min=16, help="With --suggest-buckets: the longest frame side."
+    ),
 ) -> None:
-    """Shards, samples, durations, codecs, sizes and rates of a data set; a few frames as PNG.
+    """Shards, samples, durations, codecs, sizes and rates of a data set, and its digest;
+    a few frames as PNG.
 
-    Reads the manifest and every shard index (small files), and the bytes of the
-    samples whose frames it writes; never lists the store.
+    The digest (16 hex digits of the shards' paths, checksums and sample counts) is the
+    data set's identity, as a run records it among its MLflow dataset inputs. Reads the
+    manifest and every shard index (small files), and the bytes of the samples whose
+    frames it writes; never lists the store.
+
+    --suggest-buckets proposes buckets of the most common aspect ratios (longer side
+    --max-side, multiples of 16) at clip lengths most samples hold, as YAML to paste
+    under `data:` (batch sizes are yours: give each a batch_size, or set
+    data.batch_tokens).
 
     Example: stoker data inspect s3://bucket/av --frames 4 --frames-dir /tmp/look
     """
     from stoker.cli.output import out, print_json
     from stoker.data.inspect_dataset import inspect_dataset
 
-    report = inspect_dataset(url, frames=frames, frames_dir=frames_dir if frames else None)
+    report = inspect_dataset(
+        url,
+        frames=frames,
+        frames_dir=frames_dir if frames else None,
+        suggest_buckets=max_side if suggest_buckets else None,
+    )
     if as_json:
         print_json(report)
         return
     _print_report(report, out())
+    if suggest_buckets:
+        out().print(_buckets_yaml(report["suggested_buckets"]), markup=False, highlight=False)
+
+
+def _buckets_yaml(rows: list[dict]) -> str:  # type: ignore[type-arg]
+    """The suggestion as YAML for an experiment file, each bucket's share as a comment."""
+    lines = ["# suggested buckets (share of the samples each would get):", "buckets:"]
+    for row in rows:
+        fields = [f"clip_seconds: {row['clip_seconds']:g}"]
+        if "resolution" in row:
+            height, width = row["resolution"]
+            fields.insert(0, f"resolution: [{height}, {width}]")
+        lines.append(f"  - {{{', '.join(fields)}}}  # {row['share']:.0%}")
+    return "\n".join(lines)
 
 
 def _print_report(r: dict, console: object) -> None:  # type: ignore[type-arg]
@@ -46,6 +81,7 @@ def _print_report(r: dict, console: object) -> None:  # type: ignore[type-arg]
     table.add_column(style="bold")
     table.add_column()
     rows = [
+        ("digest", r["digest"]),
         ("samples", f"{r['samples']} in {r['shards']} shards"),
         ("size", f"{r['bytes'] / 1e6:.1f} MB"),
         ("duration", f"{r['duration_s'] / 3600:.2f} h ({r['duration_s']:g} s)"),

@@ -43,6 +43,13 @@ def pack(
     target_shard_mb: float = typer.Option(
         256, "--target-shard-mb", min=0.001, help="Fill shards up to about this many MB."
     ),
+    audio_stream: int = typer.Option(
+        0,
+        "--audio-stream",
+        min=0,
+        help="Which audio track of a video file is its sample's audio (0: the first); an "
+        "audio file of the same name wins over any track. A re-run must repeat it.",
+    ),
     slurm: bool = typer.Option(
         False, "--slurm", help="Write the shards in a SLURM job array (submitit)."
     ),
@@ -59,14 +66,20 @@ def pack(
         False, "--restart", help="Discard a previous pack in DST instead of resuming it."
     ),
     as_json: bool = typer.Option(
-        False, "--json", help='Last stdout line: {"samples": N, "shards": M, "skipped": [...]}.'
+        False,
+        "--json",
+        help='Last stdout line: {"samples": N, "shards": M, "skipped": [{"path", "reason", '
+        '"kind"}, ...], "skipped_by_kind": {"not media": K, ...}}.',
     ),
 ) -> None:
     """Pack a folder of video and audio files into WebDataset shards with indexes and a manifest.
 
     Files sharing a name form one sample (clips/a.mp4 + clips/a.flac + clips/a.json +
-    clips/a.txt -> key 'clips/a'); video: mp4 mkv webm mov, audio: flac wav ogg mp3.
-    Unreadable, empty or truncated files are left out and reported, never fatal.
+    clips/a.txt -> key 'clips/a'). Any format FFmpeg reads is probed (mp4 m4v mov mkv
+    webm avi ts mpg; wav flac ogg oga opus mp3 m4a aac aiff; others by content): a
+    video's audio track is its sample's audio unless an audio file has its name.
+    Files left out (not media, unreadable, empty, truncated, a sidecar without media)
+    are reported with a count per reason, never fatal.
     Running the same command again resumes: finished shards are kept.
 
     Example: stoker data pack ./raw s3://bucket/av-v1 --clip-seconds 4 --slurm
@@ -91,7 +104,9 @@ def pack(
     request = PackRequest(
         src=src,
         dst=dst,
-        options=PackOptions(clip_seconds=clip_seconds, target_shard_mb=target_shard_mb),
+        options=PackOptions(
+            clip_seconds=clip_seconds, target_shard_mb=target_shard_mb, audio_stream=audio_stream
+        ),
         workers=workers,
         restart=restart,
         runner=runner,
@@ -117,7 +132,8 @@ def _print_report(report: PackReport) -> None:
 
     out().print(f"{report.samples} samples in {report.shards} shards: {report.manifest}")
     if report.skipped:
-        out().print(f"skipped {len(report.skipped)} inputs:", markup=False)
+        counts = ", ".join(f"{n} {kind}" for kind, n in report.skipped_by_kind().items())
+        out().print(f"skipped {len(report.skipped)} inputs ({counts}):", markup=False)
         for row in report.skipped:
             out().print(f"  {row['path']}: {row['reason']}", markup=False)
 

@@ -117,6 +117,9 @@ def describe_type(annotation: Any) -> str:
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in args)
     if origin is list:
+        if args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+            keys = ", ".join(info.alias or name for name, info in args[0].model_fields.items())
+            return f"a list of mappings {{{keys}}}"
         return f"a list of {_plural(describe_type(args[0]))}" if args else "a list"
     if origin is tuple:
         return f"a list of {len(args)} values [" + ", ".join(describe_type(a) for a in args) + "]"

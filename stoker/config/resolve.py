@@ -303,6 +303,14 @@ def _section_keys(path: KeyPath) -> Iterator[str]:
             yield leaf[len(path)]
 
 
+def _element_key(field_path: KeyPath, loc: KeyPath) -> str:
+    """`data.resolution[1]`; in a list of mappings, `data.buckets[0].clip_seconds`."""
+    rest = loc[len(field_path) :]
+    if len(rest) > 1 and rest[0].isdigit():
+        return f"{dotted(field_path)}[{rest[0]}]." + dotted(rest[1:])
+    return f"{dotted(field_path)}[{loc[-1]}]"
+
+
 def _problems_from(exc: ValidationError, sources: Mapping[KeyPath, Source]) -> list[Problem]:
     problems = []
     for error in exc.errors(include_url=False):
@@ -330,7 +338,7 @@ def _problems_from(exc: ValidationError, sources: Mapping[KeyPath, Source]) -> l
         key = (
             dotted(loc)
             if len(loc) == len(field_path) or is_free_mapping(field_at(ExperimentConfig, loc[:-1]))
-            else f"{dotted(field_path)}[{loc[-1]}]"
+            else _element_key(field_path, loc)
         )
         if error["type"] == "value_error":
             # Our validators say what form is expected; the type is not the issue.

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from stoker.redact import secret_word
 
@@ -219,11 +219,60 @@ class ModelConfig(Section):
         )
 
 
+class SourceConfig(Section):
+    """One data set of a mixture (data.sources)."""
+
+    name: str
+    """What metrics, MLflow's dataset inputs and messages call it: letters, digits, . _ -."""
+    url: str
+    """fsspec URL of its packed data set."""
+    weight: Annotated[float, Field(gt=0, le=1e6)] = 1.0
+    """Its share of the samples: weight / the sum of all weights."""
+
+    @field_validator("name")
+    @classmethod
+    def _check_source_name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"{value!r}: use letters, digits, '.', '_' and '-' (at most 128)")
+        return value
+
+
+class BucketConfig(Section):
+    """One bucket (data.buckets): clips of one size and length, batched together."""
+
+    resolution: tuple[Annotated[int, Field(ge=8)], Annotated[int, Field(ge=8)]] | None = None
+    """[height, width] of its frames; null: data.resolution (audio-only buckets)."""
+    clip_seconds: Annotated[float, Field(gt=0, le=3600)]
+    """Length of its clips in seconds."""
+    batch_size: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    """Global batch size of its batches; null: as many as data.batch_tokens allows."""
+
+
 class DataConfig(Section):
     """Where samples come from and how they are cut."""
 
     url: str | None = None
     """fsspec URL of a packed data set (file://, s3://, ...); null uses synthetic data."""
+    sources: list[SourceConfig] = []
+    """A mixture of data sets [{name, url, weight}], each with its own epochs; url must be null."""
+    mixing: Literal["random", "exact"] = "random"
+    """How sources share the stream: seeded draws by weight, or exact proportions in every batch."""
+    buckets: list[BucketConfig] = []
+    """Buckets of size and length [{resolution, clip_seconds, batch_size}]; empty: one shape."""
+    batch_tokens: Annotated[int, Field(ge=1)] | None = None
+    """Token budget of a global batch, for buckets without batch_size (see data.token_patch)."""
+    token_patch: tuple[
+        Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]
+    ] = (1, 16, 16)
+    """[frames, height, width] of one video token, for data.batch_tokens."""
+    audio_tokens_per_s: Annotated[float, Field(gt=0, le=1e6)] = 50.0
+    """Tokens per second of audio-only clips, for data.batch_tokens."""
+    batch_multiple: Annotated[int, Field(ge=1, le=65_536)] = 1
+    """Batch sizes from data.batch_tokens are rounded down to a multiple of this (use the ranks)."""
+    resize: Literal["crop", "stretch"] = "crop"
+    """Frames keep their aspect ratio (scaled to cover, centre-cropped) or are stretched."""
+    allow_changed_data: bool = False
+    """Resume even though a data set's manifest digest changed since the checkpoint."""
     eval_url: str | None = None
     """Held-out data set for train.eval_every; null: a second synthetic set with url null."""
     batch_size: Annotated[int, Field(ge=1, le=1_000_000)] = 8
@@ -252,6 +301,39 @@ class DataConfig(Section):
     """How DataLoader workers start; fork is unsafe with s3fs/gcsfs."""
     transform: str | None = None
     """Per-sample function package.module:function, run in the loader workers; null: none."""
+
+    @field_validator("sources")
+    @classmethod
+    def _check_sources(cls, value: list[SourceConfig]) -> list[SourceConfig]:
+        names = [s.name for s in value]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"source names must differ: {', '.join(twice)} appears twice")
+        return value
+
+    @field_validator("buckets")
+    @classmethod
+    def _check_buckets(cls, value: list[BucketConfig]) -> list[BucketConfig]:
+        shapes = [(b.resolution, b.clip_seconds) for b in value]
+        twice = [s for i, s in enumerate(shapes) if s in shapes[:i]]
+        if twice:
+            res, seconds = twice[0]
+            raise ValueError(f"two buckets share resolution {res} and clip_seconds {seconds:g}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_mixture_and_budget(self) -> DataConfig:
+        if self.sources and self.url is not None:
+            raise ValueError(
+                "data.url and data.sources are both set: set data.url to null for a mixture, "
+                "or drop data.sources"
+            )
+        if any(b.batch_size is None for b in self.buckets) and self.batch_tokens is None:
+            raise ValueError(
+                "a bucket without batch_size needs data.batch_tokens (the token budget its "
+                "batch size is derived from): set one of them"
+            )
+        return self
 
     @field_validator("transform")
     @classmethod

@@ -1,5 +1,6 @@
-"""What a data set holds: manifest totals, per-shard and per-sample statistics from
-the indexes, and a few decoded frames written as PNG for a person to look at."""
+"""What a data set holds: manifest totals and digest, per-shard and per-sample
+statistics from the indexes, and a few decoded frames written as PNG for a person to
+look at; `read_manifest`, the manifest alone (a run's data lineage)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from stoker.data.dataset import DataSource, open_dataset
-from stoker.data.shard_format import SampleEntry
+from stoker.data.shard_format import MANIFEST_NAME, Manifest, SampleEntry, join, parse_manifest
+from stoker.errors import StokerError
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -34,9 +36,11 @@ def inspect_dataset(
     frames: int = 3,
     frames_dir: Path | None = None,
     storage_options: dict[str, Any] | None = None,
+    suggest_buckets: int | None = None,
 ) -> dict[str, Any]:
     """Statistics of the data set at `url`; with `frames_dir`, the middle frame of
-    the first `frames` samples written there as PNG (paths in the result)."""
+    the first `frames` samples written there as PNG (paths in the result); with
+    `suggest_buckets` (the longest frame side), buckets for data.buckets."""
     source = open_dataset(url, storage_options)
     manifest = source.manifest
     entries: list[SampleEntry] = []
@@ -47,6 +51,8 @@ def inspect_dataset(
     report: dict[str, Any] = {
         "url": url,
         "format": f"{manifest.format} v{manifest.version}",
+        # The data set's identity, as runs record it (their MLflow dataset inputs).
+        "digest": manifest.fingerprint(),
         "created_by": manifest.created_by,
         "shards": len(manifest.shards),
         "samples": manifest.samples,
@@ -78,7 +84,43 @@ def inspect_dataset(
     }
     if frames_dir is not None and frames > 0:
         report["frames_written"] = _write_frames(source, entries[: frames * 4], frames, frames_dir)
+    if suggest_buckets is not None:
+        from stoker.data.buckets import suggest_buckets as suggest
+
+        report["suggested_buckets"] = suggest(entries, max_side=suggest_buckets)
     return report
+
+
+def read_manifest(url: str, storage_options: dict[str, Any] | None = None) -> Manifest | None:
+    """The manifest of the data set at `url`, and nothing else: one read, no shard index
+    (open_dataset would index plain WebDataset shards in memory, reading every tar).
+    None for plain WebDataset shards (a .tar URL, a brace pattern, a folder of tars),
+    which have no manifest. StokerError where there is no data set."""
+    from fsspec.core import url_to_fs
+
+    if url.endswith(".tar") or ("{" in url and "}" in url):
+        return None
+    where = f"{url.rstrip('/')}/{MANIFEST_NAME}"
+    fix = "check the URL, credentials (AWS_* variables, storage options) and endpoint"
+    try:
+        fs, root = url_to_fs(url, **(storage_options or {}))
+    except (ImportError, ValueError) as exc:
+        raise StokerError(f"data URL {url!r}: {exc}", fix=fix) from exc
+    try:
+        raw = fs.cat_file(join(root.rstrip("/"), MANIFEST_NAME))
+    except FileNotFoundError:
+        try:
+            if any(str(p).endswith(".tar") for p in fs.ls(root, detail=False)):
+                return None
+        except OSError:
+            pass
+        raise StokerError(
+            f"no data set at {url!r}: {MANIFEST_NAME} is missing there",
+            fix="point at the root of a data set (`stoker data pack` or `data synth` writes one)",
+        ) from None
+    except OSError as exc:
+        raise StokerError(f"cannot read {where}: {exc}", fix=fix) from exc
+    return parse_manifest(raw, where)
 
 
 def _write_frames(

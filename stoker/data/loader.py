@@ -1,4 +1,4 @@
-"""The loader a training loop holds: a DataLoader over the global sample stream,
+"""The loader a training loop holds: a DataLoader over the global batch schedule,
 with a resumable state.
 
     loader = StreamingLoader("s3://bucket/av", batch_size=32, rank=rank, world_size=world)
@@ -7,27 +7,32 @@ with a resumable state.
         ...                                            # batch["video"]: B/R x T x 3 x H x W uint8
         checkpoint["loader"] = loader.state_dict()
 
-The state is a position in the global stream, counted in the main process from
-the batches the loop has taken, never from what workers prefetched. Resuming
-with other numbers of ranks or workers continues the same stream: nothing
-repeated, nothing skipped.
-"""
+One data set, or a mixture (`MixSource`s with weights, each with its own epochs), and
+optionally buckets of clip size and length (stoker/data/schedule.py). The state is the
+schedule's state after the last batch the loop has taken (each batch brings it from its
+worker), never what workers prefetched. Resuming with other numbers of ranks or
+workers continues the same schedule: nothing repeated, nothing skipped."""
 
 from __future__ import annotations
 
 import multiprocessing
 import signal
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
+from stoker.data import loader_state
+from stoker.data.buckets import Bucket, bucket_counts, resolve_buckets
 from stoker.data.dataset import DataSource, open_dataset
 from stoker.data.decode import array_fields
 from stoker.data.fetch import RetryPolicy
 from stoker.data.loader_stats import LoaderStats
 from stoker.data.parent_death import die_with_parent
+from stoker.data.schedule import ScheduleState
 from stoker.data.shard_format import MODALITIES
 from stoker.data.stream import (
+    STATE_KEY,
     STATS_KEY,
     ClipSpec,
     Sample,
@@ -38,18 +43,31 @@ from stoker.data.stream import (
 )
 from stoker.errors import StokerError
 
-STATE_VERSION = 1
 START_METHODS = ("forkserver", "spawn")
 
 
+@dataclass(frozen=True)
+class MixSource:
+    """One data set of a mixture: its name, where it is, its share of the samples."""
+
+    name: str
+    data: str | DataSource
+    weight: float = 1.0
+
+
 class StreamingLoader:
-    """Batches of this rank's slice of the global stream, resumable and elastic."""
+    """Batches of this rank's slice of the global batch schedule, resumable and elastic.
+
+    `data` is one data set (URL or DataSource) or a mixture (a list of MixSource, each
+    walked in its own order with its own epochs, `mixing` random or exact). `buckets`
+    batch clips of several sizes and lengths, each bucket with its own global batch
+    size (`batch_size` is then unused)."""
 
     def __init__(
         self,
-        data: str | DataSource,
+        data: str | DataSource | Sequence[MixSource],
         *,
-        batch_size: int,
+        batch_size: int | None = None,
         rank: int = 0,
         world_size: int = 1,
         num_workers: int = 2,
@@ -61,8 +79,11 @@ class StreamingLoader:
         sample_rate: int = 16_000,
         channels: int = 1,
         clip_offset: str = "random",
+        resize: Literal["crop", "stretch"] = "crop",
         shuffle: bool = True,
         shuffle_shards: int = 4,
+        mixing: str = "random",
+        buckets: Sequence[Bucket] = (),
         prefetch_mb: float = 256,
         fetch_threads: int = 4,
         retry: RetryPolicy | None = None,
@@ -70,57 +91,101 @@ class StreamingLoader:
         storage_options: dict[str, Any] | None = None,
         transform: Transform | str | None = None,
         pin_memory: bool = False,
+        allow_changed_data: bool = False,
         source_name: str = "StreamingLoader",
     ) -> None:
-        self.source = data if isinstance(data, DataSource) else open_dataset(data, storage_options)
-        where = f"{source_name} of {self.source.url}"
+        self.mixture = not isinstance(data, (str, DataSource))
+        specs: list[MixSource] = (
+            [MixSource("data", data)] if isinstance(data, (str, DataSource)) else list(data)
+        )
+        if not specs:
+            raise StokerError(f"{source_name}: no data set given", fix="name at least one")
+        self.names = tuple(spec.name for spec in specs)
+        self.weights = tuple(float(spec.weight) for spec in specs)
+        self.sources = tuple(
+            spec.data
+            if isinstance(spec.data, DataSource)
+            else open_dataset(spec.data, storage_options)
+            for spec in specs
+        )
+        self.source = self.sources[0]
+        where = f"{source_name} of " + ", ".join(s.url for s in self.sources)
         if world_size < 1 or not 0 <= rank < world_size:
             raise StokerError(f"{where}: rank {rank} is not in a world of size {world_size}")
-        if batch_size < world_size or batch_size % world_size:
-            raise StokerError(
-                f"{where}: global batch size {batch_size} does not split over {world_size} ranks",
-                fix=f"use a multiple of {world_size} (each rank takes batch_size / ranks)",
-            )
+        self.buckets = tuple(buckets)
+        if self.buckets:
+            for i, bucket in enumerate(self.buckets):
+                if bucket.batch_size < world_size or bucket.batch_size % world_size:
+                    raise StokerError(
+                        f"{where}: bucket {i} ({bucket.name}) has a global batch of "
+                        f"{bucket.batch_size}, which does not split over {world_size} ranks",
+                        fix=f"give it a batch_size that is a multiple of {world_size} (with "
+                        f"data.batch_tokens: data.batch_multiple={world_size})",
+                    )
+            batch_sizes = tuple(b.batch_size for b in self.buckets)
+        else:
+            if batch_size is None:
+                raise StokerError(f"{where}: batch_size is required without buckets")
+            if batch_size < world_size or batch_size % world_size:
+                raise StokerError(
+                    f"{where}: global batch size {batch_size} does not split over "
+                    f"{world_size} ranks",
+                    fix=f"use a multiple of {world_size} (each rank takes batch_size / ranks)",
+                )
+            batch_sizes = (batch_size,)
+        self.batch_sizes = batch_sizes
+        self.batch_size = batch_sizes[0]
         unknown = [m for m in modalities if m not in MODALITIES]
         if unknown or not modalities:
             raise StokerError(
                 f"{where}: unknown modalities {unknown or list(modalities)}",
                 fix=f"choose from {', '.join(MODALITIES)}",
             )
-        missing = [m for m in modalities if m not in self.source.manifest.modalities]
-        if missing:
-            raise StokerError(
-                f"{where}: asks for {', '.join(missing)}, which not every sample of the data set "
-                f"has (it has: {', '.join(self.source.manifest.modalities) or 'nothing'})",
-                fix="drop those from the loader's modalities, or pack a data set that has them",
-            )
+        for name, source in zip(self.names, self.sources, strict=True):
+            missing = [m for m in modalities if m not in source.manifest.modalities]
+            if missing:
+                has = ", ".join(source.manifest.modalities) or "nothing"
+                named = f"{source_name} {name!r} ({source.url})" if self.mixture else where
+                raise StokerError(
+                    f"{named}: asks for {', '.join(missing)}, which not every sample of the "
+                    f"data set has (it has: {has})",
+                    fix="drop those from the loader's modalities, or pack a data set that has them",
+                )
         if clip_offset not in ("random", "start"):
             raise StokerError(
                 f"{where}: clip_offset {clip_offset!r} is not one of random, start",
                 fix="use clip_offset random (training) or start (evaluation)",
             )
+        if resize not in ("crop", "stretch"):
+            raise StokerError(f"{where}: resize {resize!r} is not one of crop, stretch")
+        if mixing not in ("random", "exact"):
+            raise StokerError(f"{where}: mixing {mixing!r} is not one of random, exact")
         if start_method not in START_METHODS:
             raise StokerError(
                 f"{where}: worker start method {start_method!r} is not one of "
                 f"{', '.join(START_METHODS)}",
                 fix="fork is refused: fsspec's async filesystems (s3fs, gcsfs) are not fork-safe",
             )
-        protocol = self.source.fs.protocol
-        if num_workers and ("memory" in (protocol if isinstance(protocol, tuple) else (protocol,))):
-            raise StokerError(
-                f"{where}: memory:// lives in one process; DataLoader workers would see it empty",
-                fix="use num_workers=0 with memory://",
-            )
+        for source in self.sources:
+            protocol = source.fs.protocol
+            protocols = protocol if isinstance(protocol, tuple) else (protocol,)
+            if num_workers and "memory" in protocols:
+                raise StokerError(
+                    f"{where}: memory:// lives in one process; DataLoader workers would see it "
+                    "empty",
+                    fix="use num_workers=0 with memory://",
+                )
         if isinstance(transform, str):
             # Here, before any worker starts: each worker imports it again by name.
             import_transform(transform)
-        self.batch_size = batch_size
         self.rank = rank
         self.world_size = world_size
         self.num_workers = num_workers
         self.seed = seed
         self.shuffle = shuffle
         self.shuffle_shards = shuffle_shards
+        self.mixing = mixing
+        fields = set.intersection(*(set(s.manifest.fields) for s in self.sources))
         self.clip = ClipSpec(
             modalities=tuple(modalities),
             fps=fps,
@@ -129,7 +194,8 @@ class StreamingLoader:
             sample_rate=sample_rate,
             channels=channels,
             clip_offset=clip_offset,
-            arrays=array_fields(self.source.manifest.fields),
+            resize=resize,
+            arrays=array_fields(sorted(fields)),
         )
         self.prefetch_bytes = int(prefetch_mb * (1 << 20))
         self.fetch_threads = fetch_threads
@@ -137,18 +203,71 @@ class StreamingLoader:
         self.start_method = start_method
         self.transform = transform
         self.pin_memory = pin_memory
-        self.position = 0
-        """Global stream position of the next batch's first sample."""
+        self.allow_changed_data = allow_changed_data
+        self.where = where
+        self._state = ScheduleState.start(len(self.sources), max(1, len(self.buckets)))
         self._stats_done = LoaderStats()
         self._stats_live: dict[int, LoaderStats] = {}
 
     @property
     def samples_per_epoch(self) -> int:
+        """Samples in one epoch of the first (or only) data set."""
         return self.source.manifest.samples
 
     @property
+    def position(self) -> int:
+        """Slots of the merged stream taken so far (with one data set and no buckets:
+        the global stream position of the next batch's first sample)."""
+        return self._state.slot
+
+    @position.setter
+    def position(self, value: int) -> None:
+        if value == 0:
+            self._state = ScheduleState.start(len(self.sources), max(1, len(self.buckets)))
+        elif len(self.sources) == 1 and not self.buckets:
+            self._state = ScheduleState(value // self.batch_size, value, [value], [[]])
+        else:
+            raise StokerError(
+                f"{self.where}: a mixture or bucketed loader rewinds only to 0",
+                fix="restore a state_dict() instead",
+            )
+
+    @property
     def epoch(self) -> int:
-        return self.position // self.samples_per_epoch
+        """Epochs of the first (or only) data set taken so far."""
+        return self._state.positions[0] // self.samples_per_epoch
+
+    def progress(self) -> dict[str, tuple[int, float]]:
+        """Per data set (by name): samples taken from it and its epochs (fractional),
+        over the whole run, for metrics."""
+        return {
+            name: (pos, pos / source.manifest.samples)
+            for name, source, pos in zip(
+                self.names, self.sources, self._state.positions, strict=True
+            )
+        }
+
+    def bucket_counts(self, threads: int = 8) -> dict[str, dict[str, int]]:
+        """Per data set (by name), its samples per bucket (every bucket named, 0 where
+        none falls); {} without buckets. Reads every shard index (in `threads` threads):
+        for lineage and reports, never on the training path."""
+        if not self.buckets:
+            return {}
+        from concurrent.futures import ThreadPoolExecutor
+
+        video = "video" in self.clip.modalities
+        out = {}
+        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            for name, source in zip(self.names, self.sources, strict=True):
+                counts = dict.fromkeys((b.name for b in self.buckets), 0)
+                indexes = pool.map(source.read_index, range(len(source.manifest.shards)))
+                for index in indexes:
+                    for bucket, n in bucket_counts(
+                        index.samples, self.buckets, video=video
+                    ).items():
+                        counts[bucket] += n
+                out[name] = counts
+        return out
 
     def batches(self, max_batches: int | None = None) -> Iterator[Sample]:
         """This rank's next batches, from the current position on (endless by default)."""
@@ -156,22 +275,26 @@ class StreamingLoader:
 
         self._fold_stats()
         dataset = StreamDataset(
-            source=self.source,
+            sources=self.sources,
             plan=StreamPlan(
-                batch_size=self.batch_size,
+                batch_sizes=self.batch_sizes,
                 rank=self.rank,
                 world_size=self.world_size,
-                start=self.position,
+                state=self._state.as_dict(),
                 seed=self.seed,
                 max_batches=max_batches,
                 shuffle=self.shuffle,
                 shuffle_shards=self.shuffle_shards,
+                mixing=self.mixing,
+                weights=self.weights,
+                buckets=self.buckets,
             ),
             clip=self.clip,
             transform=self.transform,
             prefetch_bytes=self.prefetch_bytes,
             fetch_threads=self.fetch_threads,
             retry=self.retry,
+            names=self.names if self.mixture else (),
         )
         workers = self.num_workers
         loader = DataLoader(
@@ -189,7 +312,7 @@ class StreamingLoader:
             for batch in it:
                 worker, counts = batch.pop(STATS_KEY)
                 self._stats_live[int(worker)] = LoaderStats.from_dict(counts)
-                self.position += self.batch_size
+                self._state = ScheduleState.from_dict(batch.pop(STATE_KEY))
                 yield batch
         finally:
             # The workers go now, not when the iterator is collected: a worker's error
@@ -204,51 +327,12 @@ class StreamingLoader:
         return self.batches()
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the global stream stands: equal on every rank, so rank 0's suffices."""
-        epoch, within = divmod(self.position, self.samples_per_epoch)
-        return {
-            "version": STATE_VERSION,
-            "epoch": epoch,
-            "samples_consumed": within,
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "shuffle_shards": self.shuffle_shards,
-            "dataset": self.source.manifest.fingerprint(),
-            "dataset_samples": self.samples_per_epoch,
-        }
+        """Where the schedule stands: equal on every rank, so rank 0's suffices."""
+        return loader_state.save(self, self._state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue the stream where `state` stopped (saved with any ranks or workers)."""
-        where = f"loader state for {self.source.url}"
-        try:
-            version = int(state["version"])
-            epoch = int(state["epoch"])
-            consumed = int(state["samples_consumed"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StokerError(
-                f"{where}: not a StreamingLoader state ({exc!r} missing or bad)",
-                fix="pass what StreamingLoader.state_dict() returned",
-            ) from exc
-        if version > STATE_VERSION:
-            raise StokerError(f"{where}: state version {version} is newer than this stoker")
-        fingerprint = self.source.manifest.fingerprint()
-        if state.get("dataset") != fingerprint:
-            raise StokerError(
-                f"{where}: the state was saved on another data set (fingerprint "
-                f"{state.get('dataset')}, this one {fingerprint}): its positions mean "
-                "other samples",
-                fix="resume on the data set the run started with, or start the loader afresh",
-            )
-        for key in ("seed", "shuffle", "shuffle_shards"):
-            if key in state and state[key] != getattr(self, key):
-                raise StokerError(
-                    f"{where}: the state was saved with {key}={state[key]!r}, this loader "
-                    f"has {key}={getattr(self, key)!r}: the order would differ",
-                    fix=f"construct the loader with {key}={state[key]!r}",
-                )
-        if not 0 <= consumed < self.samples_per_epoch or epoch < 0:
-            raise StokerError(f"{where}: position epoch={epoch} samples={consumed} is out of range")
-        self.position = epoch * self.samples_per_epoch + consumed
+        """Continue the schedule where `state` stopped (saved with any ranks or workers)."""
+        self._state = loader_state.restore(self, state)
 
     def stats(self) -> LoaderStats:
         """Counters over every batch this loader delivered (all its workers)."""
@@ -316,18 +400,35 @@ def _context(method: str) -> Any:
     return ctx
 
 
-def loader_from_config(config: Any, *, rank: int, world_size: int) -> StreamingLoader:
-    """The loader an experiment's `data.*` keys describe (`config`: ExperimentConfig)."""
+def loader_from_config(
+    config: Any, *, rank: int, world_size: int, micro_batches: int = 1
+) -> StreamingLoader:
+    """The loader an experiment's `data.*` keys describe (`config`: ExperimentConfig):
+    data.url, or the mixture data.sources; with data.buckets, each bucket's batch split
+    into `micro_batches` (train.grad_accum) loader batches."""
     data = config.data
-    if data.url is None:
+    if data.url is None and not data.sources:
         raise StokerError(
             "data.url is null: there is no data set to stream",
-            fix="set data.url to a data set (write one with `stoker data synth DST`)",
+            fix="set data.url to a data set (write one with `stoker data synth DST`), or "
+            "data.sources to a mixture",
         )
     if data.transform is not None:
         import_transform(data.transform, key="data.transform")  # named as the config names it
+    buckets = resolve_buckets(data)
+    for i, bucket in enumerate(buckets):
+        if bucket.batch_size % micro_batches:
+            raise StokerError(
+                f"data.buckets[{i}] ({bucket.name}): its batch of {bucket.batch_size} does "
+                f"not split into train.grad_accum={micro_batches} micro-batches",
+                fix=f"use a batch_size that is a multiple of {micro_batches}",
+            )
+    buckets = [replace(b, batch_size=b.batch_size // micro_batches) for b in buckets]
+    source: str | list[MixSource] = data.url
+    if data.sources:
+        source = [MixSource(s.name, s.url, s.weight) for s in data.sources]
     return StreamingLoader(
-        data.url,
+        source,
         batch_size=data.batch_size,
         rank=rank,
         world_size=world_size,
@@ -340,9 +441,13 @@ def loader_from_config(config: Any, *, rank: int, world_size: int) -> StreamingL
         sample_rate=data.sample_rate,
         channels=data.channels,
         clip_offset=data.clip_offset,
+        resize=data.resize,
         shuffle_shards=data.shuffle_shards,
+        mixing=data.mixing,
+        buckets=buckets,
         prefetch_mb=data.prefetch_mb,
         start_method=data.start_method,
         transform=data.transform,
-        source_name="data.url",
+        allow_changed_data=data.allow_changed_data,
+        source_name="data.sources" if data.sources else "data.url",
     )

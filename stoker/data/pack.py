@@ -19,6 +19,7 @@ import json
 import multiprocessing
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -115,7 +116,8 @@ class PackReport:
     samples: int
     shards: int
     skipped: list[dict[str, str]]
-    """{"path": full SRC path, "reason": ...}, sorted by path."""
+    """{"path": full SRC path, "reason": ..., "kind": ...}, sorted by path; `kind` is the
+    reason in a few words ("not media", "truncated", "sidecar without media", ...)."""
     planned: int
     """Shards in the plan; those whose samples were all skipped are not in the manifest."""
     written: int
@@ -124,9 +126,19 @@ class PackReport:
     seconds: float
     manifest: str
 
+    def skipped_by_kind(self) -> dict[str, int]:
+        """How many inputs were left out for each kind of reason, most first."""
+        counts = Counter(row["kind"] for row in self.skipped)
+        return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
     def summary(self) -> dict[str, Any]:
         """What `--json` prints."""
-        return {"samples": self.samples, "shards": self.shards, "skipped": self.skipped}
+        return {
+            "samples": self.samples,
+            "shards": self.shards,
+            "skipped": self.skipped,
+            "skipped_by_kind": self.skipped_by_kind(),
+        }
 
 
 def default_workers() -> int:
@@ -165,7 +177,14 @@ def run_pack(request: PackRequest, progress: PackProgress | None = None) -> Pack
     if pending and dst_fs.exists(manifest_path):
         dst_fs.rm(manifest_path)  # "manifest present" keeps meaning "data set complete"
     tasks = [
-        ShardTask(listing.url, dst_url, n, tuple(plan.shards[n]), request.options.clip_seconds)
+        ShardTask(
+            listing.url,
+            dst_url,
+            n,
+            tuple(plan.shards[n]),
+            clip_seconds=request.options.clip_seconds,
+            audio_stream=request.options.audio_stream,
+        )
         for n in pending
     ]
     if finished:
@@ -194,7 +213,7 @@ def run_pack(request: PackRequest, progress: PackProgress | None = None) -> Pack
         samples=manifest.samples,
         shards=len(manifest.shards),
         skipped=[
-            {"path": join(request.src, s.path), "reason": s.reason}
+            {"path": join(request.src, s.path), "reason": s.reason, "kind": s.kind}
             for s in sorted(skipped, key=lambda s: s.path)
         ],
         planned=len(plan.shards),

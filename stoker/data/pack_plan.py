@@ -3,9 +3,11 @@
 Files sharing a path without extension form one sample: `clips/a.mp4`,
 `clips/a.flac`, `clips/a.json` and `clips/a.txt` become sample `clips/a`. Its key
 is that path with every '.' replaced by '_' (WebDataset splits member names at
-the first dot; `check_key` allows none). A sample needs one video or one audio
-file; a lone .json or .txt is ignored without a report (it is often a README or
-a side file), as are other extensions.
+the first dot; `check_key` allows none). Every file of SRC is either packed or
+reported with a reason: a file of any extension but the sidecars (.json, .txt) may
+be media, and the shard writers' probe decides (FFmpeg reads more than any list of
+extensions); sidecars without a media file beside them, array files, hidden files
+and files without an extension are reported here.
 
 The plan (DST/pack-plan.json) holds the listing, the options and the samples of
 every shard: samples sorted by key, filled greedily into shards of about
@@ -28,9 +30,21 @@ from stoker.errors import StokerError
 
 PLAN_NAME = "pack-plan.json"
 PLAN_FORMAT: Final = "stoker-pack-plan"
-PLAN_VERSION = 1
+PLAN_VERSION = 2
+"""2: every file is listed and reported or packed; options gained audio_stream."""
 SIDECAR_EXTS = ("json", "txt")
-PACKED_EXTS = frozenset(VIDEO_EXTS + AUDIO_EXTS + SIDECAR_EXTS)
+# Array members a sample may hold (stoker.data.decode.ARRAY_EXTS); the packer does not
+# write them: shards holding them are written otherwise.
+ARRAY_EXTS = ("npy", "safetensors")
+
+# Why the grouping leaves a file out (SkippedInput.kind); the writers add the probe's
+# kinds (stoker.data.probe: "not media", "truncated", ...).
+SIDECAR_WITHOUT_MEDIA = "sidecar without media"
+NAME_CONFLICT = "name conflict"
+BAD_NAME = "bad name"
+ARRAY_FILE = "array file"
+HIDDEN_FILE = "hidden file"
+NO_EXTENSION = "no extension"
 # Per tar member: a 512-byte header (PAX adds one more for long names) and padding.
 _TAR_OVERHEAD = 1024
 
@@ -46,6 +60,9 @@ class PackOptions(_Model):
     """Cut samples into clips this long and re-encode them; None copies files as they are."""
     target_shard_mb: float = 256
     """Shards are filled up to about this size (MB of source bytes)."""
+    audio_stream: int = Field(default=0, ge=0)
+    """Which audio track of a video file gives the sample's audio (counted from 0 among
+    the file's audio streams); an audio file beside the video wins over any track."""
 
 
 class InputFile(_Model):
@@ -62,6 +79,9 @@ class SkippedInput(_Model):
     path: str
     """Relative to SRC."""
     reason: str
+    kind: str = "other"
+    """The reason in a few words, for counts: "not media", "truncated", "sidecar without
+    media", ... (the constants here and in stoker.data.probe)."""
 
 
 class PlannedMember(_Model):
@@ -87,7 +107,7 @@ class PackPlan(_Model):
     """SRC as given on the first run (for people; a re-run reads its own SRC)."""
     options: PackOptions
     inputs: dict[str, InputFile]
-    """Every file with a packed extension under SRC, by path relative to SRC."""
+    """Every file under SRC, by path relative to SRC."""
     skipped: list[SkippedInput]
     """Inputs left out by the grouping (the writers report unreadable media)."""
     shards: list[list[PlannedSample]]
@@ -96,7 +116,7 @@ class PackPlan(_Model):
 
 @dataclass(frozen=True)
 class Listing:
-    """SRC listed once: the filesystem, the root path on it, and the packed files."""
+    """SRC listed once: the filesystem, the root path on it, and every file under it."""
 
     fs: Any
     root: str
@@ -134,13 +154,12 @@ def list_inputs(src: str, *, exclude: tuple[Any, str] | None = None) -> Listing:
         if info.get("type", "file") != "file" or (skip_prefix and path.startswith(skip_prefix)):
             continue
         rel = path[len(root) :].lstrip("/")
-        if _ext(rel) in PACKED_EXTS:
-            files[rel] = InputFile(size=int(info.get("size") or 0), modified=_modified(info))
-    if not any(_ext(rel) not in SIDECAR_EXTS for rel in files):
+        files[rel] = InputFile(size=int(info.get("size") or 0), modified=_modified(info))
+    if not any(_left_out(rel) is None and _ext(rel) not in SIDECAR_EXTS for rel in files):
         raise StokerError(
             f"SRC {src!r} holds no media files",
-            fix=f"pack a folder with {', '.join(VIDEO_EXTS)} video or "
-            f"{', '.join(AUDIO_EXTS)} audio files (sub-folders are searched)",
+            fix=f"pack a folder with video ({', '.join(VIDEO_EXTS)}, ...) or audio "
+            f"({', '.join(AUDIO_EXTS)}, ...) files, sub-folders included",
         )
     return Listing(fs=fs, root=root, url=url, files=files)
 
@@ -160,7 +179,29 @@ def _ext(rel: str) -> str:
 
 
 def _stem(rel: str) -> str:
-    return rel.rsplit(".", 1)[0]
+    """The path without its extension (a dot in a folder name is no extension)."""
+    return rel[: -len(_ext(rel)) - 1] if _ext(rel) else rel
+
+
+def _left_out(rel: str) -> SkippedInput | None:
+    """A file that is never a sample's member, with why; None for the others."""
+    if any(part.startswith(".") for part in rel.split("/")):
+        reason = "hidden file (its name or a folder's starts with '.')"
+        return SkippedInput(path=rel, reason=reason, kind=HIDDEN_FILE)
+    ext = _ext(rel)
+    if not ext:
+        return SkippedInput(
+            path=rel,
+            reason="no extension: shard members are named by it; add the format's (.mp4, ...)",
+            kind=NO_EXTENSION,
+        )
+    if ext.rsplit(".", 1)[-1] in ARRAY_EXTS:
+        return SkippedInput(
+            path=rel,
+            reason=f".{ext} arrays are not packed (data pack writes media, .json and .txt)",
+            kind=ARRAY_FILE,
+        )
+    return None
 
 
 def key_for(stem: str) -> str:
@@ -169,19 +210,31 @@ def key_for(stem: str) -> str:
 
 
 def group_samples(files: dict[str, InputFile]) -> tuple[list[PlannedSample], list[SkippedInput]]:
-    """Samples by key, and the files left out with why."""
+    """Samples by key, and the files left out with why. A sample's members are its
+    sidecars and its other files, which the writers probe: video, audio, or reported."""
+    skipped: list[SkippedInput] = []
     groups: dict[str, list[str]] = {}
     for rel in sorted(files):
-        groups.setdefault(_stem(rel), []).append(rel)
-    skipped: list[SkippedInput] = []
+        left_out = _left_out(rel)
+        if left_out is not None:
+            skipped.append(left_out)
+        else:
+            groups.setdefault(_stem(rel), []).append(rel)
     by_key: dict[str, list[tuple[str, dict[str, str]]]] = {}
     for stem, rels in groups.items():
         media = [r for r in rels if _ext(r) not in SIDECAR_EXTS]
         if not media:
-            continue  # a lone .json/.txt: not a sample, not reported
+            skipped += [
+                SkippedInput(
+                    path=r, reason="no media file shares its name", kind=SIDECAR_WITHOUT_MEDIA
+                )
+                for r in rels
+            ]
+            continue
         problem = _group_problem(stem, rels)
         if problem:
-            skipped += [SkippedInput(path=r, reason=problem) for r in media]
+            reason, kind = problem
+            skipped += [SkippedInput(path=r, reason=reason, kind=kind) for r in media]
             continue
         by_key.setdefault(key_for(stem), []).append((stem, {_ext(r): r for r in rels}))
     samples = []
@@ -193,7 +246,7 @@ def group_samples(files: dict[str, InputFile]) -> tuple[list[PlannedSample], lis
             )
             for _, members in entries:
                 skipped += [
-                    SkippedInput(path=r, reason=reason)
+                    SkippedInput(path=r, reason=reason, kind=NAME_CONFLICT)
                     for e, r in members.items()
                     if e not in SIDECAR_EXTS
                 ]
@@ -208,22 +261,19 @@ def group_samples(files: dict[str, InputFile]) -> tuple[list[PlannedSample], lis
     return samples, sorted(skipped, key=lambda s: s.path)
 
 
-def _group_problem(stem: str, rels: list[str]) -> str | None:
+def _group_problem(stem: str, rels: list[str]) -> tuple[str, str] | None:
+    """(reason, kind) when the files named `stem` cannot form a sample. Two videos or two
+    audio files of one name are found by the writers' probe (a file's name does not
+    say what it holds)."""
     exts = [_ext(r) for r in rels]
-    videos = [r for r in rels if _ext(r) in VIDEO_EXTS]
-    audios = [r for r in rels if _ext(r) in AUDIO_EXTS]
-    for kind, same in (("video", videos), ("audio", audios)):
-        if len(same) > 1:
-            names = " and ".join(posixpath.basename(r) for r in same)
-            return f"{names} share one name: a sample holds one {kind} file; rename one"
     if len(set(exts)) < len(exts):
-        return "two files differ only in the case of their extension; rename one"
+        return "two files differ only in the case of their extension; rename one", NAME_CONFLICT
     if not posixpath.basename(stem):
-        return "no file name before the extension"
+        return "no file name before the extension", BAD_NAME
     try:
         check_key(key_for(stem))
     except StokerError as exc:
-        return f"cannot be a sample key: {exc.message}"
+        return f"cannot be a sample key: {exc.message}", BAD_NAME
     return None
 
 
@@ -272,12 +322,19 @@ def load_plan(fs: Any, dst_root: str) -> PackPlan | None:
     if not fs.exists(path):
         return None
     try:
-        return PackPlan.model_validate_json(fs.cat_file(path))
+        plan = PackPlan.model_validate_json(fs.cat_file(path))
     except ValidationError as exc:
         raise StokerError(
             f"{path}: not a plan this stoker reads ({exc.errors()[0]['msg']})",
             fix="add --restart to discard it and the shards under DST, and pack again",
         ) from exc
+    if plan.version != PLAN_VERSION:
+        raise StokerError(
+            f"{path}: planned by another stoker (plan version {plan.version}, this one "
+            f"plans version {PLAN_VERSION}: it lists and reports every file of SRC)",
+            fix="add --restart to discard it and the shards under DST, and pack again",
+        )
+    return plan
 
 
 def _option_flag(name: str) -> str:

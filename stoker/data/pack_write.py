@@ -7,32 +7,38 @@ filesystems are not fork-safe). Bad media never fail a shard: a sample
 whose files cannot be read, probed or decoded is left out and reported. The
 shard's report goes to DST/pack-skipped/ before the tar, so "index present" (the
 shard is finished) also means its report is there for a resuming run.
+
+What the probe finds decides each file's role: the file with a video stream is the
+sample's video, a file with audio only its audio. The audio comes from the audio
+file when there is one (explicit beats implicit), else from the video file's audio
+track `--audio-stream` (default: its first). A file with a media extension that does
+not read takes its sample down; a file of another extension that is no media (a
+subtitle, a photo, a PDF) is reported and left out, and its sample goes on.
 """
 
 from __future__ import annotations
 
-import io
-import itertools
 import json
-from collections.abc import Callable, Iterator
+import posixpath
 from dataclasses import dataclass, field
-from fractions import Fraction
-from typing import Any, TypeVar
+from typing import Any
 
-from stoker.data.encode import encode_flac, encode_h264
-from stoker.data.pack_plan import PlannedSample, SkippedInput, open_location
-from stoker.data.probe import MediaError, probe_audio, probe_member, probe_video
-from stoker.data.shard_format import (
-    SHARDS_DIR,
-    AudioInfo,
-    VideoInfo,
-    join,
-    shard_file_name,
+from stoker.data.pack_clips import ClipsFailed, cut_clips
+from stoker.data.pack_plan import (
+    NAME_CONFLICT,
+    SIDECAR_EXTS,
+    SIDECAR_WITHOUT_MEDIA,
+    PlannedSample,
+    SkippedInput,
+    open_location,
 )
+from stoker.data.probe import UNREADABLE, MediaError, MediaProbe, probe_media
+from stoker.data.shard_format import AUDIO_EXTS, SHARDS_DIR, VIDEO_EXTS, join, shard_file_name
 from stoker.data.shard_writer import SampleToWrite, write_json_atomic, write_shard
 
 SKIPPED_DIR = "pack-skipped"
-_T = TypeVar("_T")
+CHANGED = "changed while packing"
+"""The report kind of a file whose size differs from the listing's."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,8 @@ class ShardTask:
     number: int
     samples: tuple[PlannedSample, ...]
     clip_seconds: float | None = None
+    audio_stream: int = 0
+    """PackOptions.audio_stream: the audio track taken from a video file."""
 
 
 @dataclass
@@ -68,9 +76,9 @@ def skipped_path(number: int) -> str:
 class _Skip(Exception):
     """The sample is left out; `entries` say which of its files and why."""
 
-    def __init__(self, path: str, reason: str, *more: SkippedInput) -> None:
-        super().__init__(reason)
-        self.entries = [SkippedInput(path=path, reason=reason), *more]
+    def __init__(self, entries: list[SkippedInput]) -> None:
+        super().__init__(entries[0].reason)
+        self.entries = entries
 
 
 def write_planned_shard(task: ShardTask) -> ShardResult:
@@ -84,9 +92,12 @@ def write_planned_shard(task: ShardTask) -> ShardResult:
     skipped: list[SkippedInput] = []
     for planned in task.samples:
         try:
-            samples += _build_sample(src_fs, src_root, planned, task.clip_seconds)
+            built, left_out = _build_sample(src_fs, src_root, planned, task)
         except _Skip as skip:
             skipped += skip.entries
+            continue
+        samples += built
+        skipped += left_out
     report = join(dst_root, skipped_path(task.number))
     dst_fs.makedirs(report.rsplit("/", 1)[0], exist_ok=True)
     rows = [s.model_dump() for s in skipped]
@@ -103,194 +114,70 @@ def write_planned_shards(tasks: list[ShardTask]) -> list[ShardResult]:
 
 
 def _build_sample(
-    fs: Any, root: str, planned: PlannedSample, clip_seconds: float | None
-) -> list[SampleToWrite]:
+    fs: Any, root: str, planned: PlannedSample, task: ShardTask
+) -> tuple[list[SampleToWrite], list[SkippedInput]]:
+    """The sample's records to write, and its files left out while it is packed."""
+    path = {ext: member.path for ext, member in planned.members.items()}
     data: dict[str, bytes] = {}
     for ext, member in planned.members.items():
         try:
             data[ext] = fs.cat_file(join(root, member.path))
         except OSError as exc:
-            raise _Skip(member.path, f"unreadable ({type(exc).__name__}: {exc})") from exc
+            reason = f"unreadable ({type(exc).__name__}: {exc})"
+            raise _Skip([SkippedInput(path=member.path, reason=reason, kind=UNREADABLE)]) from exc
         if len(data[ext]) != member.size:
-            raise _Skip(
-                member.path,
-                f"changed while packing ({len(data[ext])} bytes, {member.size} when listed)",
-            )
-    infos: dict[str, VideoInfo | AudioInfo] = {}
+            reason = f"changed while packing ({len(data[ext])} bytes, {member.size} when listed)"
+            raise _Skip([SkippedInput(path=member.path, reason=reason, kind=CHANGED)])
+    probes: dict[str, MediaProbe] = {}
     broken: list[SkippedInput] = []
+    left_out: list[SkippedInput] = []
     for ext, blob in data.items():
+        if ext in SIDECAR_EXTS:
+            continue
         try:
-            info = probe_member(blob, ext)
+            probes[ext] = probe_media(blob, ext, audio_stream=task.audio_stream)
         except MediaError as exc:
-            broken.append(SkippedInput(path=planned.members[ext].path, reason=str(exc)))
-            continue
+            entry = SkippedInput(path=path[ext], reason=str(exc), kind=exc.kind)
+            (broken if ext in VIDEO_EXTS or ext in AUDIO_EXTS else left_out).append(entry)
         except Exception as exc:  # hostile input: FFmpeg raises more than it documents
-            reason = f"unreadable ({exc!r})"
-            broken.append(SkippedInput(path=planned.members[ext].path, reason=reason))
-            continue
-        if info is not None:
-            infos[ext] = info
+            entry = SkippedInput(path=path[ext], reason=f"unreadable ({exc!r})", kind=UNREADABLE)
+            (broken if ext in VIDEO_EXTS or ext in AUDIO_EXTS else left_out).append(entry)
     if broken:
-        raise _Skip(broken[0].path, broken[0].reason, *broken[1:])
-    video = next((i for i in infos.values() if isinstance(i, VideoInfo)), None)
-    audio = next((i for i in infos.values() if isinstance(i, AudioInfo)), None)
-    if clip_seconds is None:
-        return [SampleToWrite(key=planned.key, members=data, video=video, audio=audio)]
-    return _clips(planned, data, video, audio, clip_seconds)
-
-
-def _clips(
-    planned: PlannedSample,
-    data: dict[str, bytes],
-    video: VideoInfo | None,
-    audio: AudioInfo | None,
-    seconds: float,
-) -> list[SampleToWrite]:
-    """The sample cut into whole clips of `seconds`, video as short-GOP H.264 mp4 and
-    audio as FLAC; .json gains the clip's start and end, .txt is copied."""
-    path = {ext: m.path for ext, m in planned.members.items()}
-    streams = [(i.field, i.duration_s) for i in (video, audio) if i is not None]
-    count = min(int(duration / seconds + 1e-6) for _, duration in streams)
-    if count == 0:
-        shortest = min(streams, key=lambda s: s[1])
+        raise _Skip(broken + left_out)
+    videos = [ext for ext, probe in probes.items() if probe.video is not None]
+    audios = [ext for ext, probe in probes.items() if probe.video is None]
+    for kind, same in (("video", videos), ("audio", audios)):
+        if len(same) > 1:
+            names = " and ".join(posixpath.basename(path[e]) for e in same)
+            reason = f"{names} share one name: a sample holds one {kind} file; rename one"
+            raise _Skip(
+                [SkippedInput(path=path[e], reason=reason, kind=NAME_CONFLICT) for e in same]
+            )
+    video = probes[videos[0]].video if videos else None
+    audio = probes[audios[0]].audio if audios else None
+    if videos and not audios:
+        track = probes[videos[0]]
+        if track.audio_error is not None:
+            reason = f"its audio track: {track.audio_error}"
+            entry = SkippedInput(path=path[videos[0]], reason=reason, kind=track.audio_error.kind)
+            raise _Skip([entry, *left_out])
+        audio = track.audio
+    if video is None and audio is None:  # every candidate proved no media
+        sidecars = [
+            SkippedInput(
+                path=path[e], reason="no media file shares its name", kind=SIDECAR_WITHOUT_MEDIA
+            )
+            for e in data
+            if e in SIDECAR_EXTS
+        ]
+        raise _Skip(left_out + sidecars)
+    members = {e: blob for e, blob in data.items() if e in SIDECAR_EXTS or e in probes}
+    if task.clip_seconds is None:
+        return [SampleToWrite(key=planned.key, members=members, video=video, audio=audio)], left_out
+    try:
+        clips = cut_clips(planned.key, path, members, video, audio, task.clip_seconds)
+    except ClipsFailed as exc:
         raise _Skip(
-            path[shortest[0]],
-            f"shorter ({shortest[1]:g} s) than --clip-seconds {seconds:g}: no whole clip",
-        )
-    meta: dict[str, Any] | None = None
-    if "json" in data:
-        try:
-            meta = json.loads(data["json"])
-        except ValueError as exc:
-            raise _Skip(path["json"], f"not JSON ({exc}); clips add their times to it") from exc
-        if not isinstance(meta, dict):
-            raise _Skip(path["json"], "not a JSON object; clips add their times to it")
-    video_clips: list[tuple[bytes, VideoInfo]] = []
-    audio_clips: list[tuple[bytes, AudioInfo]] = []
-    if video is not None:
-        video_clips = _decoded(
-            path[video.field], _video_clips, data[video.field], video.fps, seconds, count
-        )
-    if audio is not None:
-        audio_clips = _decoded(path[audio.field], _audio_clips, data[audio.field], seconds, count)
-    made = min(
-        len(clips)
-        for clips, info in ((video_clips, video), (audio_clips, audio))
-        if info is not None
-    )
-    if made == 0:
-        raise _Skip(path[streams[0][0]], "no whole clip decodes")
-    out = []
-    for i in range(made):
-        members: dict[str, bytes] = {}
-        v_info = a_info = None
-        if video is not None:
-            members["mp4"], v_info = video_clips[i]
-        if audio is not None:
-            members["flac"], a_info = audio_clips[i]
-        if meta is not None:
-            clip = {
-                "index": i,
-                "start_s": round(i * seconds, 6),
-                "end_s": round((i + 1) * seconds, 6),
-            }
-            members["json"] = json.dumps({**meta, "clip": clip}, ensure_ascii=False).encode()
-        if "txt" in data:
-            members["txt"] = data["txt"]
-        out.append(
-            SampleToWrite(
-                key=f"{planned.key}_c{i:04d}", members=members, video=v_info, audio=a_info
-            )
-        )
-    return out
-
-
-def _decoded(path: str, cut: Callable[..., Iterator[_T]], *args: Any) -> list[_T]:
-    """All clips `cut(*args)` makes; a file that probed fine can still fail to decode."""
-    try:
-        return list(cut(*args))
-    except Exception as exc:  # hostile input: FFmpeg raises more than it documents
-        raise _Skip(path, f"fails to decode ({exc!r})") from exc
-
-
-def _video_clips(
-    data: bytes, fps: float, seconds: float, count: int
-) -> Iterator[tuple[bytes, VideoInfo]]:
-    """Up to `count` whole clips, re-encoded at the source's frame rate."""
-    import av
-
-    per_clip = max(1, round(seconds * fps))
-    with av.open(io.BytesIO(data), mode="r") as container:
-        stream = container.streams.video[0]
-        # The exact rate (30000/1001 for NTSC's 29.97), not the probe's rounded float.
-        rate = stream.average_rate or Fraction(fps).limit_denominator(1001)
-        stream.thread_type = "AUTO"
-        frames = (f.to_ndarray(format="rgb24", threads=1) for f in container.decode(stream))
-        for _ in range(count):
-            chunk = itertools.islice(frames, per_clip)
-            first = next(chunk, None)
-            if first is None:
-                return
-            # yuv420p needs an even size: drop an odd last row or column.
-            height, width = first.shape[0] & ~1, first.shape[1] & ~1
-            if height == 0 or width == 0:
-                raise MediaError(f"frames of {first.shape[0]}x{first.shape[1]} are too small")
-            taken = [0]
-            encoded = encode_h264(
-                _cropped(itertools.chain([first], chunk), height, width, taken),
-                fps=rate,
-                width=width,
-                height=height,
-            )
-            if taken[0] < per_clip:
-                return  # the tail is shorter than a clip
-            yield encoded, probe_video(encoded, "mp4")
-
-
-def _cropped(frames: Iterator[Any], height: int, width: int, taken: list[int]) -> Iterator[Any]:
-    import numpy as np
-
-    for frame in frames:
-        taken[0] += 1
-        yield np.ascontiguousarray(frame[:height, :width])
-
-
-def _audio_clips(data: bytes, seconds: float, count: int) -> Iterator[tuple[bytes, AudioInfo]]:
-    """Up to `count` whole clips as FLAC, at the source's rate and channels."""
-    import soundfile as sf
-
-    try:
-        f = sf.SoundFile(io.BytesIO(data))
-    except (RuntimeError, sf.LibsndfileError, TypeError):  # as in probe_audio: ask FFmpeg
-        yield from _audio_clips_av(data, seconds, count)
-        return
-    with f:
-        per_clip = round(seconds * f.samplerate)
-        for _ in range(count):
-            block = f.read(per_clip, dtype="float32", always_2d=True)
-            if len(block) < per_clip:
-                return
-            encoded = encode_flac(block, sample_rate=f.samplerate)
-            yield encoded, probe_audio(encoded, "flac")
-
-
-def _audio_clips_av(data: bytes, seconds: float, count: int) -> Iterator[tuple[bytes, AudioInfo]]:
-    import av
-    import numpy as np
-
-    with av.open(io.BytesIO(data), mode="r") as container:
-        ctx = container.streams.audio[0].codec_context
-        rate, channels = ctx.sample_rate, ctx.channels
-        # Packed float: one (1, samples * channels) array per frame.
-        resampler = av.AudioResampler(format="flt", layout=ctx.layout, rate=rate)
-        parts = []
-        for frame in itertools.chain(container.decode(audio=0), [None]):
-            parts += [f.to_ndarray().reshape(-1, channels) for f in resampler.resample(frame)]
-    wave = np.concatenate(parts) if parts else np.zeros((0, channels), np.float32)
-    per_clip = round(seconds * rate)
-    for i in range(count):
-        block = wave[i * per_clip : (i + 1) * per_clip]
-        if len(block) < per_clip:
-            return
-        encoded = encode_flac(block, sample_rate=rate)
-        yield encoded, probe_audio(encoded, "flac")
+            [SkippedInput(path=exc.path, reason=exc.reason, kind=exc.kind), *left_out]
+        ) from exc
+    return clips, left_out

@@ -31,9 +31,11 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 SHARDS_DIR = "shards"
 
-# Member extensions by role. A sample has at most one video and one audio member.
-VIDEO_EXTS = ("mp4", "mkv", "webm", "mov")
-AUDIO_EXTS = ("flac", "wav", "ogg", "mp3")
+# Extensions known as media. What a file holds decides its role (the probe's), not its
+# name: an mp4 of audio only is a sample's audio. A sample has at most one video and
+# one audio member (the video member's audio track serves when there is no audio file).
+VIDEO_EXTS = ("mp4", "m4v", "mov", "mkv", "webm", "avi", "ts", "mpg", "mpeg")
+AUDIO_EXTS = ("wav", "flac", "ogg", "oga", "opus", "mp3", "m4a", "aac", "aiff", "aif")
 METADATA_EXT = "json"
 CAPTION_EXT = "txt"
 
@@ -59,28 +61,41 @@ class VideoInfo(_Model):
     """What a probe of the video stream found."""
 
     field: str
-    """Member extension holding the video: mp4, mkv, webm or mov."""
+    """Member extension holding the video (mp4, mkv, webm, mov, ...)."""
     codec: str
     width: int = Field(ge=1)
+    """Display width: after `rotation` (a portrait phone video is narrower than tall)."""
     height: int = Field(ge=1)
+    """Display height, after `rotation`."""
     fps: float = Field(gt=0)
     frames: int = Field(ge=0)
     duration_s: float = Field(ge=0)
     keyframe_interval: int | None = None
     """Largest distance between keyframes in frames, when known: seeks cost up to this."""
+    rotation: int = Field(default=0, ge=0, lt=360, multiple_of=90)
+    """Clockwise degrees (0, 90, 180 or 270) that turn the stored frames upright, from
+    the container's display matrix; `decode_video` applies it."""
 
 
 class AudioInfo(_Model):
     """What a probe of the audio stream found."""
 
     field: str
-    """Member extension holding the audio: flac, wav, ogg or mp3."""
+    """Member extension holding the audio: an audio file (flac, wav, m4a, ...), or the
+    video member (mp4, mkv, ...) whose audio track this is."""
     codec: str
     sample_rate: int = Field(ge=1)
     channels: int = Field(ge=1)
     frames: int = Field(ge=0)
     """Audio frames (samples per channel)."""
     duration_s: float = Field(ge=0)
+    stream: int = Field(default=0, ge=0)
+    """Which of the member's audio streams (counted from 0 among its audio streams):
+    the track `stoker data pack --audio-stream` picked from a video container."""
+    offset_s: float = 0.0
+    """When the audio's first sample plays, in seconds after the first video frame of
+    the same container (negative: before it); 0 for an audio file. For people and
+    tools: the decoders read the same from the container and keep both in sync."""
 
 
 class SampleEntry(_Model):

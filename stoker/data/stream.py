@@ -1,35 +1,39 @@
 """What runs inside a DataLoader worker: pick this rank's and this worker's
-samples from the global stream, fetch them ahead, decode, collate.
+samples from the global batch schedule, fetch them ahead, decode, collate.
 
-Global batch n holds stream positions [start + n*B, start + (n+1)*B). Rank r
-takes the r-th slice of B/R positions; worker w of W builds the rank's batches
-n = w, w+W, w+2W, ... The DataLoader asks its workers for batches in
-round-robin order, so the rank sees batches 0, 1, 2, ... in order, and every
-rank sees exactly one batch per global batch: uneven shards cannot make one
-rank run out before the others.
+The schedule (stoker/data/schedule.py) says which samples make up global batch n:
+the next B slots of the merged stream, or with buckets the next bucket to fill. Rank
+r takes the r-th slice of B/R of them; worker w of W builds the rank's batches n = w,
+w+W, w+2W, ... (every worker walks the whole schedule, which reads only indexes, and
+decodes only its own batches). The DataLoader asks its workers for batches in
+round-robin order, so the rank sees batches 0, 1, 2, ... in order, and every rank
+sees exactly one batch per global batch: uneven shards cannot make one rank run out
+before the others. Each batch carries the schedule's state after it, which is what
+the loader's state_dict saves.
 
 A `transform` (data.transform: package.module:function) runs on each decoded sample
 in the worker; given as its import path, the worker imports it by name (a function
-never travels pickled between processes).
-"""
+never travels pickled between processes)."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from stoker.data.buckets import Bucket, bucket_ids
 from stoker.data.dataset import DataSource
-from stoker.data.fetch import FetchedSample, RetryPolicy, SampleFetcher
+from stoker.data.fetch import FetchedSample, RetryPolicy, SampleFetcher, ShardFailed
 from stoker.data.loader_stats import LoaderStats
 from stoker.data.order import SampleOrder
 from stoker.data.prefetch import Prefetcher
+from stoker.data.schedule import BatchSchedule, GlobalBatch, ScheduleState, Slot
 from stoker.errors import StokerError
 from stoker.import_path import import_callable, last_frame
 
@@ -38,6 +42,7 @@ log = logging.getLogger("stoker.data")
 Sample = dict[str, Any]
 Transform = Callable[[Sample], Sample]
 STATS_KEY = "_loader_stats"
+STATE_KEY = "_loader_state"  # the schedule's state after the batch
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,8 @@ class ClipSpec:
     channels: int = 1
     clip_offset: str = "random"
     """random: a start drawn per sample from (seed, position); start: always 0."""
+    resize: Literal["crop", "stretch"] = "crop"
+    """crop: scale to cover `size` keeping the aspect ratio, centre-crop; stretch: scale."""
     arrays: tuple[str, ...] = ()
     """Member extensions passed through as tensors (`npy`, `latent.npy`, `safetensors`)."""
 
@@ -61,25 +68,25 @@ class ClipSpec:
 class StreamPlan:
     """Everything that decides which samples a worker yields."""
 
-    batch_size: int
-    """Global batch size: samples per step across all ranks."""
+    batch_sizes: tuple[int, ...]
+    """Global batch size per bucket (one entry without buckets): samples per batch
+    across all ranks."""
     rank: int
     world_size: int
-    start: int
-    """Stream position of the first sample of the first batch."""
+    state: dict[str, Any]
+    """The schedule's state (ScheduleState.as_dict) the first batch follows."""
     seed: int
     max_batches: int | None = None
     shuffle: bool = True
     shuffle_shards: int = 4
+    mixing: str = "random"
+    weights: tuple[float, ...] = (1.0,)
+    buckets: tuple[Bucket, ...] = ()
 
-    @property
-    def per_rank(self) -> int:
-        return self.batch_size // self.world_size
-
-    def positions(self, n: int) -> range:
-        """Stream positions of this rank's slice of global batch n."""
-        first = self.start + n * self.batch_size + self.rank * self.per_rank
-        return range(first, first + self.per_rank)
+    def rows(self, global_size: int) -> slice:
+        """This rank's rows of a global batch of `global_size`."""
+        per_rank = global_size // self.world_size
+        return slice(self.rank * per_rank, (self.rank + 1) * per_rank)
 
 
 class _Skip(Exception):
@@ -88,7 +95,7 @@ class _Skip(Exception):
 
 @dataclass
 class StreamDataset(IterableDataset[Sample]):
-    source: DataSource
+    sources: tuple[DataSource, ...]
     plan: StreamPlan
     clip: ClipSpec
     transform: Transform | str | None = None
@@ -96,81 +103,120 @@ class StreamDataset(IterableDataset[Sample]):
     prefetch_bytes: int = 256 << 20
     fetch_threads: int = 4
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    names: tuple[str, ...] = ()
+    """The sources' names (data.sources), for batches and messages; () for one source."""
 
     def __iter__(self) -> Iterator[Sample]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         transform = self._transform()
         stats = LoaderStats()
-        order = SampleOrder(
-            tuple(s.samples for s in self.source.manifest.shards),
+        fetchers = [
+            SampleFetcher(source, self.clip.modalities, stats, self.retry, arrays=self.clip.arrays)
+            for source in self.sources
+        ]
+        schedule = BatchSchedule(
+            orders=[self._order(source) for source in self.sources],
+            batch_sizes=self.plan.batch_sizes,
             seed=self.plan.seed,
-            fingerprint=self.source.manifest.fingerprint(),
-            shuffle=self.plan.shuffle,
-            shuffle_shards=self.plan.shuffle_shards,
+            mixing=self.plan.mixing,
+            weights=self.plan.weights,
+            bucket_of=[self._bucket_of(f) for f in fetchers] if self.plan.buckets else None,
         )
-        fetcher = SampleFetcher(
-            self.source, self.clip.modalities, stats, self.retry, arrays=self.clip.arrays
-        )
+        start = ScheduleState.from_dict(self.plan.state)
 
-        def batch_numbers() -> Iterator[int]:
-            n = worker
-            while self.plan.max_batches is None or n < self.plan.max_batches:
-                yield n
-                n += workers
+        def items() -> Iterator[tuple[int, GlobalBatch, Slot]]:
+            for n, batch in enumerate(schedule.batches(start)):
+                if self.plan.max_batches is not None and n >= self.plan.max_batches:
+                    return
+                if n % workers != worker:
+                    continue  # another worker's batch: its composition was all we needed
+                for slot in batch.slots[self.plan.rows(len(batch.slots))]:
+                    yield n, batch, slot
 
-        def items() -> Iterator[tuple[int, int, int, int]]:
-            for n in batch_numbers():
-                positions = self.plan.positions(n)
-                ids = order.sample_ids(positions.start, positions.stop)
-                for position, sample_id in zip(positions, ids, strict=True):
-                    shard, local = order.locate(int(sample_id))
-                    yield n, position, shard, local
-
-        def fetch(item: tuple[int, int, int, int]) -> FetchedSample:
-            _, position, shard, local = item
-            return fetcher.fetch(position, shard, local)
+        def fetch(item: tuple[int, GlobalBatch, Slot]) -> FetchedSample:
+            slot = item[2]
+            return fetchers[slot.source].fetch(slot.slot, slot.shard, slot.local)
 
         prefetcher = Prefetcher(
             fetch,
             items(),
-            estimate_bytes=lambda item: fetcher.estimate_bytes(item[2]),
+            estimate_bytes=lambda item: fetchers[item[2].source].estimate_bytes(item[2].shard),
             budget_bytes=self.prefetch_bytes // max(1, workers),
             threads=self.fetch_threads,
         )
-        current: int | None = None
-        pending: list[tuple[int, Sample | None]] = []
+        current: GlobalBatch | None = None
+        pending: list[tuple[Slot, Sample | None]] = []
         skipped: list[str] = []
         reason = ""  # why the latest skipped sample was skipped
-        for (n, position, shard, local), fetched, error, waited in prefetcher:
-            if current is not None and n != current:
+        for (_, batch, slot), fetched, error, waited in prefetcher:
+            if current is not None and batch is not current:
                 yield self._collate(pending, skipped, current, stats, reason)
                 pending, skipped = [], []
-            current = n
+            current = batch
             stats.fetch_s += waited
             sample = None
+            source = self.sources[slot.source]
             if fetched is None or error is not None:
                 reason = f"fetch failed: {error}"  # the fetcher logged it
             else:
                 # Counted as consumed, not as prefetched: bytes/s then matches samples/s.
                 stats.bytes_read += sum(len(b) for b in fetched.members.values())
                 try:
-                    sample = self._decode(fetched, position, stats, transform)
+                    sample = self._decode(
+                        fetched, slot.slot, stats, transform, batch.bucket, source
+                    )
                 except _Skip as skip:
                     reason = str(skip)
                     log.warning(
                         "stoker.data: skipping sample %r of %s: %s",
                         fetched.entry.key,
-                        self.source.shard_path(fetched.shard),
+                        source.shard_path(fetched.shard),
                         reason,
                     )
             if sample is None:
                 stats.skipped_samples += 1
-                key = fetched.entry.key if fetched is not None else f"#{local}"
-                skipped.append(f"{self.source.manifest.shards[shard].path}:{key}")
-            pending.append((position, sample))
+                key = fetched.entry.key if fetched is not None else f"#{slot.local}"
+                skipped.append(f"{source.manifest.shards[slot.shard].path}:{key}")
+            pending.append((slot, sample))
         if current is not None:
             yield self._collate(pending, skipped, current, stats, reason)
+
+    def _order(self, source: DataSource) -> SampleOrder:
+        return SampleOrder(
+            tuple(s.samples for s in source.manifest.shards),
+            seed=self.plan.seed,
+            fingerprint=source.manifest.fingerprint(),
+            shuffle=self.plan.shuffle,
+            shuffle_shards=self.plan.shuffle_shards,
+        )
+
+    def _bucket_of(self, fetcher: SampleFetcher) -> Callable[[int, int], int]:
+        """(shard, sample) -> bucket, from the shard's index (read once, kept per shard).
+        An index that cannot be read stops the loader: every rank and worker must put
+        every sample in the same bucket, and one that guessed would not."""
+        buckets = self.plan.buckets
+        video = "video" in self.clip.modalities
+        cache: dict[int, list[int]] = {}
+
+        def bucket_of(shard: int, local: int) -> int:
+            ids = cache.get(shard)
+            if ids is None:
+                try:
+                    index = fetcher.index(shard)
+                except ShardFailed as exc:
+                    raise StokerError(
+                        f"cannot bucket the samples of {fetcher.source.shard_path(shard)}: "
+                        f"its index does not read ({exc})",
+                        fix="restore the shard's index (with buckets every rank must read "
+                        "every index it draws from), or repack the data set",
+                    ) from exc
+                if len(cache) >= 1024:
+                    cache.pop(next(iter(cache)))
+                ids = cache[shard] = bucket_ids(index.samples, buckets, video=video)
+            return ids[local]
+
+        return bucket_of
 
     @property
     def transform_name(self) -> str:
@@ -193,6 +239,8 @@ class StreamDataset(IterableDataset[Sample]):
         position: int,
         stats: LoaderStats,
         transform: tuple[Transform, str] | None,
+        bucket: int,
+        source: DataSource,
     ) -> Sample:
         """The sample's tensors, transformed; _Skip when it must not be trained on."""
         from stoker.data.decode import clip_start, decode_array, decode_audio, decode_video
@@ -200,6 +248,9 @@ class StreamDataset(IterableDataset[Sample]):
 
         entry = fetched.entry
         clip = self.clip
+        if self.plan.buckets:
+            shape = self.plan.buckets[bucket]
+            clip = replace(clip, size=shape.resolution, clip_seconds=shape.clip_seconds)
         if clip.clip_offset == "random":
             u = float(np.random.default_rng([self.plan.seed % 2**64, position, 1]).random())
         else:
@@ -217,6 +268,7 @@ class StreamDataset(IterableDataset[Sample]):
                     fetched.members[entry.video.field],
                     fps=clip.fps,
                     size=clip.size,
+                    resize=clip.resize,
                     start_s=start,
                     clip_seconds=clip.clip_seconds,
                     info=entry.video,
@@ -250,13 +302,13 @@ class StreamDataset(IterableDataset[Sample]):
         if entry.duration_s + 1e-6 < clip.clip_seconds:
             stats.short_samples += 1  # decoded, padded to the clip length
         if transform is not None:
-            sample = self._transformed(sample, transform, fetched)
+            sample = self._transformed(
+                sample, transform, f"{source.shard_path(fetched.shard)}:{entry.key}"
+            )
         stats.samples += 1
         return sample
 
-    def _transformed(
-        self, sample: Sample, transform: tuple[Transform, str], fetched: FetchedSample
-    ) -> Sample:
+    def _transformed(self, sample: Sample, transform: tuple[Transform, str], where: str) -> Sample:
         function, name = transform
         try:
             out = function(sample)
@@ -272,52 +324,58 @@ class StreamDataset(IterableDataset[Sample]):
             # A bug in the transform, the same for every sample: stop, do not skip.
             raise StokerError(
                 f"transform {name} returned {type(out).__name__}, not a sample dict "
-                f"(sample {self.source.shard_path(fetched.shard)}:{fetched.entry.key})",
+                f"(sample {where})",
                 fix="return the sample: the dict the function got (changed) or a new dict",
             )
         return out
 
     def _collate(
         self,
-        pending: list[tuple[int, Sample | None]],
+        pending: list[tuple[Slot, Sample | None]],
         skipped: list[str],
-        n: int,
+        batch: GlobalBatch,
         stats: LoaderStats,
         reason: str,
     ) -> Sample:
         good = [s for _, s in pending if s is not None]
         if not good:
+            where = ", ".join(dict.fromkeys(self.sources[s.source].url for s, _ in pending))
             raise RuntimeError(
-                f"every sample of batch {n} on rank {self.plan.rank} failed to fetch, decode "
-                f"or transform (positions {pending[0][0]}..{pending[-1][0]} of "
-                f"{self.source.url}); the last: {reason} (the warnings above name each)"
+                f"every sample of batch {batch.after.batches - 1} on rank {self.plan.rank} "
+                f"failed to fetch, decode or transform (positions {pending[0][0].slot}.."
+                f"{pending[-1][0].slot} of {where}); the last: {reason} (the warnings above "
+                "name each)"
             )
         names = list(good[0])
         for other in good[1:]:
             if set(other) != set(names):
                 raise StokerError(
-                    f"samples {good[0].get('key')!r} and {other.get('key')!r} of "
-                    f"{self.source.url} have different keys ({sorted(names)} and "
-                    f"{sorted(other)}): a batch needs each key in every row"
-                    + (f" (transform {self.transform_name})" if self.transform else ""),
+                    f"samples {good[0].get('key')!r} and {other.get('key')!r} have different "
+                    f"keys ({sorted(names)} and {sorted(other)}): a batch needs each key in "
+                    "every row" + (f" (transform {self.transform_name})" if self.transform else ""),
                     fix="return the same keys for every sample from the transform",
                 )
         # A skipped sample's slot takes a copy of a good one from the same batch, so
         # shapes stay fixed; `valid` tells the loss which rows are real.
         filled = [s if s is not None else good[i % len(good)] for i, (_, s) in enumerate(pending)]
         valid = torch.tensor([s is not None for _, s in pending])
-        batch: Sample = {}
+        out: Sample = {}
         for name in names:
             if name == "position":
                 continue
-            batch[name] = collate([s[name] for s in filled])
-        batch["position"] = torch.tensor([p for p, _ in pending], dtype=torch.int64)
-        batch["valid"] = valid
+            out[name] = collate([s[name] for s in filled])
+        out["position"] = torch.tensor([slot.slot for slot, _ in pending], dtype=torch.int64)
+        out["valid"] = valid
         # `shard path:key` of each sample skipped in this batch (also logged and counted).
-        batch["skipped"] = skipped
+        out["skipped"] = skipped
+        if self.names:
+            out["source"] = [self.names[slot.source] for slot, _ in pending]
+        if self.plan.buckets:
+            out["bucket"] = self.plan.buckets[batch.bucket].name
         info = get_worker_info()
-        batch[STATS_KEY] = (info.id if info is not None else 0, stats.as_dict())
-        return batch
+        out[STATS_KEY] = (info.id if info is not None else 0, stats.as_dict())
+        out[STATE_KEY] = batch.after.as_dict()
+        return out
 
 
 def collate(values: list[Any]) -> Any:

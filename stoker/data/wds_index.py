@@ -2,7 +2,8 @@
 so the streaming loader reads them like a packed data set.
 
 Each shard is read once, start to end, at loader start: member offsets come from
-the tar headers, media facts from probing each video and audio member. For a
+the tar headers, media facts from probing each video and audio member (a video
+member's first audio track is the sample's audio unless an audio member is there). For a
 large set, `stoker data pack` the shards once instead: its index lives beside
 them and the loader then reads only the manifest at start.
 """
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from stoker.data.dataset import DataSource
-from stoker.data.probe import MediaError, probe_member
+from stoker.data.probe import MediaError, MediaProbe, probe_media
 from stoker.data.shard_format import (
     AUDIO_EXTS,
     UNREADABLE,
@@ -106,6 +107,24 @@ def _unreadable(ext: str) -> VideoInfo | AudioInfo:
     )
 
 
+def _take(sample: dict[str, Any], probe: MediaProbe) -> None:
+    """Record a member's probe in `sample`: its video, and its audio unless an audio
+    member (not a video's track) or a readable one is there already; an audio member
+    replaces a video's track, as `stoker data pack` prefers the audio file."""
+    held = sample["video"]
+    if probe.video is not None and (held is None or held.codec == UNREADABLE):
+        sample["video"] = probe.video
+    held = sample["audio"]
+    if probe.audio is None:
+        return
+    is_track = probe.video is not None
+    held_is_track = (
+        held is not None and sample["video"] is not None and (held.field == sample["video"].field)
+    )
+    if held is None or held.codec == UNREADABLE or (held_is_track and not is_track):
+        sample["audio"] = probe.audio
+
+
 def index_tar(f: IO[bytes], name: str, source: str) -> ShardIndex:
     """Index one WebDataset tar read from `f` (sequentially, once)."""
     reader = _HashingReader(f)
@@ -119,7 +138,7 @@ def index_tar(f: IO[bytes], name: str, source: str) -> ShardIndex:
             if ext not in VIDEO_EXTS and ext not in AUDIO_EXTS:
                 continue
             try:
-                info = probe_member(data, ext)
+                probe = probe_media(data, ext)
             except MediaError as exc:
                 # Keep the sample with a stand-in for the member: one bad file must not
                 # drop video (or audio) from every sample's modalities, which would
@@ -127,11 +146,11 @@ def index_tar(f: IO[bytes], name: str, source: str) -> ShardIndex:
                 # sample with this reason, and name it in batch["skipped"].
                 log.warning("stoker.data: %s: %s.%s is unreadable: %s", source, key, ext, exc)
                 sample["error"] = f"{key}.{ext}: {exc}"
-                info = _unreadable(ext)
-            role = "video" if ext in VIDEO_EXTS else "audio"
-            held = sample[role]
-            if info is not None and (held is None or held.codec == UNREADABLE):
-                sample[role] = info
+                role = "video" if ext in VIDEO_EXTS else "audio"
+                if sample[role] is None or sample[role].codec == UNREADABLE:
+                    sample[role] = _unreadable(ext)
+                continue
+            _take(sample, probe)
         while reader.read(1 << 20):  # the tail (end-of-archive blocks): hash all bytes
             pass
     except tarfile.TarError as exc:

@@ -5,6 +5,8 @@ here before anything is queued. One finding each (ok or fail, with the fix):
   its forward gives a scalar loss on a meta batch of the loader's shapes (a child
   process: stoker/launcher/model_fit.py);
 - data: each data set's manifest is there and lists samples (or the synthetic set);
+- buckets: each bucket's global batch (given or from data.batch_tokens) splits over the
+  ranks and train.grad_accum;
 - transform: data.transform imports by name, as the loader's workers will import it
   (a child process with job.env, like the model's: the login node imports no torch);
 - checkpoints: the checkpoint root (or the runs folder) takes a file;
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable
+from functools import partial
 
 from stoker.config import ResolvedConfig
 from stoker.errors import StokerError
@@ -31,7 +34,16 @@ def check_experiment(resolved: ResolvedConfig) -> list[Finding]:
     cfg = resolved.config
     findings = [_run("model", lambda: _check_model(resolved))]
     wanted: list[str] = list(cfg.data.modalities)
-    findings.append(_run("data", lambda: _check_data(cfg.data.url, "data.url", wanted)))
+    if cfg.data.sources:
+        for i, source in enumerate(cfg.data.sources):
+            key = f"data.sources[{i}] ({source.name})"
+            findings.append(
+                _run(f"data {source.name}", partial(_check_data, source.url, key, wanted))
+            )
+    else:
+        findings.append(_run("data", lambda: _check_data(cfg.data.url, "data.url", wanted)))
+    if cfg.data.buckets:
+        findings.append(_run("buckets", lambda: _check_buckets(resolved)))
     if cfg.data.eval_url is not None:
         eval_url = cfg.data.eval_url
         findings.append(_run("eval data", lambda: _check_data(eval_url, "data.eval_url", wanted)))
@@ -77,6 +89,15 @@ def _check_data(url: str | None, key: str, modalities: list[str]) -> str:
             fix=f"drop {', '.join(missing)} from data.modalities, or pack a data set that has them",
         )
     return f"{key} {url}: {manifest.samples} samples in {len(manifest.shards)} shards"
+
+
+def _check_buckets(resolved: ResolvedConfig) -> str:
+    from stoker.data.buckets import resolve_buckets
+    from stoker.launcher.launch_checks import check_buckets
+
+    check_buckets(resolved)
+    buckets = resolve_buckets(resolved.config.data)
+    return "global batches " + ", ".join(f"{b.name}: {b.batch_size}" for b in buckets)
 
 
 TRANSFORM_TIMEOUT_S = 300  # the child imports torch (stoker.data) on a loaded login node

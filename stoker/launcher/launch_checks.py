@@ -26,6 +26,7 @@ def check_launch(resolved: ResolvedConfig, after: str | None) -> None:
     check_after(after)
     check_stop_grace(resolved)
     check_eval_data(resolved)
+    check_buckets(resolved)
     check_pass_env(resolved)
 
 
@@ -113,7 +114,8 @@ def check_eval_data(resolved: ResolvedConfig) -> None:
     """Evaluation needs a held-out set: given (data.eval_url), or made with the
     synthetic training set (data.url null)."""
     cfg = resolved.config
-    if cfg.train.eval_every and cfg.data.url is not None and cfg.data.eval_url is None:
+    has_data = cfg.data.url is not None or bool(cfg.data.sources)
+    if cfg.train.eval_every and has_data and cfg.data.eval_url is None:
         raise StokerError(
             f"train.eval_every={cfg.train.eval_every} "
             f"({resolved.source_of(('train', 'eval_every'))}) but data.eval_url is null: "
@@ -121,6 +123,27 @@ def check_eval_data(resolved: ResolvedConfig) -> None:
             fix="set data.eval_url to a held-out data set (packed like data.url), "
             "or train.eval_every=0",
         )
+
+
+def check_buckets(resolved: ResolvedConfig) -> None:
+    """data.buckets: each bucket's batch size (given, or from data.batch_tokens) splits
+    over the job's ranks and train.grad_accum, as the loader on every rank will need."""
+    from stoker.data.buckets import resolve_buckets
+
+    cfg = resolved.config
+    ranks = cfg.job.nodes * cfg.job.tasks_per_node
+    accum = cfg.train.grad_accum
+    for i, bucket in enumerate(resolve_buckets(cfg.data)):
+        if bucket.batch_size % (ranks * accum):
+            given = cfg.data.buckets[i].batch_size is not None
+            how = "its batch_size" if given else "its batch size from data.batch_tokens"
+            raise StokerError(
+                f"data.buckets[{i}] ({bucket.name}, {resolved.source_of(('data', 'buckets'))}): "
+                f"{how} {bucket.batch_size} does not split over {ranks} ranks x "
+                f"train.grad_accum={accum}",
+                fix=f"use a batch size that is a multiple of {ranks * accum}"
+                + ("" if given else f" (data.batch_multiple={ranks * accum})"),
+            )
 
 
 def check_same_job(configs: Sequence[ResolvedConfig]) -> None:

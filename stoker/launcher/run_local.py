@@ -73,6 +73,7 @@ def run_here(
     echo: Say,
 ) -> RunResult:
     from stoker.config import resolve_config
+    from stoker.launcher.launch_checks import check_launch
     from stoker.launcher.local_backend import cancel_local
     from stoker.launcher.local_state import read_local_state
     from stoker.launcher.logs import LogFilter, LogReader, follow, job_state
@@ -101,10 +102,12 @@ def run_here(
         profile=profile,
         use_profile=use_profile,
     )
+    # The checks submit makes, first: a refused run writes no data set.
+    check_launch(resolved, None)
     if not command:
         # Before a data set is written or a rank started: does the model take the data?
         check_model_fits(resolved, say=say)
-        if resolved.config.data.url is None:
+        if resolved.config.data.url is None and not resolved.config.data.sources:
             from stoker.data.synthetic import ensure_synthetic_data
 
             ensure_synthetic_data(resolved.config.data, progress=say)

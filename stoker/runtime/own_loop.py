@@ -12,7 +12,8 @@ trainer, from the same variables and frozen config the launcher gives every task
     stragglers           each rank's own time between two should_stop() calls (and
                          its data wait, with `run.loader()`), gathered there
     MLflow               rank 0 logs into the job's run (rank_tracking.py): spooled
-                         through outages, each step once across requeues
+                         through outages, each step once across requeues; the data
+                         sets the run reads as its dataset inputs (data_lineage.py)
     progress             rank 0's progress.json for `stoker status` (step, loss, ETA)
     exit codes           75 requeue, 143 terminated, 76 a lost peer, 124 a hang, 1 an
                          error: the batch script reads them as it reads the trainer's
@@ -47,6 +48,7 @@ from stoker.protocol import (
     EXIT_REQUEUE,
 )
 from stoker.runtime import dist_env, rendezvous
+from stoker.runtime.data_lineage import record_data_sets
 from stoker.runtime.dist_env import DistEnv
 from stoker.runtime.heartbeat import (
     COLLECTIVE_PHASE,
@@ -181,18 +183,21 @@ class Run:
         return checkpoint
 
     def loader(self) -> JobLoader:
-        """stoker's streaming loader of the experiment's data (`data.*`; the synthetic
-        audio-video set when data.url is null), this rank's share of each global batch
-        of data.batch_size samples. Call on every rank."""
+        """stoker's streaming loader of the experiment's data (`data.*`: data.url, or the
+        mixture data.sources, with data.buckets if set; the synthetic audio-video set
+        when neither is set), this rank's share of each global batch (of data.batch_size
+        samples, or of its bucket's batch size). Call on every rank."""
         from stoker.data.loader import loader_from_config
 
         cfg = self.config
         url = cfg.data.url
-        if url is None:
+        if url is None and not cfg.data.sources:
             from stoker.data.synthetic import ensure_synthetic_data
 
             url = str(ensure_synthetic_data(cfg.data, progress=print if self.is_main else None))
-        if cfg.data.batch_size % self.world_size:
+            if self.is_main and self._tracking is not None:
+                record_data_sets(self._tracking, cfg.data, evaluates=False)
+        if not cfg.data.buckets and cfg.data.batch_size % self.world_size:
             raise StokerError(
                 f"data.batch_size {cfg.data.batch_size} does not split over "
                 f"{self.world_size} ranks",
@@ -416,6 +421,8 @@ def init(config: str | Path | None = None) -> Run:
     sys.excepthook = run._on_uncaught
     run.mesh = dist_env.data_parallel_mesh(env, device)
     run._tracking = open_tracking(cfg, env, device, run_dir, path)
+    if env.is_main:  # the data sets the config names (the synthetic one: run.loader())
+        record_data_sets(run._tracking, cfg.data, evaluates=True, synthetic=False)
     # The same seed on every rank: the same initial weights before sharding.
     torch.manual_seed(cfg.train.seed)
     return run

@@ -26,7 +26,7 @@ from stoker.protocol import PREFLIGHT_REFUSED
 
 if TYPE_CHECKING:
     from stoker.config import ExperimentConfig
-    from stoker.model import DataShapes
+    from stoker.model import ClipShape, DataShapes
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -51,62 +51,102 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def check_model(cfg: ExperimentConfig) -> None:
     """Build the model on the meta device and run its forward on a meta batch of the
-    loader's shapes: a ModelSetupError for a factory, argument or contract mistake. A
-    forward that reads values (`.item()`, a data-dependent branch) cannot run on meta
-    tensors: that part is then left to the ranks, and said on stderr."""
+    loader's shapes (with data.buckets, of each bucket's shape): a ModelSetupError for
+    a factory, argument or contract mistake, naming the bucket whose shape the model
+    refuses. A forward that reads values (`.item()`, a data-dependent branch) cannot run
+    on meta tensors: that part is then left to the ranks, and said on stderr."""
     import torch
 
-    from stoker.errors import StokerError
-    from stoker.runtime.models import build_model, contract, data_shapes
+    from stoker.runtime.models import build_model, data_shapes
     from stoker.runtime.models.build import ModelSetupError
 
+    shapes = data_shapes(cfg.data)
+    rows = min(2, cfg.data.batch_size)
+    notes: list[str] = []
     with torch.device("meta"):  # the shapes only: nothing allocated
         model = build_model(cfg.model, cfg.data)
-        batch = meta_batch(data_shapes(cfg.data), rows=min(2, cfg.data.batch_size))
-        try:
-            contract.loss_and_metrics(model, batch)
-        except StokerError as exc:
-            raise ModelSetupError("model.arch", exc.message, fix=exc.fix or "") from exc
-        except KeyError as exc:
-            key = exc.args[0] if exc.args else None
-            if key in _MODALITIES:
-                raise _forward_failed(cfg.model.arch, exc, _missing_modality_fix(key)) from exc
-            # A member of the data set's own (.npy, .safetensors) or one data.transform
-            # adds: the data set says whether it is there, not the config.
-            print(f"stoker: {cfg.model.arch}: forward not checked on the meta device (it "
-                  f"reads batch[{key!r}], which the data set's members or data.transform "
-                  "give); the ranks will run it", file=sys.stderr)  # fmt: skip
-        except (NotImplementedError, RuntimeError) as exc:
-            if 'missing the required "forward"' in str(exc):
-                fix = "define forward(self, batch) returning the loss (stoker/model.py)"
-                raise _forward_failed(cfg.model.arch, exc, fix) from exc
-            if "meta" not in str(exc):
-                raise _forward_failed(cfg.model.arch, exc) from exc
-            first = str(exc).splitlines()[0]
-            print(f"stoker: {cfg.model.arch}: forward not checked on the meta device "
-                  f"({first}); the ranks will run it", file=sys.stderr)  # fmt: skip
-        except Exception as exc:
-            raise _forward_failed(cfg.model.arch, exc) from exc
+        if not shapes.buckets:
+            notes.append(_check_forward(cfg.model.arch, model, meta_batch(shapes, rows)))
+        for index, clip in enumerate(shapes.buckets):
+            try:
+                notes.append(_check_forward(cfg.model.arch, model, meta_batch(shapes, rows, clip)))
+            except ModelSetupError as exc:
+                raise ModelSetupError(
+                    "data.buckets",
+                    f"data.buckets[{index}] ({_described(shapes, clip)}): {exc.message}",
+                    fix=f"{exc.fix}; or change or drop data.buckets[{index}]",
+                ) from exc
+    for note in dict.fromkeys(n for n in notes if n):  # once each, in order
+        print(f"stoker: {cfg.model.arch}: {note}", file=sys.stderr)
 
 
-def meta_batch(shapes: DataShapes, rows: int) -> dict[str, Any]:
-    """What the loader gives a model, as meta tensors: the modalities it decodes, `valid`
-    and `position`; no generators (there is no meta RNG: the global one serves)."""
+def _check_forward(arch: str, model: Any, batch: dict[str, Any]) -> str:
+    """Run forward on a meta batch: a ModelSetupError when it breaks the contract; a
+    note ('' when none) when it could not run on meta tensors."""
+    from stoker.errors import StokerError
+    from stoker.runtime.models import contract
+    from stoker.runtime.models.build import ModelSetupError
+
+    try:
+        contract.loss_and_metrics(model, batch)
+    except StokerError as exc:
+        raise ModelSetupError("model.arch", exc.message, fix=exc.fix or "") from exc
+    except KeyError as exc:
+        key = exc.args[0] if exc.args else None
+        if key in _MODALITIES:
+            raise _forward_failed(arch, exc, _missing_modality_fix(key)) from exc
+        # A member of the data set's own (.npy, .safetensors) or one data.transform
+        # adds: the data set says whether it is there, not the config.
+        return (
+            f"forward not checked on the meta device (it reads batch[{key!r}], which the "
+            "data set's members or data.transform give); the ranks will run it"
+        )
+    except (NotImplementedError, RuntimeError) as exc:
+        if 'missing the required "forward"' in str(exc):
+            fix = "define forward(self, batch) returning the loss (stoker/model.py)"
+            raise _forward_failed(arch, exc, fix) from exc
+        if "meta" not in str(exc):
+            raise _forward_failed(arch, exc) from exc
+        first = str(exc).splitlines()[0]
+        return f"forward not checked on the meta device ({first}); the ranks will run it"
+    except Exception as exc:
+        raise _forward_failed(arch, exc) from exc
+    return ""
+
+
+def meta_batch(shapes: DataShapes, rows: int, clip: ClipShape | None = None) -> dict[str, Any]:
+    """What the loader gives a model, as meta tensors: the modalities it decodes, in the
+    shape of `clip` (a bucket's; None: the data's single shape), `valid`, `position`,
+    `key` and `skipped`; no generators (there is no meta RNG: the global one serves)."""
     import torch
 
+    video_shape = clip.video_shape if clip is not None else shapes.video_shape
+    audio_shape = clip.audio_shape if clip is not None else shapes.audio_shape
     batch: dict[str, Any] = {
+        "key": [f"meta-{row}" for row in range(rows)],
         "valid": torch.ones(rows, dtype=torch.bool),
         "position": torch.zeros(rows, dtype=torch.int64),
+        "skipped": [],
     }
     if "video" in shapes.modalities:
-        batch["video"] = torch.empty((rows, *shapes.video_shape), dtype=torch.uint8)
+        batch["video"] = torch.empty((rows, *video_shape), dtype=torch.uint8)
     if "audio" in shapes.modalities:
-        batch["audio"] = torch.empty((rows, *shapes.audio_shape), dtype=torch.float32)
+        batch["audio"] = torch.empty((rows, *audio_shape), dtype=torch.float32)
     if "text" in shapes.modalities:
         batch["text"] = [""] * rows
     if "meta" in shapes.modalities:
         batch["meta"] = [{} for _ in range(rows)]
     return batch
+
+
+def _described(shapes: DataShapes, clip: ClipShape) -> str:
+    """'video [16, 3, 256, 448], audio [1, 32000]': a bucket's sample shapes."""
+    parts = []
+    if "video" in shapes.modalities:
+        parts.append(f"video {list(clip.video_shape)}")
+    if "audio" in shapes.modalities:
+        parts.append(f"audio {list(clip.audio_shape)}")
+    return ", ".join(parts) or f"clip_seconds {clip.clip_seconds:g}"
 
 
 # What data.modalities decides is in the batch (stoker/model.py).

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -24,6 +24,7 @@ import torch
 from stoker.config import ExperimentConfig
 from stoker.runtime.dist_env import DistEnv
 from stoker.runtime.metrics_sink import NullSink
+from stoker.tracking.dataset_inputs import DataSetInput
 from stoker.tracking.logger import RunLogger, Status
 from stoker.tracking.runs import config_params, precreate_run
 from stoker.tracking.store import resolve_tracking_uri
@@ -84,6 +85,12 @@ class Tracking:
         background (RunLogger.log_final_model)."""
         if self.logger is not None:
             self.logger.log_final_model(local_dir, step=step, name=name)
+
+    def log_dataset_inputs(self, inputs: Sequence[DataSetInput]) -> None:
+        """The data sets the run reads, as its MLflow dataset inputs, from global rank 0
+        (stoker/runtime/data_lineage.py); other ranks and nodes drop them."""
+        if isinstance(self.logger, RunLogger):
+            self.logger.log_dataset_inputs(inputs)
 
     def close(self, status: str | None) -> None:
         """`status`: the trainer's outcome (FINISHED, FAILED, KILLED); None or REQUEUE:

@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from stoker.kernels import KernelBackendError
     from stoker.protocol import ENV_RESTART, ENV_RUN_DIR, EXIT_HANG, EXIT_PEER_LOST
     from stoker.runtime import dist_env, rendezvous
+    from stoker.runtime.data_lineage import record_lineage
     from stoker.runtime.heartbeat import announce_exit, hang_reported, interval_for, silent_ranks
     from stoker.runtime.rank_tracking import open_tracking
     from stoker.runtime.trainer import Trainer
@@ -100,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             stop=stop,
         )
         trainer.build()
+        if env.is_main:  # the data lineage, now that the loaders made any synthetic set
+            record_lineage(tracking, cfg.data, trainer)
         outcome = trainer.train()
         trainer.checkpointer.close()
         status = outcome.status

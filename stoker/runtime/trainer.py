@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +41,21 @@ from stoker.protocol import EXIT_REQUEUE
 from stoker.runtime import dist_env
 from stoker.runtime.dist_env import DistEnv
 from stoker.runtime.heartbeat import COLLECTIVE_PHASE
+from stoker.runtime.log_window import (
+    GATHERED,
+    LOADER_COUNTERS,
+    ModelMetrics,
+    Window,
+    across_ranks,
+    column,
+)
 from stoker.runtime.metrics_sink import MetricsSink, NullSink
 from stoker.runtime.models import contract
 from stoker.runtime.optim import build_optimizer, build_scheduler
 from stoker.runtime.parallelize import parallelize
 from stoker.runtime.precision import resolve_precision
 from stoker.runtime.progress import Progress
-from stoker.runtime.step_watch import StepTimes, StepWatch
+from stoker.runtime.step_watch import StepWatch
 from stoker.runtime.stop_request import StopRequest
 from stoker.runtime.stragglers import Slowest, node_name
 
@@ -57,37 +65,15 @@ MAX_NONFINITE_IN_ROW = 5
 EXIT_TERMINATED = 128 + 15
 
 
-@dataclass
-class Window:
-    """What accumulates between two log steps, on the device where it can."""
+class DeviceBatch(dict[str, Any]):
+    """A loader batch on the device, with its rows counted on the host before the copy
+    (reading `valid` back from the device would sync)."""
 
-    steps: int = 0
-    samples: int = 0
-    loss_sum: torch.Tensor | None = None
-    grad_norm_max: torch.Tensor | None = None
-    data_s: float = 0.0
-    forward_s: float = 0.0  # the blocks' forward without waits for other ranks (ForwardClock)
-    fwd_bwd_s: float = 0.0
-    optim_s: float = 0.0
-    skipped_steps: int = 0
-    started: float = field(default_factory=time.perf_counter)
-
-    def add_step(self, times: StepTimes, samples: int) -> None:
-        """Any finished step, skipped or not: its samples and this rank's times."""
-        self.steps += 1
-        self.samples += samples
-        self.data_s += times.data_s
-        self.forward_s += times.forward_s
-        self.fwd_bwd_s += times.fwd_bwd_s
-        self.optim_s += times.optim_s
-
-    def add_good_step(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        """A step the optimizer took: its loss into the sum, its norm into the max."""
-        self.loss_sum = loss_sum if self.loss_sum is None else self.loss_sum + loss_sum
-        norm = grad_norm.detach().float()
-        self.grad_norm_max = (
-            norm if self.grad_norm_max is None else torch.maximum(self.grad_norm_max, norm)
-        )
+    rows: int
+    valid_rows: int
+    """Rows whose `valid` is True; the others stand in for samples the loader skipped."""
+    skipped: int
+    """Samples the loader skipped in this batch (its `skipped` list)."""
 
 
 @dataclass
@@ -117,7 +103,8 @@ class Trainer:
         self.stop = stop or StopRequest()
         self.checkpoint_root = cfg.checkpoint.root or str(run_dir / "checkpoints")
         accum = cfg.train.grad_accum
-        if cfg.data.batch_size % (accum * env.world_size):
+        # With buckets, each bucket's batch is checked where the loader splits it.
+        if not cfg.data.buckets and cfg.data.batch_size % (accum * env.world_size):
             raise StokerError(
                 f"data.batch_size {cfg.data.batch_size} does not split into train.grad_accum "
                 f"{accum} micro-batches over {env.world_size} ranks",
@@ -152,7 +139,7 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
         torch.manual_seed(cfg.train.seed * 100_003 + self.env.rank)
         url = cfg.data.url
-        if url is None:
+        if url is None and not cfg.data.sources:
             from stoker.data.synthetic import ensure_synthetic_data
 
             say = print if self.env.is_main else None
@@ -163,14 +150,16 @@ class Trainer:
             }
         )
         self.loader = loader_from_config(
-            micro_cfg, rank=self.env.rank, world_size=self.env.world_size
+            micro_cfg,
+            rank=self.env.rank,
+            world_size=self.env.world_size,
+            micro_batches=cfg.train.grad_accum,
         )
         self.eval_loader = self._eval_loader(micro_cfg) if cfg.train.eval_every else None
-        self.tokens_per_sample = contract.tokens_per_sample(model)
-        self.flops_per_sample: float | None = None  # asked of the first batch
-        self._model_metrics: dict[str, torch.Tensor] = {}  # sums over the log window
-        self._model_metric_count = 0
-        self._metric_names: list[str] | None = None  # agreed by the ranks at the first log
+        self.costs = contract.SampleCosts(self.model)  # FLOPs and tokens per batch shape
+        self._said_no_flops = False
+        self.model_metrics = ModelMetrics(self.env, self.device, type(model).__name__)
+        self._loader_seen: dict[str, float] = {}  # the loader's counters at the last log
         self._generators: list[torch.Generator] = []
         self.start_step = 0
         self.checkpointer = self._checkpointer()
@@ -201,7 +190,7 @@ class Trainer:
 
         url = self.cfg.data.eval_url
         if url is None:
-            if self.cfg.data.url is not None:
+            if self.cfg.data.url is not None or self.cfg.data.sources:
                 raise StokerError(
                     "train.eval_every is set but data.eval_url is null: no held-out data set",
                     fix="set data.eval_url to a held-out data set, or train.eval_every=0",
@@ -210,11 +199,13 @@ class Trainer:
 
             say = print if self.env.is_main else None
             url = str(ensure_synthetic_data(self.cfg.data, say, split="eval"))
-        data = micro_cfg.data.model_copy(update={"url": url, "clip_offset": "start"})
+        # One data set (named apart from a mixture's), with the run's buckets.
+        data = micro_cfg.data.model_copy(update={"url": url, "sources": [], "clip_offset": "start"})
         return loader_from_config(
             micro_cfg.model_copy(update={"data": data}),
             rank=self.env.rank,
             world_size=self.env.world_size,
+            micro_batches=self.cfg.train.grad_accum,
         )
 
     @torch.no_grad()
@@ -258,9 +249,13 @@ class Trainer:
             for k, v in batch.items()
         }
 
-    def _batches(self) -> Iterator[dict[str, Any]]:
+    def _batches(self) -> Iterator[DeviceBatch]:
         for batch in self.loader.batches():
-            yield self._to_device(batch)
+            out = DeviceBatch(self._to_device(batch))
+            out.rows = len(batch["position"])
+            out.valid_rows = int(batch["valid"].sum()) if "valid" in batch else out.rows
+            out.skipped = len(batch.get("skipped", ()))
+            yield out
 
     def noise_for(self, batch: dict[str, Any]) -> list[torch.Generator]:
         """One generator per sample, seeded by (train.seed, the sample's stream
@@ -279,57 +274,17 @@ class Trainer:
         return self._generators[: len(positions)]
 
     def _with_noise(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """The batch as a model gets it (stoker/model.py): with its per-sample
-        generators; the FLOPs per sample asked of the first one."""
-        batch = {**batch, "generators": self.noise_for(batch)}
-        if self.flops_per_sample is None:
-            self.flops_per_sample = contract.flops_per_sample(self.model, batch) or 0.0
-            if not self.flops_per_sample and self.env.is_main:
-                print(f"{type(self.model).__name__} has no flops_per_sample(batch): no MFU "
-                      "(stoker/model.py)", flush=True)  # fmt: skip
-        return batch
+        """The batch as a model gets it (stoker/model.py): with its per-sample generators."""
+        return {**batch, "generators": self.noise_for(batch)}
 
-    def _add_model_metrics(self, metrics: dict[str, Any]) -> None:
-        """The model's own metrics of a micro-batch, summed on the device."""
-        if not metrics:
-            return
-        self._model_metric_count += 1
-        for name, value in metrics.items():
-            value = torch.as_tensor(value, device=self.device).detach().float()
-            previous = self._model_metrics.get(name)
-            self._model_metrics[name] = value if previous is None else previous + value
-
-    def _reduce_model_metrics(self) -> dict[str, float]:
-        """The window's means of the model's metrics, averaged over ranks (one
-        all-reduce, only for a model that returns metrics)."""
-        names = sorted(self._model_metrics)
-        if self._metric_names is None:
-            self._metric_names = self._agreed_metric_names(names)
-        if not names:
-            return {}
-        values = torch.stack([self._model_metrics[n] for n in names]) / self._model_metric_count
-        if self.env.distributed:
-            torch.distributed.all_reduce(values)
-            values = values / self.env.world_size
-        self._model_metrics, self._model_metric_count = {}, 0
-        return dict(zip(names, values.tolist(), strict=True))
-
-    def _agreed_metric_names(self, names: list[str]) -> list[str]:
-        """At the first log: every rank returns the same metric names, or the all-reduce
-        below would mix them up or wait forever; a model that does not is told so."""
-        if not self.env.distributed:
-            return names
-        every: list[Any] = [None] * self.env.world_size
-        torch.distributed.all_gather_object(every, names)
-        for rank, theirs in enumerate(every):
-            if theirs != names:
-                raise StokerError(
-                    f"{type(self.model).__name__}.forward returned metrics {theirs} on rank "
-                    f"{rank} but {names} on rank {self.env.rank}",
-                    fix="return the same metric names on every rank and every batch "
-                    "(a metric with no value for a batch: return 0 or NaN for it)",
-                )
-        return names
+    def _cost(self, batch: dict[str, Any]) -> contract.SampleCost:
+        """FLOPs and tokens per sample of this batch's shape (asked once per shape)."""
+        cost = self.costs.of(batch)
+        if cost.flops is None and not self._said_no_flops and self.env.is_main:
+            print(f"{type(self.model).__name__} has no flops_per_sample(batch): no MFU "
+                  "(stoker/model.py)", flush=True)  # fmt: skip
+            self._said_no_flops = True
+        return cost
 
     def train(self) -> Outcome:
         """Train from `start_step` to train.steps; a stop request ends it after a save."""
@@ -355,7 +310,7 @@ class Trainer:
                 with watch.phase("data"):
                     micro = [next(batches) for _ in range(accum)]
                 watch.lap("data")
-                loss_sum = self._forward_backward(micro, watch)
+                loss_sum = self._forward_backward(micro, watch, window)
                 grad_norm = self._clip_grad_norm(params, max_norm)
                 nonfinite, stop_wanted = self._agree(loss_sum, grad_norm, watch)  # host sync
                 watch.lap("fwd_bwd")
@@ -371,7 +326,7 @@ class Trainer:
                     window.add_good_step(loss_sum, grad_norm)
                 self.optimizer.zero_grad(set_to_none=True)
                 step += 1
-                window.add_step(watch.end(step), cfg.data.batch_size)
+                window.add_step(watch.end(step))
                 if step % cfg.train.log_every == 0 or step == total or stop_wanted:
                     watch.beat("log")
                     self._log(step, window, progress)
@@ -396,19 +351,30 @@ class Trainer:
             if progress is not None:
                 progress.close()
 
-    def _forward_backward(self, micro: list[dict[str, Any]], watch: StepWatch) -> torch.Tensor:
-        """Forward and backward of each micro-batch; the step's loss, on the device."""
+    def _forward_backward(
+        self, micro: list[DeviceBatch], watch: StepWatch, window: Window
+    ) -> torch.Tensor:
+        """Forward and backward of each micro-batch; the step's loss, on the device.
+
+        A model's loss is the mean over a batch's valid rows (stoker/model.py). Each
+        micro-batch weighs its share of the step's valid rows, so the step's loss is
+        the mean over all of them: 1/accum each when no sample was skipped, 0 for a
+        micro-batch that holds stand-ins only."""
         accum = len(micro)
+        valid_total = max(sum(m.valid_rows for m in micro), 1)
         loss_sum = torch.zeros((), device=self.device)
-        for index, batch in enumerate(micro):
+        for index, micro_batch in enumerate(micro):
             if hasattr(self.model, "set_requires_gradient_sync"):
                 # FSDP2: reduce-scatter gradients on the last micro-batch only.
                 self.model.set_requires_gradient_sync(index == accum - 1)
+            batch = self._with_noise(micro_batch)
+            window.add_batch(micro_batch.rows, micro_batch.skipped, self._cost(batch))
             with watch.phase("forward"), self.autocast():
                 loss: Any
-                loss, metrics = contract.loss_and_metrics(self.model, self._with_noise(batch))
-                loss = loss / accum
-            self._add_model_metrics(metrics)
+                loss, metrics = contract.loss_and_metrics(self.model, batch)
+                # x 1.0 exactly, then / accum, when every micro-batch is whole.
+                loss = loss * (micro_batch.valid_rows * accum / valid_total) / accum
+            self.model_metrics.add(metrics)
             with watch.phase("backward"):
                 loss.backward()
             loss_sum += loss.detach().float()
@@ -456,7 +422,7 @@ class Trainer:
         """A log step: the window's metrics over all ranks, the held-out loss every
         train.eval_every steps and at the end, into the sink and progress.json."""
         metrics = self._reduce(window)
-        metrics.update(self._reduce_model_metrics())
+        metrics.update(self.model_metrics.reduce())
         eval_every = self.cfg.train.eval_every
         if self.eval_loader is not None and (
             step % eval_every == 0 or step == self.cfg.train.steps
@@ -468,70 +434,70 @@ class Trainer:
             progress.update(step, metrics, self.slowest)
 
     def _reduce(self, window: Window) -> dict[str, float]:
-        """The window's metrics, averaged over ranks, and with several ranks the
-        stragglers' (Slowest): one all-gather of four numbers per rank, so that every
-        rank sees every rank's data wait and forward compute, not only their sum."""
+        """The window's metrics over all ranks (log_window.across_ranks), and with several
+        ranks the stragglers' (Slowest): one all-gather of `GATHERED` numbers per rank,
+        so that every rank sees every rank's data wait and forward compute, not only
+        their sum."""
         env = self.env
         good = window.steps - window.skipped_steps
-        zero = torch.zeros((), device=self.device)
-        mine = torch.cat(
-            [
-                torch.stack(
-                    [
-                        window.loss_sum if window.loss_sum is not None else zero,
-                        window.grad_norm_max if window.grad_norm_max is not None else zero,
-                    ]
-                ).float(),
-                torch.tensor(
-                    [window.data_s / window.steps, window.forward_s / window.steps],
-                    device=self.device,
-                ),
-            ]
-        )
+        mine = window.gathered(self.device, self._loader_increments())
         if env.distributed:
-            # Flat: gloo refuses a (ranks, 4) output.
-            gathered = torch.empty(env.world_size * mine.numel(), device=self.device)
+            # Flat: gloo refuses a (ranks, n) output.
+            gathered = torch.empty(env.world_size * len(GATHERED), device=self.device)
             dist_env.all_gather_flat(gathered, mine)
             rows = gathered.view(env.world_size, -1).tolist()  # the log step's one host sync
             self.slowest = Slowest.of(
-                [row[2] for row in rows], [row[3] for row in rows], self._rank_hosts()
+                column(rows, "data_s"), column(rows, "forward_s"), self._rank_hosts()
             )
         else:
             rows = [mine.tolist()]
-        loss_sum = sum(row[0] for row in rows) / len(rows)
-        grad_norm = sum(row[1] for row in rows) / len(rows)
+        total = across_ranks(rows)
         elapsed = time.perf_counter() - window.started
-        samples_per_s = window.samples / elapsed / env.world_size  # per GPU (rank)
+        rank_s = elapsed * env.world_size  # per GPU (rank)
         metrics: dict[str, float] = {
-            "loss": loss_sum / good if good else math.nan,
-            "grad_norm": grad_norm,
+            "loss": total["loss_sum"] / good if good else math.nan,
+            "grad_norm": total["grad_norm_max"],
             "lr": float(self.scheduler.get_last_lr()[0]),
-            "system/throughput/samples_per_s": samples_per_s,
+            "system/throughput/samples_per_s": total["rows"] / rank_s,
             "system/time/step_s": elapsed / window.steps,
             "system/time/data_wait_s": window.data_s / window.steps,
             "system/time/fwd_bwd_s": window.fwd_bwd_s / window.steps,
             "system/time/optimizer_s": window.optim_s / window.steps,
             "skipped_nonfinite_steps": float(window.skipped_steps),
         }
-        if self.tokens_per_sample:
-            metrics["system/throughput/tokens_per_s"] = samples_per_s * self.tokens_per_sample
+        if total["tokens"]:
+            metrics["system/throughput/tokens_per_s"] = total["tokens"] / rank_s
         from stoker.runtime.models.flops import peak_flops
 
         peak = peak_flops(self.device)
-        if peak and self.flops_per_sample:
-            metrics["mfu"] = samples_per_s * self.flops_per_sample / peak
+        if peak and total["flops"]:  # each batch's FLOPs at its own shape (buckets)
+            metrics["mfu"] = total["flops"] / rank_s / peak
         if self.device.type == "cuda":
             metrics["system/memory/peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
         else:
             rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             metrics["system/memory/peak_rss_gb"] = rss_kb / 1e6
-        # The loader's counters are cumulative (this rank, since this start).
-        loader_stats = self.loader.stats()
-        for name in ("skipped_samples", "short_samples", "fetch_retries", "failed_shards"):
-            metrics[f"system/data/{name}"] = float(getattr(loader_stats, name))
+        # Over the window's steps, summed over the ranks: the samples skipped in the
+        # batches trained on (their rows were stand-ins, left out of the loss), and the
+        # loader's other counters.
+        metrics["system/data/skipped_samples"] = total["skipped_samples"]
+        for name in LOADER_COUNTERS:
+            metrics[f"system/data/{name}"] = total[name]
+        if self.loader.mixture:  # each data set's samples and epochs so far (all ranks)
+            for name, (samples, epochs) in self.loader.progress().items():
+                metrics[f"data/source/{name}/samples"] = float(samples)
+                metrics[f"data/source/{name}/epochs"] = epochs
         if self.slowest is not None:
             metrics.update(self.slowest.metrics())
         return metrics
+
+    def _loader_increments(self) -> list[float]:
+        """This rank's loader's LOADER_COUNTERS since the last log step."""
+        stats = self.loader.stats()
+        now = {name: float(getattr(stats, name)) for name in LOADER_COUNTERS}
+        increments = [now[name] - self._loader_seen.get(name, 0.0) for name in LOADER_COUNTERS]
+        self._loader_seen = now
+        return increments
 
     def _rank_hosts(self) -> list[str]:
         """Every rank's node, by rank: one all_gather_object at the first log of this

@@ -11,6 +11,7 @@
 | `spool` | the records and the spool file that keeps them through an outage |
 | `packing` | records into `log_batch` calls within MLflow's limits; one point per step and key |
 | `logged_models` | checkpoints and final weights as MLflow logged models, created exactly once |
+| `dataset_inputs` | the data sets a run reads as MLflow dataset inputs, once per run |
 | `stderr` | what the writer tells the user: a warning line, never an exception |
 | `system_metrics` | `SystemSampler`: a node's CPU, memory and GPUs |
 

@@ -30,6 +30,11 @@ background_s): the save from its start to its commit) at `step`, and registers a
 MLflow external logged model `step-<N>`; `log_final_model` a logged model whose
 artifacts are the files of a folder (stoker/tracking/logged_models.py).
 
+The data sets the run reads (stoker/tracking/dataset_inputs.py), once per run however
+often a requeued job logs them:
+
+    logger.log_dataset_inputs([DataSetInput("train", TRAINING, url, digest, ...)])
+
 mlflow is imported by `start()`, never at module import (1 to 2.7 s here).
 """
 
@@ -37,12 +42,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from stoker.errors import StokerError
+from stoker.tracking.dataset_inputs import DataSetInput, dataset_entry
 from stoker.tracking.limits import (
     MAX_PARAM_VALUE,
     MAX_TAG_VALUE,
@@ -84,6 +90,8 @@ class RunLoggerStats:
     """Times the store stopped answering."""
     models: int = 0
     """Logged models this logger created (or completed) in the store."""
+    datasets: int = 0
+    """Dataset inputs this logger added to the run (not those it had already)."""
 
 
 class RunLogger:
@@ -231,6 +239,17 @@ class RunLogger:
         model = folder_model(local_dir, step=step, name=name)
         self._queue.put({"run": self.run_id, "lm": model}, 0)
 
+    def log_dataset_inputs(self, inputs: Sequence[DataSetInput]) -> None:
+        """Enqueue the data sets the run reads as its dataset inputs, and return; one
+        the run has already (same name and digest) is not logged again. Never raises."""
+        try:
+            entries = [dataset_entry(data_set) for data_set in inputs]
+        except Exception as exc:  # a record must never stop training
+            warn(f"the run's data sets are not recorded in MLflow: {first_line(exc)}")
+            return
+        if entries:
+            self._queue.put({"run": self.run_id, "ds": entries}, 0)
+
     def close(self, status: Status | None, timeout_s: float = 30.0) -> None:
         """Send what can be sent within `timeout_s`, then set the run's terminal
         status, unless `status` is None (a job about to be requeued: the next attempt
@@ -253,4 +272,5 @@ class RunLogger:
             longest_log_s=self._longest_log_s,
             outages=writer.outages,
             models=writer.models,
+            datasets=writer.datasets,
         )

@@ -1,5 +1,6 @@
-"""Records into store calls: `log_batch` calls within MLflow's limits, one artifact upload
-or one logged model each, in order, keeping every metric key's steps increasing.
+"""Records into store calls: `log_batch` calls within MLflow's limits, one artifact upload,
+logged model or set of dataset inputs each, in order, keeping every metric key's steps
+increasing.
 
 Exactly once, per metric key: a requeued job resumes from its last checkpoint and
 computes some steps again, and a batch the store took just as the connection broke
@@ -32,14 +33,15 @@ from stoker.tracking.stderr import warn
 
 @dataclass
 class Batch:
-    """What one store call sends: a log_batch, one artifact upload, or one logged model
-    (a few calls)."""
+    """What one store call sends: a log_batch, one artifact upload, one logged model (a
+    few calls), or dataset inputs (two calls)."""
 
     metrics: list[list[Any]] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
     artifact: list[str | None] | None = None
     model: dict[str, Any] | None = None
+    datasets: list[dict[str, Any]] | None = None
     chars: int = 0
 
     @property
@@ -47,7 +49,9 @@ class Batch:
         return len(self.metrics)
 
     def empty(self) -> bool:
-        return not (self.metrics or self.params or self.tags or self.artifact or self.model)
+        return not (
+            self.metrics or self.params or self.tags or self.artifact or self.model or self.datasets
+        )
 
     def full(self, chars: int) -> bool:
         entities = len(self.metrics) + len(self.params) + len(self.tags)
@@ -59,6 +63,8 @@ class Batch:
             return {"run": run_id, "a": self.artifact}
         if self.model is not None:
             return {"run": run_id, "lm": self.model}
+        if self.datasets is not None:
+            return {"run": run_id, "ds": self.datasets}
         record: Record = {"run": run_id}
         if self.metrics:
             record["m"] = self.metrics
@@ -98,6 +104,12 @@ class Packer:
                     yield batch
                     batch = Batch()
                 yield Batch(artifact=list(record["a"]))
+                continue
+            if "ds" in record:
+                if not batch.empty():
+                    yield batch
+                    batch = Batch()
+                yield Batch(datasets=[dict(entry) for entry in record["ds"]])
                 continue
             taken: set[tuple[str, int]] = set()
             for key, value, stamp, step in record.get("m", ()):

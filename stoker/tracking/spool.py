@@ -9,6 +9,8 @@ attempt's `start()` if the job is killed meanwhile:
     {"run": id, "a": [local_path, artifact_path]}           one artifact upload
     {"run": id, "lm": {"name", "step", "params", "tags", "metrics", "dir"}}
                                                             one logged model
+    {"run": id, "ds": [{"name", "digest", "source_type", "source", "schema",
+                        "profile", "context"}, ...]}        dataset inputs
 
 `log_checkpoint` queues "m" and "lm" in one record; the model metrics are then the
 points the run takes, so that a point dropped by the step rule does not come back

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from stoker.errors import StokerError
+from stoker.tracking.dataset_inputs import send_dataset_inputs
 from stoker.tracking.logged_models import send_model
 from stoker.tracking.packing import Batch, Packer
 from stoker.tracking.record_queue import RecordQueue
@@ -94,6 +95,7 @@ class StoreWriter:
         self.refused = 0
         """Points the store refused (dropped)."""
         self.models = 0
+        self.datasets = 0
         self.outages = 0
 
         self._closing = threading.Event()
@@ -314,6 +316,9 @@ class StoreWriter:
                 if send_model(self._client, self.run_id, self._experiment_id, batch.model):
                     self.models += 1
                 return
+            if batch.datasets is not None:
+                self.datasets += send_dataset_inputs(self._client, self.run_id, batch.datasets)
+                return
             if batch.artifact is not None:
                 local, artifact_path = batch.artifact
                 path = Path(str(local))
@@ -350,6 +355,9 @@ class StoreWriter:
                 what = f"logged model {batch.model['name']!r}"
             elif batch.artifact is not None:
                 what = f"artifact {batch.artifact[0]}"
+            elif batch.datasets is not None:
+                names = ", ".join(str(d["name"]) for d in batch.datasets)
+                what = f"dataset inputs {names}"
             else:
                 what = f"{batch.points} points, {len(batch.params)} params, {len(batch.tags)} tags"
             warn(

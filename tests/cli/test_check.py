@@ -115,3 +115,27 @@ def test_a_checkpoint_root_on_s3_is_probed_through_the_s3_api(
     code, found = _findings(f"checkpoint.root=s3://no-such-bucket-{bucket}/ckpt")
     assert code == 1 and found["checkpoints"]["status"] == "fail", found["checkpoints"]
     assert "does not take a file" in found["checkpoints"]["detail"]
+
+
+def test_each_data_set_of_a_mixture_and_the_buckets_are_checked(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    synth_dataset(str(data), clips=4, seconds=1.0, size=(64, 64), fps=8)
+    code, found = _findings(
+        f"data.sources=[{{name: good, url: {data}}}, {{name: gone, url: {tmp_path / 'no'}}}]",
+        "data.buckets=[{clip_seconds: 1, batch_size: 4}, {resolution: [64, 96], "
+        "clip_seconds: 1, batch_size: 3}]", "job.ntasks_per_node=2",
+    )  # fmt: skip
+    assert code == 1
+    assert found["data good"]["status"] == "ok", found
+    assert f"data.sources[0] (good) {data}: 4 samples" in found["data good"]["detail"]
+    assert found["data gone"]["status"] == "fail"
+    assert "manifest.json is missing there" in found["data gone"]["detail"]
+    assert found["buckets"]["status"] == "fail"
+    assert "data.buckets[1] (64x96x1s" in found["buckets"]["detail"]
+    assert "does not split over 2 ranks" in found["buckets"]["detail"]
+    code, found = _findings(
+        f"data.url={data}", "data.buckets=[{clip_seconds: 1, batch_size: 4}]",
+        "job.ntasks_per_node=2",
+    )  # fmt: skip
+    assert found["buckets"] == {**found["buckets"], "status": "ok",
+                                "detail": "global batches 64x64x1s: 4"}  # fmt: skip

@@ -200,6 +200,14 @@ def test_unknown_profile_key_suggests_profile_keys(tmp_path: Path) -> None:
         ("optim.lr=fast", "a number"),
         ("data.resolution=[64]", "a list of 2 values"),
         ("job=3", "is a section"),
+        ("data.buckets=[{batch_size: 2}]", "data.buckets[0].clip_seconds: expected"),
+        ("data.sources=[{url: x}, {name: a b, url: y}]", "data.sources[1].name: got 'a b'"),
+        ("data.sources=[{name: a, url: x}, {name: a, url: y}]", "a appears twice"),
+        ("data.buckets=[{clip_seconds: 1}]", "needs data.batch_tokens"),
+        (
+            "data.buckets=[{clip_seconds: 1, batch_size: 2}, {clip_seconds: 1, batch_size: 4}]",
+            "two buckets share",
+        ),
     ],
 )
 def test_invalid_values_are_rejected(override: str, fragment: str) -> None:
@@ -315,3 +323,10 @@ def test_importing_the_package_is_light() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_a_mixture_replaces_data_url() -> None:
+    with pytest.raises(ConfigError, match=r"data\.url and data\.sources are both set"):
+        resolve_config(overrides=["data.url=/a", "data.sources=[{name: b, url: /b}]"])
+    cfg = resolve_config(overrides=["data.sources=[{name: b, url: /b, weight: 3}]"]).config
+    assert cfg.data.url is None and cfg.data.sources[0].weight == 3.0

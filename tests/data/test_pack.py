@@ -146,8 +146,9 @@ def test_pack_groups_copies_and_reports_broken_files(tmp_path: Path) -> None:
         "speech/noise.flac": b"fLaC" + os.urandom(3000),
         "empty.mp4": b"",
     }
-    ignored = {"README.txt": b"notes", "speech/c.png": b"\x89PNG", "orphan.json": b"{}"}
-    write(src, {**good, **broken, **ignored})
+    # Not packed, and reported too: every file is either packed or named.
+    left_out = {"README.txt": b"notes", "speech/c.png": b"\x89PNG", "orphan.json": b"{}"}
+    write(src, {**good, **broken, **left_out})
 
     summary = pack(src, dst, "--workers", "1")
 
@@ -156,9 +157,13 @@ def test_pack_groups_copies_and_reports_broken_files(tmp_path: Path) -> None:
         str(src / "cut.mp4"),
         str(src / "speech/noise.flac"),
         str(src / "empty.mp4"),
+        *(str(src / rel) for rel in left_out),
     }
     reasons = {Path(s["path"]).name: s["reason"] for s in summary["skipped"]}
     assert reasons["empty.mp4"] == "empty file"
+    kinds = {Path(s["path"]).name: s["kind"] for s in summary["skipped"]}
+    assert kinds["README.txt"] == kinds["orphan.json"] == "sidecar without media"
+    assert kinds["c.png"] == "not media"
     samples = read_dataset(dst)
     assert summary["samples"] == len(samples) == 6
     assert summary["shards"] == 1
@@ -361,7 +366,9 @@ def test_missing_or_empty_src_is_a_clear_error(tmp_path: Path) -> None:
     assert not (tmp_path / "dst").exists()
 
 
-def test_grouping_reports_conflicts_and_ignores_lone_sidecars() -> None:
+def test_grouping_reports_conflicts_and_lone_sidecars() -> None:
+    # Two videos of one name (x.mp4, x.mkv) are found by the writers' probe: a name
+    # does not say what a file holds.
     names = [
         "x.mp4",
         "x.mkv",
@@ -378,10 +385,16 @@ def test_grouping_reports_conflicts_and_ignores_lone_sidecars() -> None:
     assert [(s.key, sorted(s.members)) for s in samples] == [
         ("ok/one", ["mp4", "txt"]),
         ("ok/two", ["wav"]),
+        ("x", ["json", "mkv", "mp4"]),
     ]
     assert samples[0].members["mp4"].path == "ok/one.MP4"
-    assert [s.path for s in skipped] == ["a.b.flac", "a_b.wav", "x.mkv", "x.mp4"]
-    assert "one video" in skipped[-1].reason and "'a_b'" in skipped[0].reason
+    assert [(s.path, s.kind) for s in skipped] == [
+        ("a.b.flac", "name conflict"),
+        ("a_b.wav", "name conflict"),
+        ("meta.json", "sidecar without media"),
+        ("notes.txt", "sidecar without media"),
+    ]
+    assert "'a_b'" in skipped[0].reason
 
 
 def test_shards_fill_greedily_in_key_order() -> None:

@@ -31,7 +31,14 @@ from tests.faults.training_jobs import (
     resumed_step,
     starts,
 )
-from tests.launcher_jobs import JOBS, scontrol_job, submit_json, wait_final, wait_for
+from tests.launcher_jobs import (
+    JOBS,
+    run_story,
+    scontrol_job,
+    submit_json,
+    wait_final,
+    wait_for,
+)
 
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
@@ -85,7 +92,8 @@ def test_killed_then_stopped_rank_each_restart_the_job(
     stopped_at = time.time()
     kill_task(job["job_id"], stopped_node, stopped_pid, signal="STOP")
 
-    assert wait_final(job["job_id"], 300, run_dir) == "COMPLETED"
+    state = wait_final(job["job_id"], 300, run_dir)
+    assert state == "COMPLETED", run_story(run_dir)
     # The events by what they say: each restart's line, whatever else the script noted.
     restart_1 = event(run_dir, r"restarting after failure .*restart 1 of job\.max_restarts=2$")
     restart_2 = event(run_dir, r"restarting after failure .*restart 2 of job\.max_restarts=2$")
@@ -164,7 +172,8 @@ def test_frozen_node_fails_the_job_within_the_timeout_and_it_resumes_elsewhere(
         # held is let go, such as the sqlite store's lock if it froze mid-write (seen
         # in CI); the new start's loggers wait that out as an outage, then deliver.
         localslurm.thaw(frozen)
-        assert wait_final(job["job_id"], 300, run_dir) == "COMPLETED"
+        state = wait_final(job["job_id"], 300, run_dir)
+        assert state == "COMPLETED", run_story(run_dir)
     finally:
         localslurm.thaw(frozen)
         subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"],

@@ -26,7 +26,14 @@ from tests.faults.training_jobs import (
     resumed_step,
     starts,
 )
-from tests.launcher_jobs import FINAL_STATES, scontrol_job, submit_json, wait_final, wait_for
+from tests.launcher_jobs import (
+    FINAL_STATES,
+    run_story,
+    scontrol_job,
+    submit_json,
+    wait_final,
+    wait_for,
+)
 
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
@@ -70,7 +77,7 @@ def test_requeues_and_time_limits_resume_bit_exact_into_one_run(
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=15"],
                    check=True, capture_output=True)  # fmt: skip
 
-    assert wait_final(job_id, 900, run_dir) == "COMPLETED", (run_dir / "logs/batch.log").read_text()
+    assert wait_final(job_id, 900, run_dir) == "COMPLETED", run_story(run_dir)
     assert wait_final(reference["job_id"], 300) == "COMPLETED"
     log = _text(events)
     assert log.count("stop requested: SIGTERM") >= 2, log

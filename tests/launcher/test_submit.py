@@ -150,3 +150,35 @@ def test_evaluation_without_a_held_out_set_is_refused(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "train.eval_every=100 (override train.eval_every=100)" in result.stderr
     assert "data.eval_url" in result.stderr and "no held-out data set" in result.stderr
+
+
+def test_bucket_batches_that_do_not_split_over_the_ranks_are_refused(tmp_path: Path) -> None:
+    result = stoker(
+        "submit", "--dry-run", "data.url=/data/av", "job.ntasks_per_node=2", "train.grad_accum=2",
+        "data.buckets=[{clip_seconds: 1, batch_size: 8}, {clip_seconds: 2, batch_size: 6}]",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "data.buckets[1] (64x64x2s, override data.buckets=" in result.stderr
+    assert "its batch_size 6 does not split over 2 ranks x train.grad_accum=2" in result.stderr
+    assert "multiple of 4" in result.stderr
+    # From a token budget: the fix names data.batch_multiple.
+    budget = stoker(
+        "submit", "--dry-run", "data.url=/data/av", "job.ntasks_per_node=4",
+        "data.buckets=[{clip_seconds: 1}]", "data.batch_tokens=1000", cwd=tmp_path,
+    )  # fmt: skip
+    assert budget.returncode == 2, budget.stderr
+    assert "data.batch_multiple=4" in budget.stderr
+
+
+def test_a_mixture_with_a_held_out_set_needs_one(tmp_path: Path) -> None:
+    result = stoker(
+        "submit", "--dry-run", "data.sources=[{name: a, url: /data/a}, {name: b, url: /data/b}]",
+        "train.eval_every=10", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2 and "no held-out data set" in result.stderr, result.stderr
+    fine = stoker(
+        "submit", "--dry-run", "data.sources=[{name: a, url: /data/a}, {name: b, url: /data/b}]",
+        "data.eval_url=/data/held-out", "train.eval_every=10", cwd=tmp_path,
+    )  # fmt: skip
+    assert fine.returncode == 0, fine.stderr

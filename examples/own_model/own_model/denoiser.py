@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stoker.model import DataShapes
+from stoker.model import DataShapes, valid_mean
 
 
 @dataclass
@@ -76,12 +76,18 @@ class Denoiser(nn.Module):
         for block in self.layers:
             x = block(x)
         restored = noisy + self.head(x)
-        loss = F.mse_loss(restored, frames)
-        return loss, {"noisy_mse": F.mse_loss(noisy, frames).detach()}
+        # One loss per clip, averaged over the clips stoker could decode (`valid`).
+        per_clip = (restored - frames).square().reshape(video.shape[0], -1).mean(dim=1)
+        return valid_mean(per_clip, batch), {"noisy_mse": F.mse_loss(noisy, frames).detach()}
 
     def flops_per_sample(self, batch: Any = None) -> float:
-        """Training FLOPs of one clip: 2 per multiply-add, forward and twice that backward."""
-        t, (h, w), c = self.data.frames, self.data.resolution, self.args.width
+        """Training FLOPs of one clip of this batch's shape: 2 per multiply-add, forward
+        and twice that backward."""
+        if batch is not None:  # with data.buckets, clips differ from batch to batch
+            _, t, _, h, w = batch["video"].shape
+        else:
+            t, (h, w) = self.data.frames, self.data.resolution
+        c = self.args.width
         macs = h * w * 9 * (3 * c + 2 * c * c * self.args.depth + c * 3)
         return 3 * 2 * macs * t
 

@@ -4,7 +4,7 @@ presets, and the FLOPs formula MFU is measured against (docs/runtime.md)."""
 
 from stoker.runtime.models.audio_ar import AudioAR
 from stoker.runtime.models.av_dit import AVDiT
-from stoker.runtime.models.build import clip_frames, clip_samples
+from stoker.runtime.models.build import clip_frames, clip_samples, data_shapes
 from stoker.runtime.models.flops import (
     attention_flops,
     flops_per_token,
@@ -13,7 +13,7 @@ from stoker.runtime.models.flops import (
     peak_flops,
     peak_flops_of_name,
 )
-from stoker.runtime.models.registry import build_model, data_shapes
+from stoker.runtime.models.registry import build_model
 from stoker.runtime.models.sizes import (
     AUDIO_AR_SIZES,
     AV_DIT_SIZES,

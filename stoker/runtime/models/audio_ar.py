@@ -5,8 +5,11 @@ transformer's architecture).
 Input: audio [B, C, N] -> mono (mean over channels) -> the first S samples,
 S = min(the preset's max_tokens, N) (1024 tokens, 64 ms at 16 kHz, for tiny:
 the loader already picks a random clip, this takes its start) -> mu-law codes
-0..255. The model reads [BOS, c_0 .. c_{S-2}] and predicts c_0 .. c_{S-1}; a
-batch shorter than S is padded, and padded positions are left out of the loss.
+0..255. The model reads [BOS, c_0 .. c_{S-2}] and predicts c_0 .. c_{S-1}. S is
+the batch's own: a shorter bucket (data.buckets) gives a shorter sequence, not
+padding. A sample's loss is its mean cross-entropy; the batch's, the mean over its
+valid rows (stoker.model.valid_mean: a row standing in for a skipped sample adds
+nothing).
 
 Blocks are pre-norm with the residual add fused into each norm
 (stoker.kernels.AddRMSNorm): a block takes (x, residual), the previous
@@ -21,10 +24,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from stoker.kernels import AddRMSNorm, SwiGLU, cross_entropy, rope_table_1d
+from stoker.model import valid_mean
 from stoker.runtime.models.attention import SelfAttention
 from stoker.runtime.models.mu_law import CLASSES, mu_law_encode
 from stoker.runtime.models.sizes import AudioARSize
@@ -32,7 +35,6 @@ from stoker.runtime.models.training_model import Batch, Noise, TrainingModel
 
 BOS = CLASSES
 """The start token, one past the 256 mu-law codes; the head never predicts it."""
-IGNORE = -100
 
 
 class ARBlock(nn.Module):
@@ -57,8 +59,9 @@ class ARBlock(nn.Module):
 
 
 class AudioAR(TrainingModel):
-    """Decoder-only transformer over mu-law audio tokens; `samples` is the clip
-    length N of the data (data.clip_seconds x data.sample_rate)."""
+    """Decoder-only transformer over mu-law audio tokens; `samples` is the longest
+    clip N of the data (data.clip_seconds x data.sample_rate; with data.buckets, the
+    longest bucket's): it fixes the longest sequence and the RoPE table."""
 
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
@@ -80,12 +83,12 @@ class AudioAR(TrainingModel):
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
         self.init_weights()
 
-        matmuls = [(self.head, self.seq_len)]
+        matmuls = [(self.head, "tokens")]
         for block in self.blocks:
             assert isinstance(block, ARBlock)
             linears = (block.attn.qkv, block.attn.out, block.mlp.w_in, block.mlp.w_out)
-            matmuls += [(linear, self.seq_len) for linear in linears]
-        self._count_flops(self.seq_len, matmuls, dim)
+            matmuls += [(linear, "tokens") for linear in linears]
+        self._count_flops(matmuls, dim, {"sample": 1, "tokens": self.seq_len})
 
     def init_weights(self) -> None:
         """GPT-2's initialisation: N(0, 0.02), the projections back into the
@@ -109,28 +112,31 @@ class AudioAR(TrainingModel):
                     nn.init.normal_(module.mlp.w_in.weight, std=0.02)
                     nn.init.normal_(module.mlp.w_out.weight, std=out_std)
 
-    def tokens(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(inputs, targets), each int64 [B, S]: [BOS, c_0 .. c_{S-2}] and
-        c_0 .. c_{S-1}, targets IGNORE where the clip was padded."""
+    def sequence_length(self, batch: Batch) -> int:
+        """S for this batch: min(the longest sequence, its clips' samples)."""
         if "audio" not in batch:
             raise ValueError(
                 f"the batch has {sorted(batch)} but no 'audio'; audio_ar needs "
                 "'audio' in data.modalities"
             )
         audio = batch["audio"]
-        if audio.dim() != 3:
+        if audio.dim() != 3 or audio.shape[2] < 1:
             raise ValueError(
                 f"batch['audio'] has shape {tuple(audio.shape)}; expected [B, channels, samples]"
             )
-        mono = audio[:, :, : self.seq_len].float().mean(dim=1)
+        return min(self.seq_len, int(audio.shape[2]))
+
+    def token_counts(self, batch: Batch) -> dict[str, int]:
+        return {"tokens": self.sequence_length(batch)}
+
+    def tokens(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets), each int64 [B, S]: [BOS, c_0 .. c_{S-2}] and
+        c_0 .. c_{S-1}."""
+        seq = self.sequence_length(batch)
+        mono = batch["audio"][:, :, :seq].float().mean(dim=1)
         codes = mu_law_encode(mono)
-        targets = codes
-        missing = self.seq_len - codes.shape[1]
-        if missing > 0:  # a static shape, not data: torch.compile specialises on it
-            codes = F.pad(codes, (0, missing))
-            targets = F.pad(targets, (0, missing), value=IGNORE)
         bos = torch.full_like(codes[:, :1], BOS)
-        return torch.cat((bos, codes[:, :-1]), dim=1), targets
+        return torch.cat((bos, codes[:, :-1]), dim=1), codes
 
     def logits(self, inputs: torch.Tensor) -> torch.Tensor:
         """[B, S'] tokens (S' <= S) -> [B, S', 256] next-token logits."""
@@ -145,7 +151,8 @@ class AudioAR(TrainingModel):
         return out
 
     def forward(self, batch: Batch, generator: Noise = None) -> torch.Tensor:
-        """Mean next-token cross-entropy (nats) over the non-padded targets.
-        `generator` is unused: this loss draws no noise."""
+        """Next-token cross-entropy (nats): each sample's mean over its tokens, then the
+        mean over the valid rows. `generator` is unused: this loss draws no noise."""
         inputs, targets = self.tokens(batch)
-        return cross_entropy(self.logits(inputs), targets, ignore_index=IGNORE)
+        per_token = cross_entropy(self.logits(inputs), targets, reduction="none")
+        return valid_mean(per_token.mean(dim=1), batch)

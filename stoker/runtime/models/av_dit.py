@@ -13,12 +13,19 @@ RMSNorm, the MLP SwiGLU, with RMSNorm on q and k per head.
 
 Loss: rectified flow (SD3). Per sample t ~ logit-normal(0, 1), noise
 eps ~ N(0, I), x in [-1, 1] (video: uint8 / 127.5 - 1; audio as given),
-x_t = (1 - t) x + t eps; the model predicts the velocity v = eps - x. The loss
-is the mean squared error of v over each modality's values, summed over the
+x_t = (1 - t) x + t eps; the model predicts the velocity v = eps - x. A sample's
+loss is the mean squared error of v over each modality's values, summed over the
 modalities: each modality weighs 1 whatever its token count, so the 40 audio
-tokens of a 1 s clip count as much as its 256 video tokens. At initialisation
-the model predicts v = 0 exactly (adaLN-zero and a zero output layer), so the
-first loss is E|eps - x|^2 = 1 + E[x^2] per modality.
+tokens of a 1 s clip count as much as its 256 video tokens. The batch's loss is
+the mean over its valid rows (stoker.model.valid_mean: a row standing in for a
+skipped sample adds nothing). At initialisation the model predicts v = 0 exactly
+(adaLN-zero and a zero output layer), so the first loss is E|eps - x|^2 = 1 + E[x^2]
+per modality.
+
+Shapes: the model is built for the largest clip of the data (with data.buckets, the
+largest of each dimension over the buckets) and takes any clip that fits in it and
+divides into its patches: a smaller clip's RoPE rows are a subset of the largest
+one's (positions are integer grid coordinates), so one table serves every bucket.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from torch import nn
 
 from stoker.kernels import AdaLNRMSNorm, RMSNorm, SwiGLU, rope_table_1d, rope_table_3d
 from stoker.kernels.rope import default_sections
+from stoker.model import valid_mean
 from stoker.runtime.models.attention import SelfAttention
 from stoker.runtime.models.patches import patchify_audio, patchify_video
 from stoker.runtime.models.sizes import AVDiTSize
@@ -144,11 +152,12 @@ class DiTBlock(nn.Module):
 
 
 class AVDiT(TrainingModel):
-    """The audio-video DiT for one data geometry.
+    """The audio-video DiT for the clips of one data config.
 
-    video: (frames, height, width) of every clip, or None without video;
-    audio: (channels, samples), or None without audio; fps and sample_rate
-    place audio tokens in time against the video tokens."""
+    video: the largest (frames, height, width) of a clip, or None without video;
+    audio: (channels, the most samples), or None without audio; fps and sample_rate
+    place audio tokens in time against the video tokens. A batch may hold any clip
+    that fits in these and divides into the patches (data.buckets)."""
 
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
@@ -205,21 +214,20 @@ class AVDiT(TrainingModel):
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
         self.init_weights()
 
-        tokens = self.video_tokens + self.audio_tokens
-        matmuls: list[tuple[nn.Linear, int]] = [
-            (self.t_embed.fc1, 1),
-            (self.t_embed.fc2, 1),
-            (self.final_modulation, 1),
+        matmuls: list[tuple[nn.Linear, str]] = [
+            (self.t_embed.fc1, "sample"),
+            (self.t_embed.fc2, "sample"),
+            (self.final_modulation, "sample"),
         ]
         for block in self.blocks:
             assert isinstance(block, DiTBlock)
-            matmuls += [(block.modulation, 1), (block.attn.qkv, tokens), (block.attn.out, tokens)]
-            matmuls += [(block.mlp.w_in, tokens), (block.mlp.w_out, tokens)]
-        if video is not None:
-            matmuls += [(self.video_embed, self.video_tokens), (self.video_out, self.video_tokens)]
-        if audio is not None:
-            matmuls += [(self.audio_embed, self.audio_tokens), (self.audio_out, self.audio_tokens)]
-        self._count_flops(tokens, matmuls, dim)
+            matmuls += [(block.modulation, "sample"), (block.attn.qkv, "tokens")]
+            matmuls += [(block.attn.out, "tokens"), (block.mlp.w_in, "tokens")]
+            matmuls += [(block.mlp.w_out, "tokens")]
+        for name in self.modalities:
+            matmuls += [(getattr(self, f"{name}_{layer}"), name) for layer in ("embed", "out")]
+        counts = {"sample": 1, "video": self.video_tokens, "audio": self.audio_tokens}
+        self._count_flops(matmuls, dim, {**counts, "tokens": self.video_tokens + self.audio_tokens})
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -259,8 +267,7 @@ class AVDiT(TrainingModel):
     def _output_layers(self) -> list[nn.Linear]:
         return [getattr(self, f"{name}_out") for name in self.modalities]
 
-    def clean_tokens(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """The batch as fp32 patch tokens in [-1, 1], per modality."""
+    def _check_modalities(self, batch: Batch) -> None:
         missing = [name for name in self.modalities if name not in batch]
         if missing:
             raise ValueError(
@@ -268,46 +275,113 @@ class AVDiT(TrainingModel):
                 f"{list(self.modalities)} (data.modalities) and lacks {missing}; build the "
                 "model from the same data config as the loader"
             )
+
+    def video_grid_of(self, video: torch.Tensor) -> tuple[int, int, int]:
+        """The (T/pt, H/ph, W/pw) patch grid of a [B, T, 3, H, W] video; a ValueError
+        for a clip that is larger than the model's or does not divide into patches."""
+        assert self.video is not None
+        patch, shape = self.size.video_patch, tuple(video.shape)
+        sizes = (shape[1], shape[3], shape[4]) if len(shape) == 5 else (0, 0, 0)
+        fits = zip(sizes, self.video, patch, strict=True)
+        if shape[2:3] != (VIDEO_CHANNELS,) or not all(
+            0 < n <= most and n % p == 0 for n, most, p in fits
+        ):
+            (frames, height, width), (pt, ph, pw) = self.video, patch
+            raise ValueError(
+                f"batch['video'] has shape {shape}; this av_dit takes [B, T, 3, H, W] with "
+                f"T a multiple of {pt} up to {frames}, H of {ph} up to {height} and W of {pw} "
+                f"up to {width} (data.clip_seconds x data.fps, data.resolution, data.buckets)"
+            )
+        return (sizes[0] // patch[0], sizes[1] // patch[1], sizes[2] // patch[2])
+
+    def audio_tokens_of(self, audio: torch.Tensor) -> int:
+        """Audio tokens of a [B, C, N] clip; a ValueError for one longer than the
+        model's, of other channels, or not a multiple of the patch."""
+        assert self.audio is not None
+        (channels, samples), patch, shape = self.audio, self.size.audio_patch, tuple(audio.shape)
+        fits = len(shape) == 3 and shape[1] == channels and 0 < shape[2] <= samples
+        if not fits or shape[2] % patch:
+            raise ValueError(
+                f"batch['audio'] has shape {shape}; this av_dit takes [B, {channels}, N] with "
+                f"N a multiple of {patch} up to {samples} (data.channels, data.clip_seconds x "
+                "data.sample_rate, data.buckets)"
+            )
+        return shape[2] // patch
+
+    def token_counts(self, batch: Batch) -> dict[str, int]:
+        """Video, audio and all tokens of one sample of this batch's shape."""
+        self._check_modalities(batch)
+        video = math.prod(self.video_grid_of(batch["video"])) if self.video is not None else 0
+        audio = self.audio_tokens_of(batch["audio"]) if self.audio is not None else 0
+        return {"tokens": video + audio, "video": video, "audio": audio}
+
+    def clean_tokens(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """The batch as fp32 patch tokens in [-1, 1], per modality."""
+        self._check_modalities(batch)
         tokens = {}
         if self.video is not None:
             video = batch["video"]
-            expected = (*self.video[:1], VIDEO_CHANNELS, *self.video[1:])
-            if tuple(video.shape[1:]) != expected:
-                raise ValueError(
-                    f"batch['video'] has shape {tuple(video.shape)}; this av_dit was built for "
-                    f"[B, {', '.join(map(str, expected))}] (data.clip_seconds x data.fps, "
-                    "data.resolution)"
-                )
+            self.video_grid_of(video)
             tokens["video"] = patchify_video(video.float() / 127.5 - 1.0, self.size.video_patch)
         if self.audio is not None:
             audio = batch["audio"]
-            if tuple(audio.shape[1:]) != self.audio:
-                raise ValueError(
-                    f"batch['audio'] has shape {tuple(audio.shape)}; this av_dit was built for "
-                    f"[B, {self.audio[0]}, {self.audio[1]}] (data.channels, "
-                    "data.clip_seconds x data.sample_rate)"
-                )
+            self.audio_tokens_of(audio)
             tokens["audio"] = patchify_audio(audio.float(), self.size.audio_patch)
         return tokens
 
-    def velocity(self, x_t: dict[str, torch.Tensor], t: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Predicted v per modality, in the tokens' layout, for noisy tokens at t [B]."""
+    def rope(
+        self, grid: tuple[int, int, int] | None, audio_tokens: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) for a clip of `grid` video patches and `audio_tokens` audio
+        tokens: the rows of the largest clip's tables at its positions."""
+        if grid == self.video_grid and audio_tokens == self.audio_tokens:
+            return self.rope_cos, self.rope_sin
+        return (
+            self._rope_rows(self.rope_cos, grid, audio_tokens),
+            self._rope_rows(self.rope_sin, grid, audio_tokens),
+        )
+
+    def _rope_rows(
+        self, table: torch.Tensor, grid: tuple[int, int, int] | None, audio_tokens: int
+    ) -> torch.Tensor:
+        parts = []
+        if self.video_grid is not None and grid is not None:
+            # Video rows are t-major, then h, then w (rope_table_3d): a sub-box of the grid.
+            box = table[: self.video_tokens].view(*self.video_grid, table.shape[-1])
+            parts.append(box[: grid[0], : grid[1], : grid[2]].reshape(-1, table.shape[-1]))
+        if audio_tokens:  # audio token j's angles depend on j only: a prefix
+            parts.append(table[self.video_tokens : self.video_tokens + audio_tokens])
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def velocity(
+        self,
+        x_t: dict[str, torch.Tensor],
+        t: torch.Tensor,
+        grid: tuple[int, int, int] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Predicted v per modality, in the tokens' layout, for noisy tokens at t [B].
+        `grid`: the video's patch grid (video_grid_of); None: the largest clip's."""
         parts = []
         for name in self.modalities:
             embed: nn.Linear = getattr(self, f"{name}_embed")
             tokens = x_t[name].to(embed.weight.dtype)
             parts.append(embed(tokens) + getattr(self, f"{name}_modality"))
         x = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+        video_tokens = x_t["video"].shape[1] if self.video is not None else 0
+        grid = grid or self.video_grid
+        if grid is not None and math.prod(grid) != video_tokens:
+            raise ValueError(f"{video_tokens} video tokens do not make the patch grid {grid}")
+        cos, sin = self.rope(grid, x.shape[1] - video_tokens)
         cond = F.silu(self.t_embed(t))
         for block in self.blocks:
-            x = block(x, cond, self.rope_cos, self.rope_sin)
+            x = block(x, cond, cos, sin)
         shift, scale = self.final_modulation(cond).to(x.dtype).chunk(2, dim=-1)
         x = self.final_norm(x, scale, shift)
         out = {}
         if self.video is not None:
-            out["video"] = self.video_out(x[:, : self.video_tokens])
+            out["video"] = self.video_out(x[:, :video_tokens])
         if self.audio is not None:
-            out["audio"] = self.audio_out(x[:, self.video_tokens :])
+            out["audio"] = self.audio_out(x[:, video_tokens:])
         return out
 
     def noised(
@@ -329,11 +403,17 @@ class AVDiT(TrainingModel):
         return x_t, t, target
 
     def forward(self, batch: Batch, generator: Noise = None) -> torch.Tensor:
-        """The flow-matching loss of a batch (see the module docstring); the noise from
-        `generator`, else the batch's per-sample "generators" (stoker/model.py)."""
+        """The flow-matching loss of a batch, its valid rows' mean (see the module
+        docstring); the noise from `generator`, else the batch's per-sample
+        "generators" (stoker/model.py)."""
         if generator is None:
             generator = batch.get("generators")
-        x_t, t, target = self.noised(self.clean_tokens(batch), generator)
-        predicted = self.velocity(x_t, t)
-        losses = [F.mse_loss(predicted[name].float(), target[name]) for name in self.modalities]
-        return torch.stack(losses).sum()
+        clean = self.clean_tokens(batch)
+        grid = self.video_grid_of(batch["video"]) if self.video is not None else None
+        x_t, t, target = self.noised(clean, generator)
+        predicted = self.velocity(x_t, t, grid)
+        per_sample = [
+            (predicted[name].float() - target[name]).square().mean(dim=(1, 2))
+            for name in self.modalities
+        ]
+        return valid_mean(torch.stack(per_sample).sum(dim=0), batch)

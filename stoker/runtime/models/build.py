@@ -1,26 +1,30 @@
 """The built-in models' factories (`model.arch: av_dit` / `audio_ar`, through the same
-registry as a user's: stoker/runtime/models/registry.py), and their shape checks.
+registry as a user's: stoker/runtime/models/registry.py), their shape checks, and the
+data's shapes (`DataShapes`) from the data config.
 
-The data config fixes every clip's shape (the loader crops and resizes to
-it): T = round(clip_seconds * fps) frames of resolution [H, W], and
-N = round(clip_seconds * sample_rate) samples of `channels` channels. The
-av_dit needs T, H, W and N to divide into its patches; a config whose shapes
-do not is refused here, before a job spends anything, with the values to use.
+The data config fixes each clip's shape (the loader crops and resizes to it): T =
+round(clip_seconds * fps) frames of resolution [H, W], and N = round(clip_seconds *
+sample_rate) samples of `channels` channels; with `data.buckets`, one such shape per
+bucket. The av_dit needs T, H, W and N of every shape to divide into its patches; a
+config whose shapes do not is refused here, before a job spends anything, with the
+setting (the bucket) and the values to use.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from stoker.errors import StokerError
+from stoker.model import ClipShape, DataShapes
 from stoker.runtime.models.audio_ar import AudioAR
 from stoker.runtime.models.av_dit import AVDiT
 from stoker.runtime.models.sizes import audio_ar_size, av_dit_size
 
 if TYPE_CHECKING:  # pydantic stays optional for the benchmarks on GPU nodes
     from stoker.config import DataConfig
-    from stoker.model import DataShapes
+    from stoker.config.schema import BucketConfig
 
 
 class ModelSetupError(StokerError, ValueError):
@@ -47,6 +51,92 @@ def clip_samples(data: DataConfig | DataShapes) -> int:
     return round(data.clip_seconds * data.sample_rate)
 
 
+def data_shapes(data: DataConfig) -> DataShapes:
+    """The shapes of a run's clips with these data settings: with `data.buckets`, each
+    bucket's, and the largest of each dimension in the single-shape fields."""
+    base = ClipShape(
+        clip_seconds=data.clip_seconds,
+        frames=clip_frames(data),
+        resolution=_pair(data.resolution),
+        channels=data.channels,
+        samples=clip_samples(data),
+    )
+    # stoker bench step's own data settings (no pydantic on a GPU node) have no buckets.
+    configured: list[BucketConfig] = getattr(data, "buckets", [])
+    buckets = tuple(
+        ClipShape(
+            clip_seconds=bucket.clip_seconds,
+            frames=round(bucket.clip_seconds * data.fps),
+            resolution=_pair(bucket.resolution or data.resolution),
+            channels=data.channels,
+            samples=round(bucket.clip_seconds * data.sample_rate),
+        )
+        for bucket in configured
+    )
+    box = _largest(buckets) if buckets else base
+    return DataShapes(
+        modalities=tuple(data.modalities),
+        clip_seconds=box.clip_seconds,
+        fps=data.fps,
+        frames=box.frames,
+        resolution=box.resolution,
+        sample_rate=data.sample_rate,
+        channels=data.channels,
+        samples=box.samples,
+        buckets=buckets,
+    )
+
+
+def _pair(resolution: Sequence[int]) -> tuple[int, int]:
+    return (resolution[0], resolution[1])
+
+
+def _largest(shapes: tuple[ClipShape, ...]) -> ClipShape:
+    """The box every shape fits in: the largest of each dimension."""
+    return ClipShape(
+        clip_seconds=max(s.clip_seconds for s in shapes),
+        frames=max(s.frames for s in shapes),
+        resolution=(max(s.resolution[0] for s in shapes), max(s.resolution[1] for s in shapes)),
+        channels=max(s.channels for s in shapes),
+        samples=max(s.samples for s in shapes),
+    )
+
+
+def _shapes_of(data: DataConfig | DataShapes) -> DataShapes:
+    return data if isinstance(data, DataShapes) else data_shapes(data)
+
+
+class _Setting:
+    """How an error names the setting that fixes a clip shape: data.resolution and
+    data.clip_seconds without buckets, data.buckets (bucket `index`) with them."""
+
+    def __init__(self, index: int | None) -> None:
+        self.index = index
+
+    def key(self, name: str) -> str:
+        return f"data.{name}" if self.index is None else "data.buckets"
+
+    def subject(self, name: str, value: object) -> str:
+        """'data.resolution [60, 64]' or 'data.buckets[1]: resolution [60, 64]'."""
+        if self.index is None:
+            return f"data.{name} {value}"
+        return f"data.buckets[{self.index}]: {name} {value}"
+
+    def use(self, name: str, value: object) -> str:
+        if self.index is None:
+            return f"use data.{name}={value}"
+        null = " (a bucket whose resolution is null takes data.resolution)"
+        return f"use {name} {value} in data.buckets[{self.index}]" + (
+            null if name == "resolution" else ""
+        )
+
+
+def _indexed(data: DataShapes) -> list[tuple[ClipShape, _Setting]]:
+    if data.buckets:
+        return [(shape, _Setting(i)) for i, shape in enumerate(data.buckets)]
+    return [(data.clip_shapes[0], _Setting(None))]
+
+
 def av_dit(data: DataShapes, size: str = "tiny") -> AVDiT:
     """The built-in `model.arch: av_dit` (the factory contract of stoker/model.py)."""
     return build_av_dit(size, data)
@@ -58,74 +148,84 @@ def audio_ar(data: DataShapes, size: str = "tiny") -> AudioAR:
 
 
 def build_av_dit(size_name: str, data: DataConfig | DataShapes) -> AVDiT:
+    """The av_dit preset `size_name` for every clip shape of `data`: refused, naming the
+    setting (the bucket) and a value that works, for a shape its patches do not divide."""
+    shapes = _shapes_of(data)
     size = av_dit_size(size_name)
     what = f"the {size_name} av_dit"
-    has_video, has_audio = "video" in data.modalities, "audio" in data.modalities
+    has_video, has_audio = "video" in shapes.modalities, "audio" in shapes.modalities
     if not (has_video or has_audio):
         raise DataDoesNotFitModel(
             "data.modalities",
-            f"data.modalities {list(data.modalities)} has neither 'video' nor 'audio'; "
+            f"data.modalities {list(shapes.modalities)} has neither 'video' nor 'audio'; "
             f"{what} needs at least one",
             fix="add 'video' and/or 'audio'",
         )
     pt, ph, pw = size.video_patch
-    video = audio = None
-    if has_video:
-        height, width = data.resolution
-        if height % ph or width % pw:
-            # The nearest multiples, halves rounded up.
-            fixed = [max(ph, (height + ph // 2) // ph * ph), max(pw, (width + pw // 2) // pw * pw)]
+    for shape, setting in _indexed(shapes):
+        if has_video:
+            height, width = shape.resolution
+            if height % ph or width % pw:
+                # The nearest multiples, halves rounded up.
+                fixed = [max(ph, (height + ph // 2) // ph * ph),
+                         max(pw, (width + pw // 2) // pw * pw)]  # fmt: skip
+                raise DataDoesNotFitModel(
+                    setting.key("resolution"),
+                    f"{setting.subject('resolution', [height, width])} is not a multiple of "
+                    f"{what}'s patch {ph}x{pw}",
+                    fix=setting.use("resolution", fixed),
+                )
+            if shape.frames < pt or shape.frames % pt:
+                fitting = _fitting_clip_seconds(shapes, shape.clip_seconds, size.audio_patch, pt)
+                raise DataDoesNotFitModel(
+                    setting.key("clip_seconds"),
+                    f"{setting.subject('clip_seconds', shape.clip_seconds)} x data.fps "
+                    f"{shapes.fps} gives {shape.frames} frames, not a positive multiple of "
+                    f"{what}'s temporal patch {pt}",
+                    fix=setting.use("clip_seconds", fitting),
+                )
+        if has_audio and (shape.samples < size.audio_patch or shape.samples % size.audio_patch):
+            fitting = _fitting_clip_seconds(shapes, shape.clip_seconds, size.audio_patch, pt)
             raise DataDoesNotFitModel(
-                "data.resolution",
-                f"data.resolution {[height, width]} is not a multiple of {what}'s patch {ph}x{pw}",
-                fix=f"use data.resolution={fixed}",
+                setting.key("clip_seconds"),
+                f"{setting.subject('clip_seconds', shape.clip_seconds)} x "
+                f"data.sample_rate {shapes.sample_rate} gives {shape.samples} audio samples, "
+                f"not a positive multiple of {what}'s audio patch of {size.audio_patch} samples",
+                fix=setting.use("clip_seconds", fitting),
             )
-        frames = clip_frames(data)
-        if frames < pt or frames % pt:
-            raise DataDoesNotFitModel(
-                "data.clip_seconds",
-                f"data.clip_seconds {data.clip_seconds} x data.fps {data.fps} gives {frames} "
-                f"frames, not a positive multiple of {what}'s temporal patch {pt}",
-                fix=f"use data.clip_seconds={_fitting_clip_seconds(data, size.audio_patch, pt)}",
-            )
-        video = (frames, height, width)
-    if has_audio:
-        samples = clip_samples(data)
-        if samples < size.audio_patch or samples % size.audio_patch:
-            raise DataDoesNotFitModel(
-                "data.clip_seconds",
-                f"data.clip_seconds {data.clip_seconds} x data.sample_rate {data.sample_rate} "
-                f"gives {samples} audio samples, not a positive multiple of {what}'s audio "
-                f"patch of {size.audio_patch} samples",
-                fix=f"use data.clip_seconds={_fitting_clip_seconds(data, size.audio_patch, pt)}",
-            )
-        audio = (data.channels, samples)
-    return AVDiT(size, video=video, audio=audio, fps=data.fps, sample_rate=data.sample_rate)
+    box = _largest(shapes.clip_shapes)  # the model takes every shape that fits in it
+    video = (box.frames, *box.resolution) if has_video else None
+    audio = (shapes.channels, box.samples) if has_audio else None
+    return AVDiT(size, video=video, audio=audio, fps=shapes.fps, sample_rate=shapes.sample_rate)
 
 
 def build_audio_ar(size_name: str, data: DataConfig | DataShapes) -> AudioAR:
+    shapes = _shapes_of(data)
     size = audio_ar_size(size_name)
-    if "audio" not in data.modalities:
+    if "audio" not in shapes.modalities:
         raise DataDoesNotFitModel(
             "data.modalities",
-            f"data.modalities {list(data.modalities)} has no 'audio'; the audio_ar models "
+            f"data.modalities {list(shapes.modalities)} has no 'audio'; the audio_ar models "
             "audio samples",
             fix="add 'audio' to data.modalities, or use model.arch=av_dit",
         )
-    samples = clip_samples(data)
-    if samples < 2:
-        raise DataDoesNotFitModel(
-            "data.clip_seconds",
-            f"data.clip_seconds {data.clip_seconds} x data.sample_rate {data.sample_rate} "
-            f"gives {samples} audio samples; the audio_ar needs at least 2",
-            fix=f"use data.clip_seconds={2 / data.sample_rate:g} or more",
-        )
-    return AudioAR(size, samples=samples)
+    for shape, setting in _indexed(shapes):
+        if shape.samples < 2:
+            raise DataDoesNotFitModel(
+                setting.key("clip_seconds"),
+                f"{setting.subject('clip_seconds', shape.clip_seconds)} x "
+                f"data.sample_rate {shapes.sample_rate} gives {shape.samples} audio samples; "
+                "the audio_ar needs at least 2",
+                fix=setting.use("clip_seconds", f"{2 / shapes.sample_rate:g} or more"),
+            )
+    return AudioAR(size, samples=_largest(shapes.clip_shapes).samples)
 
 
-def _fitting_clip_seconds(data: DataConfig | DataShapes, audio_patch: int, pt: int) -> float:
-    """The clip length nearest data.clip_seconds whose frames divide by pt
-    (with video) and whose samples divide by audio_patch (with audio)."""
+def _fitting_clip_seconds(
+    data: DataShapes, clip_seconds: float, audio_patch: int, pt: int
+) -> float:
+    """The clip length nearest `clip_seconds` whose frames divide by pt (with video)
+    and whose samples divide by audio_patch (with audio)."""
     has_video, has_audio = "video" in data.modalities, "audio" in data.modalities
     # Candidates: multiples of the shorter of one temporal patch and one audio patch.
     step = min(
@@ -139,8 +239,8 @@ def _fitting_clip_seconds(data: DataConfig | DataShapes, audio_patch: int, pt: i
         fits_video = not has_video or (frames >= pt and frames % pt == 0)
         fits_audio = not has_audio or (samples >= audio_patch and samples % audio_patch == 0)
         if fits_video and fits_audio:
-            if best is None or abs(seconds - data.clip_seconds) < abs(best - data.clip_seconds):
+            if best is None or abs(seconds - clip_seconds) < abs(best - clip_seconds):
                 best = seconds
-            if seconds > data.clip_seconds:
+            if seconds > clip_seconds:
                 break
-    return best if best is not None else data.clip_seconds
+    return best if best is not None else clip_seconds

@@ -5,12 +5,15 @@ model, built-in or a user's, with the optional parts optional.
   checkpointing and torch.compile can wrap it in place and FSDP2 shard it;
 - `loss_and_metrics`: forward through `__call__` (FSDP2's hooks), the loss checked to
   be a scalar, the model's own metrics beside it;
-- `flops_per_sample`, `tokens_per_sample`: for MFU and tokens/s, when the model says.
+- `flops_per_sample`, `tokens_per_sample`: for MFU and tokens/s, when the model says;
+  `SampleCosts` asks them once per batch shape (data.buckets: shapes vary by batch).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -76,7 +79,7 @@ def loss_and_metrics(
 
 
 def flops_per_sample(model: nn.Module, batch: Mapping[str, Any]) -> float | None:
-    """Training FLOPs of one sample, when the model can say (for MFU)."""
+    """Training FLOPs of one sample of this batch's shape, when the model can say (MFU)."""
     method = getattr(model, "flops_per_sample", None)
     if not callable(method):
         return None
@@ -84,9 +87,55 @@ def flops_per_sample(model: nn.Module, batch: Mapping[str, Any]) -> float | None
     return value if value > 0 else None
 
 
-def tokens_per_sample(model: nn.Module) -> int | None:
+def tokens_per_sample(model: nn.Module, batch: Mapping[str, Any] | None = None) -> int | None:
+    """Tokens of one sample (of this batch's shape, when the model's method takes a
+    batch, as the built-in models' do), when the model says."""
     method = getattr(model, "tokens_per_sample", None)
-    return int(method()) if callable(method) else None
+    if not callable(method):
+        return None
+    takes_batch = batch is not None and _takes_an_argument(method)
+    return int(method(batch) if takes_batch else method())
+
+
+def _takes_an_argument(method: Any) -> bool:
+    try:
+        return bool(inspect.signature(method).parameters)
+    except (TypeError, ValueError):
+        return False
+
+
+@dataclass(frozen=True)
+class SampleCost:
+    """What one sample of a batch's shape costs: training FLOPs and tokens (None where
+    the model does not say)."""
+
+    flops: float | None
+    tokens: int | None
+
+
+class SampleCosts:
+    """`SampleCost` per batch shape, asked of the model once per shape: with
+    data.buckets a few shapes, each a few Python calls once, not a call every batch."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self._known: dict[tuple[Any, ...], SampleCost] = {}
+
+    def of(self, batch: Mapping[str, Any]) -> SampleCost:
+        key = shape_key(batch)
+        cost = self._known.get(key)
+        if cost is None:
+            model = self.model
+            cost = SampleCost(flops_per_sample(model, batch), tokens_per_sample(model, batch))
+            self._known[key] = cost
+        return cost
+
+
+def shape_key(batch: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The per-sample shapes of a batch's stacked tensors, by name (not the batch size)."""
+    return tuple(
+        sorted((name, tuple(v.shape[1:])) for name, v in batch.items() if torch.is_tensor(v))
+    )
 
 
 def init_weights(model: nn.Module) -> None:

@@ -19,31 +19,17 @@ from torch import nn
 
 from stoker.errors import StokerError
 from stoker.import_path import import_callable, last_frame
-from stoker.model import DataShapes
-from stoker.runtime.models.build import ModelSetupError, clip_frames, clip_samples
+from stoker.runtime.models.build import ModelSetupError, data_shapes
 
 if TYPE_CHECKING:
     from stoker.config import DataConfig, ModelConfig
+
 
 BUILTIN: Mapping[str, str] = {
     "av_dit": "stoker.runtime.models.build:av_dit",
     "audio_ar": "stoker.runtime.models.build:audio_ar",
 }
 ARCH = "model.arch"
-
-
-def data_shapes(data: DataConfig) -> DataShapes:
-    """The shapes every clip of a run with these data settings has."""
-    return DataShapes(
-        modalities=tuple(data.modalities),
-        clip_seconds=data.clip_seconds,
-        fps=data.fps,
-        frames=clip_frames(data),
-        resolution=(data.resolution[0], data.resolution[1]),
-        sample_rate=data.sample_rate,
-        channels=data.channels,
-        samples=clip_samples(data),
-    )
 
 
 def build_model(model_cfg: ModelConfig, data_cfg: DataConfig) -> nn.Module:

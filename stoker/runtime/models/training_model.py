@@ -19,6 +19,11 @@ Noise = torch.Generator | Sequence[torch.Generator] | None
 None (the global RNG of the batch's device)."""
 
 
+Rows = str
+"""What a matmul weight multiplies per sample, by name in a model's token counts:
+"sample" (once per sample), "tokens" (every token), or a part ("video", "audio")."""
+
+
 class TrainingModel(nn.Module):
     """A model the runtime can shard, checkpoint, compile and measure.
 
@@ -30,21 +35,29 @@ class TrainingModel(nn.Module):
     - `init_weights()` (re)initialises every parameter and rebuilds the
       non-persistent buffers in place: after building on the meta device and
       `to_empty(device=...)`, or on parameters already sharded by FSDP2.
+    - `token_counts(batch)`: the tokens a sample of this batch's shape becomes, by
+      part; FLOPs and tokens per sample follow from them, per batch shape (buckets).
     """
 
     blocks: nn.ModuleList
-    _tokens = 0
-    _matmul_params = 0
-    _flops_per_sample = 0.0
+    _matmuls: tuple[tuple[int, Rows], ...] = ()
+    _counts: dict[Rows, int] = {}  # noqa: RUF012 (replaced, never mutated)
+    _dim = 0
+    _depth = 0
 
-    def _count_flops(self, tokens: int, matmuls: list[tuple[nn.Linear, int]], dim: int) -> None:
-        """Record S, N and the FLOPs per sample, once the layers exist.
-        `matmuls`: every Linear with the rows it multiplies per sample."""
-        self._tokens = tokens
-        self._matmul_params = sum(linear.weight.numel() for linear, _ in matmuls)
-        self._flops_per_sample = sum(
-            matmul_flops(linear.weight.numel(), rows) for linear, rows in matmuls
-        ) + attention_flops(len(self.blocks), dim, tokens)
+    def _count_flops(
+        self, matmuls: list[tuple[nn.Linear, Rows]], dim: int, counts: dict[Rows, int]
+    ) -> None:
+        """Record what the FLOPs formula needs, once the layers exist: every Linear
+        with what it multiplies per sample; `counts`, the token counts of the data's
+        (largest) shape, for flops_per_sample() without a batch."""
+        self._matmuls = tuple((linear.weight.numel(), rows) for linear, rows in matmuls)
+        self._dim, self._depth, self._counts = dim, len(self.blocks), dict(counts)
+
+    def token_counts(self, batch: Batch) -> dict[Rows, int]:
+        """{"sample": 1, "tokens": S, ...}: the rows each matmul multiplies for one
+        sample of this batch's shape."""
+        raise NotImplementedError
 
     def loss(self, batch: Batch, generator: Noise = None) -> torch.Tensor:
         """The training loss of one batch, an fp32 scalar. `generator` (on the
@@ -56,15 +69,23 @@ class TrainingModel(nn.Module):
     def init_weights(self) -> None:
         raise NotImplementedError
 
-    def tokens_per_sample(self) -> int:
-        """The sequence length S the transformer sees per sample."""
-        return self._tokens
+    def tokens_per_sample(self, batch: Batch | None = None) -> int:
+        """The sequence length S the transformer sees per sample of this batch's shape
+        (without a batch: of the data's largest shape)."""
+        return self._counts_of(batch)["tokens"]
 
     def matmul_params(self) -> int:
         """Parameters in matmuls (N of stoker.runtime.models.flops)."""
-        return self._matmul_params
+        return sum(params for params, _ in self._matmuls)
 
     def flops_per_sample(self, batch: Batch | None = None) -> float:
-        """Training FLOPs (forward + backward) of one sample, by the formula
-        of stoker.runtime.models.flops."""
-        return self._flops_per_sample
+        """Training FLOPs (forward + backward) of one sample of this batch's shape
+        (without a batch: of the data's largest shape), by the formula of
+        stoker.runtime.models.flops."""
+        counts = self._counts_of(batch)
+        return sum(matmul_flops(params, counts[rows]) for params, rows in self._matmuls) + (
+            attention_flops(self._depth, self._dim, counts["tokens"])
+        )
+
+    def _counts_of(self, batch: Batch | None) -> dict[Rows, int]:
+        return self._counts if batch is None else {"sample": 1, **self.token_counts(batch)}
