@@ -202,6 +202,26 @@ class StreamBench:
         )
         yield from loader
 
+    def shuffled_decoded(self, source: DataSource, repeat: int, prefix: str = "") -> Any:
+        """The baseline's samples of `source`: webdataset over its tars, shards shuffled,
+        a shuffle buffer of raw bytes (decoding after shuffling, as is usual), the same
+        decode as the loader's."""
+        import webdataset as wds
+
+        urls = shard_urls(source)
+        return (
+            wds.WebDataset(
+                urls,
+                shardshuffle=len(urls),
+                nodesplitter=wds.single_node_only,
+                workersplitter=wds.split_by_worker,
+                seed=self.seed + repeat,
+                empty_check=False,
+            )
+            .shuffle(SHUFFLE_BUFFER)
+            .map(self.decode_for(prefix))
+        )
+
     def decode_for(self, prefix: str = "") -> WebDatasetDecode:
         return WebDatasetDecode(self.clip, self.shapes, self.starts, prefix)
 

@@ -30,7 +30,6 @@ from benchmarks.loader_stream_bench import (
     Shape,
     StreamBench,
     items_of,
-    shard_urls,
     source_info,
     wds_version,
 )
@@ -127,20 +126,9 @@ class PlainStream(StreamBench):
         return StreamingLoader(self.source, batch_size=self.batch, **self.loader_options(workers))
 
     def webdataset(self, workers: int, repeat: int) -> Iterator[dict[str, Any]]:
-        import webdataset as wds
 
-        urls = shard_urls(self.source)
         dataset = (
-            wds.WebDataset(
-                urls,
-                shardshuffle=len(urls),
-                nodesplitter=wds.single_node_only,
-                workersplitter=wds.split_by_worker,
-                seed=self.seed + repeat,
-                empty_check=False,
-            )
-            .shuffle(SHUFFLE_BUFFER)  # raw bytes: decode after shuffling, as is usual
-            .map(self.decode_for())
+            self.shuffled_decoded(self.source, repeat)
             .batched(self.batch, partial=True)
             .repeat(self.epochs)
         )
@@ -204,20 +192,7 @@ class BucketedStream(StreamBench):
     def webdataset(self, workers: int, repeat: int) -> Iterator[dict[str, Any]]:
         import webdataset as wds
 
-        urls = shard_urls(self.source)
-        samples = (
-            wds.WebDataset(
-                urls,
-                shardshuffle=len(urls),
-                nodesplitter=wds.single_node_only,
-                workersplitter=wds.split_by_worker,
-                seed=self.seed + repeat,
-                empty_check=False,
-            )
-            .shuffle(SHUFFLE_BUFFER)
-            .map(self.decode_for())
-            .repeat(self.epochs)
-        )
+        samples = self.shuffled_decoded(self.source, repeat).repeat(self.epochs)
         dataset = wds.DataPipeline(samples, BucketBatches([b.batch_size for b in self.buckets]))
         return self.data_loader(dataset, workers)
 
@@ -292,20 +267,8 @@ class MixedStream(StreamBench):
 
         pipelines = []
         for name, source, _ in self.sources:
-            urls = shard_urls(source)
-            pipelines.append(
-                wds.WebDataset(
-                    urls,
-                    shardshuffle=len(urls),
-                    nodesplitter=wds.single_node_only,
-                    workersplitter=wds.split_by_worker,
-                    seed=self.seed + repeat,
-                    empty_check=False,
-                )
-                .shuffle(SHUFFLE_BUFFER)
-                .map(self.decode_for(f"{name}/"))
-                .repeat()  # endless: RandomMix ends with the first source that ends
-            )
+            # Endless: RandomMix ends with the first source that ends.
+            pipelines.append(self.shuffled_decoded(source, repeat, f"{name}/").repeat())
         mix = wds.RandomMix(pipelines, probs=[weight for _, _, weight in self.sources])
         per_worker = max(1, self.max_batches // max(1, workers))
         dataset = wds.DataPipeline(mix, wds.batched(self.batch, partial=False)).with_epoch(
