@@ -537,7 +537,13 @@ def _slurm_conf(paths: _Paths, ports: Mapping[str, int], mem_mb: int) -> str:
         # Short timeouts so failures show up quickly in tests.
         "SlurmctldTimeout=10",
         "SlurmdTimeout=20",
-        "MessageTimeout=5",
+        # Not short: the daemons share 2 cores with the jobs and the other tests. A
+        # slurmd that answers an RPC past MessageTimeout has it queued for a resend
+        # 60 s later (slurmctld's agent), and a requeued job reuses its job and step
+        # ids: a step-kill resent after a restart ended the new start's step, though
+        # nothing failed (measured at 5 s: the killed-then-stopped fault test failed in
+        # about 1 run in 3 on a loaded VM; docs/operations.md).
+        "MessageTimeout=20",
         "InactiveLimit=0",
         "KillWait=5",
         "Waittime=0",
