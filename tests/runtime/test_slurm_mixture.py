@@ -7,6 +7,7 @@ shows both data sets as the run's dataset inputs."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -75,3 +76,8 @@ def test_a_bucketed_mixture_resumes_with_the_same_samples_after_a_requeue(
     # Both data sets are the run's dataset inputs, each once despite the requeue.
     inputs = mlflow_client().get_run(job["run_id"]).inputs.dataset_inputs
     assert sorted(i.dataset.name for i in inputs) == ["square", "wide"], inputs
+    # With each one's samples per bucket: square clips in the square bucket, wide in the wide.
+    profiles = {i.dataset.name: json.loads(i.dataset.profile) for i in inputs}
+    assert profiles["square"]["bucket 32x32x1s"] == 16, profiles
+    assert profiles["square"]["bucket 32x64x1s"] == 0, profiles
+    assert profiles["wide"]["bucket 32x64x1s"] == 10, profiles
