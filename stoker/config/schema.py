@@ -289,8 +289,9 @@ class DataConfig(Section):
     """Audio sample rate in Hz after resampling."""
     channels: Annotated[int, Field(ge=1, le=8)] = 1
     """Audio channels after mixing (mean to fewer, repeat to more)."""
-    modalities: list[Literal["video", "audio", "text", "meta"]] = ["video", "audio"]
-    """What each sample yields; the data set must have each in every sample."""
+    modalities: list[Literal["video", "audio", "text", "meta", "latent"]] = ["video", "audio"]
+    """What each sample yields; the data set must have each in every sample (latent: the
+    tensors of a data set `stoker data encode` wrote)."""
     clip_offset: Literal["random", "start"] = "random"
     """Where a clip starts in its sample: random (seeded, resumable) or at 0."""
     shuffle_shards: Annotated[int, Field(ge=1, le=4096)] = 4

@@ -41,21 +41,18 @@ from stoker.data.pack_write import (
     SKIPPED_DIR,
     ShardResult,
     ShardTask,
-    shard_path,
     skipped_path,
     write_planned_shard,
 )
 from stoker.data.shard_format import (
     MANIFEST_NAME,
     SHARDS_DIR,
-    ShardIndex,
     build_manifest,
     dump,
-    index_name_for,
     join,
-    parse_index,
     record_for,
 )
+from stoker.data.shard_set import finished_shards, read_index, shard_path
 from stoker.data.shard_writer import write_json_atomic
 from stoker.errors import StokerError
 
@@ -171,7 +168,7 @@ def run_pack(request: PackRequest, progress: PackProgress | None = None) -> Pack
         _discard(dst_fs, dst_root)
     plan = _load_or_make_plan(request, listing, dst_fs, dst_root)
 
-    finished = _finished_shards(dst_fs, dst_root, len(plan.shards))
+    finished = finished_shards(dst_fs, dst_root, range(len(plan.shards)))
     pending = [n for n in range(len(plan.shards)) if n not in finished]
     manifest_path = join(dst_root, MANIFEST_NAME)
     if pending and dst_fs.exists(manifest_path):
@@ -200,7 +197,7 @@ def run_pack(request: PackRequest, progress: PackProgress | None = None) -> Pack
             f"{len(plan.shards) - len(failures)} finished shards and writes the rest",
         )
 
-    indexes = {**finished, **{n: _read_index(dst_fs, dst_root, n) for n in results}}
+    indexes = {**finished, **{n: read_index(dst_fs, dst_root, n) for n in results}}
     numbers = [n for n in sorted(indexes) if indexes[n].samples]  # a shard may lose all
     records = [record_for(indexes[n], shard_path(n)) for n in numbers]
     manifest = build_manifest(records, [indexes[n] for n in numbers], created_by=CREATED_BY)
@@ -275,32 +272,6 @@ def _load_or_make_plan(request: PackRequest, listing: Listing, fs: Any, root: st
     fs.makedirs(root, exist_ok=True)
     write_json_atomic(fs, join(root, PLAN_NAME), plan_bytes(plan))
     return plan
-
-
-def _finished_shards(fs: Any, root: str, count: int) -> dict[int, ShardIndex]:
-    """Planned shards whose index is on storage and whose tar has the size it states."""
-    folder = join(root, SHARDS_DIR)
-    sizes = {
-        path.rsplit("/", 1)[-1]: int(info.get("size") or 0)
-        for path, info in (fs.find(folder, detail=True) if fs.exists(folder) else {}).items()
-    }
-    finished = {}
-    for n in range(count):
-        tar = shard_path(n).rsplit("/", 1)[-1]
-        if index_name_for(tar) not in sizes or tar not in sizes:
-            continue
-        try:
-            index = _read_index(fs, root, n)
-        except StokerError:
-            continue  # a damaged index: write the shard again
-        if index.bytes == sizes[tar]:
-            finished[n] = index
-    return finished
-
-
-def _read_index(fs: Any, root: str, number: int) -> ShardIndex:
-    path = join(root, index_name_for(shard_path(number)))
-    return parse_index(fs.cat_file(path), path)
 
 
 def _read_skipped(fs: Any, root: str, number: int) -> list[SkippedInput]:

@@ -33,7 +33,8 @@ from stoker.data.pack_plan import (
     open_location,
 )
 from stoker.data.probe import UNREADABLE, MediaError, MediaProbe, probe_media
-from stoker.data.shard_format import AUDIO_EXTS, SHARDS_DIR, VIDEO_EXTS, join, shard_file_name
+from stoker.data.shard_format import AUDIO_EXTS, VIDEO_EXTS, join, shard_file_name
+from stoker.data.shard_set import shard_path
 from stoker.data.shard_writer import SampleToWrite, write_json_atomic, write_shard
 
 SKIPPED_DIR = "pack-skipped"
@@ -61,11 +62,6 @@ class ShardResult:
     """Samples written (clips, with --clip-seconds)."""
     bytes: int
     skipped: list[SkippedInput] = field(default_factory=list)
-
-
-def shard_path(number: int) -> str:
-    """The shard's tar, relative to DST."""
-    return f"{SHARDS_DIR}/{shard_file_name(number)}"
 
 
 def skipped_path(number: int) -> str:

@@ -23,11 +23,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from stoker.data.latent_format import LATENT_VERSION, EncodingRecord, LatentEntry
 from stoker.errors import StokerError
 
 FORMAT: Literal["stoker-av"] = "stoker-av"
 INDEX_FORMAT: Literal["stoker-av-index"] = "stoker-av-index"
 FORMAT_VERSION = 1
+"""The version of a media data set; a latent data set's is LATENT_VERSION (2)."""
+READS_VERSION = LATENT_VERSION
+"""The newest version this stoker reads."""
 MANIFEST_NAME = "manifest.json"
 SHARDS_DIR = "shards"
 
@@ -109,6 +113,8 @@ class SampleEntry(_Model):
     error: str | None = None
     """Why the sample cannot be decoded, when indexing already found out (a member of a
     plain WebDataset shard that failed its probe); the loader skips it with this reason."""
+    latent: LatentEntry | None = None
+    """A latent data set's sample (`stoker data encode`): its bucket and tensors."""
 
     def unreadable(self, modalities: tuple[str, ...]) -> str | None:
         """`error` if one of `modalities` needs the member it is about, else None."""
@@ -126,6 +132,8 @@ class SampleEntry(_Model):
     def duration_s(self) -> float:
         """Playable length: the shorter stream when both exist."""
         durations = [m.duration_s for m in (self.video, self.audio) if m is not None]
+        if self.latent is not None:
+            durations.append(self.latent.clip_seconds)
         return min(durations) if durations else 0.0
 
 
@@ -173,6 +181,8 @@ class Manifest(_Model):
     totals: Totals
     created_by: str = ""
     """Which command wrote it (e.g. "stoker data synth"), for people reading the file."""
+    encoding: EncodingRecord | None = None
+    """How a latent data set was made (stoker/data/latent_format.py); None for media."""
 
     def fingerprint(self) -> str:
         """Identity of the sample order's input: shard paths, sizes, checksums, counts."""
@@ -182,7 +192,7 @@ class Manifest(_Model):
         return h.hexdigest()[:16]
 
 
-MODALITIES = ("video", "audio", "text", "meta")
+MODALITIES = ("video", "audio", "text", "meta", "latent")
 
 UNREADABLE = "unreadable"
 """The codec an index records for a media member that failed its probe (see SampleEntry.error)."""
@@ -199,6 +209,8 @@ def modalities_of(sample: SampleEntry) -> set[str]:
         has.add("text")
     if METADATA_EXT in sample.members:
         has.add("meta")
+    if sample.latent is not None:
+        has.add("latent")
     return has
 
 
@@ -241,9 +253,13 @@ def record_for(index: ShardIndex, path: str) -> ShardRecord:
 
 
 def build_manifest(
-    records: list[ShardRecord], indexes: list[ShardIndex], created_by: str
+    records: list[ShardRecord],
+    indexes: list[ShardIndex],
+    created_by: str,
+    encoding: EncodingRecord | None = None,
 ) -> Manifest:
-    """The manifest of shards `records`, whose indexes are `indexes` (same order)."""
+    """The manifest of shards `records`, whose indexes are `indexes` (same order); with
+    `encoding`, a latent data set's (format version 2)."""
     fields: set[str] | None = None
     modalities: set[str] | None = None
     totals = {"bytes": 0, "duration_s": 0.0, "video_frames": 0, "audio_seconds": 0.0}
@@ -271,6 +287,8 @@ def build_manifest(
             audio_seconds=round(totals["audio_seconds"], 6),
         ),
         created_by=created_by,
+        encoding=encoding,
+        version=FORMAT_VERSION if encoding is None else LATENT_VERSION,
     )
 
 
@@ -296,10 +314,10 @@ def _parse(model: type[Any], raw: bytes, source: str, what: str) -> Any:
             f"{source}: not a stoker {what} (not JSON: {exc})",
             fix="point at the root of a data set written by `stoker data pack` or `data synth`",
         ) from exc
-    if isinstance(doc, dict) and doc.get("version", FORMAT_VERSION) > FORMAT_VERSION:
+    if isinstance(doc, dict) and doc.get("version", FORMAT_VERSION) > READS_VERSION:
         raise StokerError(
             f"{source}: {what} format version {doc['version']} is newer than this stoker "
-            f"reads ({FORMAT_VERSION})",
+            f"reads ({READS_VERSION})",
             fix="upgrade stoker on this machine",
         )
     try:

@@ -17,7 +17,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from stoker.data.latent_format import LatentEntry
 from stoker.data.shard_format import (
+    FORMAT_VERSION,
     AudioInfo,
     Member,
     SampleEntry,
@@ -40,6 +42,7 @@ class SampleToWrite:
     members: dict[str, bytes]
     video: VideoInfo | None = None
     audio: AudioInfo | None = None
+    latent: LatentEntry | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -92,13 +95,22 @@ def write_tar(samples: Iterable[SampleToWrite], f: Any) -> tuple[list[SampleEntr
                 padded = -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
                 members[ext] = Member(offset=tar.offset - padded, size=len(data))
             entries.append(
-                SampleEntry(key=sample.key, members=members, video=sample.video, audio=sample.audio)
+                SampleEntry(
+                    key=sample.key,
+                    members=members,
+                    video=sample.video,
+                    audio=sample.audio,
+                    latent=sample.latent,
+                )
             )
     return entries, out.size, out.sha256.hexdigest()
 
 
-def write_shard(fs: Any, path: str, samples: Iterable[SampleToWrite]) -> ShardIndex:
-    """Write the tar at `path` on filesystem `fs`, then its index beside it.
+def write_shard(
+    fs: Any, path: str, samples: Iterable[SampleToWrite], *, version: int = FORMAT_VERSION
+) -> ShardIndex:
+    """Write the tar at `path` on filesystem `fs`, then its index (format `version`)
+    beside it.
 
     `path` is a full path on `fs` ending in `.tar`. Returns the index written.
     """
@@ -107,7 +119,7 @@ def write_shard(fs: Any, path: str, samples: Iterable[SampleToWrite]) -> ShardIn
     try:
         with os.fdopen(fd, "wb") as f:
             entries, size, sha = write_tar(samples, f)
-        index = ShardIndex(shard=name, bytes=size, sha256=sha, samples=entries)
+        index = ShardIndex(version=version, shard=name, bytes=size, sha256=sha, samples=entries)
         parent = path.rsplit("/", 1)[0] if "/" in path else ""
         if parent:
             fs.makedirs(parent, exist_ok=True)

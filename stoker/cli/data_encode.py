@@ -1,0 +1,255 @@
+"""`stoker data encode SRC DST --encoder pkg.mod:factory`: latents of a data set, once
+(stoker/data/latent_encode.py); with --slurm, as a job array through stoker's launcher
+(stoker/launcher/data_array.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from stoker.data.encode_shard import DecodeSpec
+
+
+def encode(
+    src: str = typer.Argument(..., metavar="SRC", help="The data set to encode (its root URL)."),
+    dst: str = typer.Argument(..., metavar="DST", help="Folder or fsspec URL of the latents."),
+    settings: list[str] = typer.Argument(
+        None,
+        metavar="[data.KEY=VALUE ...]",
+        help="Decode settings over the experiment's: data.resolution=[128,128] "
+        "data.clip_seconds=2 data.modalities=[video] data.buckets=[...].",
+        show_default=False,
+    ),
+    encoder: str = typer.Option(
+        ...,
+        "--encoder",
+        "-e",
+        help="The encoder factory, package.module:function, imported by name "
+        "(stoker.data.tiny_encoder:build is stoker's own).",
+    ),
+    args: list[str] = typer.Option(
+        [],
+        "--args",
+        "-a",
+        help="A keyword argument of the factory, NAME=VALUE (VALUE read as YAML); repeat it.",
+    ),
+    experiment: Path | None = typer.Option(
+        None,
+        "--experiment",
+        "-x",
+        help="Take the decode settings (data.*) from this experiment file.",
+        show_default=False,
+    ),
+    batch_size: int = typer.Option(8, "--batch-size", "-b", min=1, help="Clips per encoder call."),
+    workers: int = typer.Option(
+        1, "--workers", "-w", min=1, help="Local processes, each with its own encoder."
+    ),
+    device: str | None = typer.Option(
+        None, "--device", help="cpu or cuda; default: a GPU when there is one.", show_default=False
+    ),
+    restart: bool = typer.Option(
+        False, "--restart", help="Discard what DST holds and encode it all again."
+    ),
+    slurm: bool = typer.Option(
+        False, "--slurm", help="Encode in a SLURM job array; returns with its job id."
+    ),
+    tasks: int | None = typer.Option(
+        None,
+        "--tasks",
+        min=1,
+        help="With --slurm: array tasks (default: one per shard, at most 100).",
+        show_default=False,
+    ),
+    partition: str | None = typer.Option(None, "--partition", "-p", show_default=False),
+    time: str | None = typer.Option(
+        None,
+        "--time",
+        help="With --slurm: each task's time limit (sbatch's forms).",
+        show_default=False,
+    ),
+    gpus_per_node: int | None = typer.Option(
+        None, "--gpus-per-node", min=0, help="With --slurm: GPUs of each task.", show_default=False
+    ),
+    cpus_per_task: int | None = typer.Option(None, "--cpus-per-task", min=1, show_default=False),
+    mem: str | None = typer.Option(None, "--mem", show_default=False),
+    max_parallel: int | None = typer.Option(
+        None,
+        "--max-parallel",
+        min=1,
+        help="With --slurm: array tasks running at once.",
+        show_default=False,
+    ),
+    wait: bool = typer.Option(False, "--wait", help="With --slurm: follow the job to its end."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary as the last line."),
+) -> None:
+    """Encode a data set with your encoder (a video VAE, an audio codec, a text encoder)
+    into a latent data set that training streams without decoding.
+
+    Output shard n holds the latents of source shard n: one `<key>.latent.safetensors`
+    per sample (the encoder's tensors by name) plus its caption and metadata. The
+    manifest names the encoder (factory, arguments, code and weights digests) and the
+    source (URL, manifest digest): encoding into a folder made by another encoder or
+    from another source is refused. Running the same command again encodes only the
+    shards not finished; a clip the encoder fails on is skipped and reported.
+
+    Example: stoker data encode ./av ./av-latents -e stoker.data.tiny_encoder:build
+    """
+    from stoker.cli.output import err, note
+    from stoker.data.encoder_api import parse_encoder_args
+    from stoker.data.latent_encode import EncodeRequest
+    from stoker.errors import StokerError
+
+    slurm_only = {
+        "--tasks": tasks, "--partition": partition, "--time": time,
+        "--gpus-per-node": gpus_per_node, "--cpus-per-task": cpus_per_task, "--mem": mem,
+        "--max-parallel": max_parallel,
+    }  # fmt: skip
+    given = [flag for flag, value in slurm_only.items() if value is not None]
+    if not slurm and (given or wait):
+        raise StokerError(
+            f"{', '.join(given or ['--wait'])} apply to a SLURM encode",
+            fix="add --slurm, or drop them",
+        )
+    request = EncodeRequest(
+        src=src,
+        dst=dst,
+        factory=encoder,
+        args=parse_encoder_args(args),
+        decode=decode_settings(experiment, settings or []),
+        batch_size=batch_size,
+        workers=workers,
+        restart=restart,
+        device=device,
+    )
+    if slurm:
+        from stoker.launcher.data_array import ArrayOptions, submit_encode
+
+        options = ArrayOptions(
+            tasks=tasks, partition=partition, time=time, gpus_per_node=gpus_per_node,
+            cpus_per_task=cpus_per_task, mem=mem, max_parallel=max_parallel,
+        )  # fmt: skip
+        submitted = submit_encode(request, options)
+        if submitted is None:
+            note("every shard is already encoded: nothing to submit")
+            _finish_local(request, as_json)
+            return
+        _report_submitted(submitted, as_json and not wait)
+        if wait:
+            from stoker.cli.array_wait import wait_for_array
+
+            wait_for_array(submitted.job_id)
+            _finish_local(request, as_json)
+        return
+
+    from stoker.cli.data_pack import _BarProgress, _NoteProgress
+    from stoker.data.latent_encode import run_encode
+
+    if err().is_terminal:
+        with _BarProgress() as progress:
+            report = run_encode(request, progress)
+    else:
+        report = run_encode(request, _NoteProgress())
+    busy = report.encode_seconds / report.seconds if report.seconds else 0.0
+    note(
+        f"encoded {report.encoded_samples} clips in {report.written} of {report.planned} shards "
+        f"in {report.seconds:.1f} s: {report.clips_per_s:.2f} clips/s, encoder busy "
+        f"{busy:.0%} of the time"
+    )
+    _print_report(report.summary(), as_json)
+
+
+def decode_settings(experiment: Path | None, settings: list[str]) -> DecodeSpec:
+    """The decode settings: the experiment's data.* (the built-in defaults without one)
+    with `settings` (data.KEY=VALUE) over them."""
+    from stoker.config import resolve_config
+    from stoker.data.buckets import Bucket
+    from stoker.data.encode_shard import DecodeSpec
+    from stoker.errors import StokerError
+
+    for item in settings:
+        if not item.startswith("data."):
+            raise StokerError(
+                f"{item!r} is not a data.KEY=VALUE decode setting",
+                fix="give decode settings as data.resolution=[128,128]; the encoder's own "
+                "arguments as --args NAME=VALUE",
+            )
+    data = resolve_config(experiment, settings).config.data
+    modalities = tuple(m for m in data.modalities if m in ("video", "audio", "text"))
+    if not {"video", "audio"} & set(modalities):
+        raise StokerError(
+            f"data.modalities {list(data.modalities)} has neither video nor audio to encode",
+            fix="data.modalities=[video,audio] (or one of them)",
+        )
+    return DecodeSpec(
+        modalities=modalities,
+        fps=float(data.fps),
+        resolution=(data.resolution[0], data.resolution[1]),
+        clip_seconds=data.clip_seconds,
+        sample_rate=data.sample_rate,
+        channels=data.channels,
+        resize=data.resize,
+        buckets=tuple(
+            Bucket(tuple(b.resolution or data.resolution), float(b.clip_seconds), 1)  # type: ignore[arg-type]
+            for b in data.buckets
+        ),
+    )
+
+
+def _finish_local(request: Any, as_json: bool) -> None:
+    """After a SLURM encode ended: the manifest (when every shard is there) and the report."""
+    from stoker.data.latent_encode import finalize, read_skipped
+    from stoker.data.latent_plan import load_plan
+    from stoker.data.pack_plan import open_location
+    from stoker.errors import StokerError
+
+    manifest = finalize(request.dst)
+    fs, root, _ = open_location(request.dst)
+    plan = load_plan(fs, root)
+    assert plan is not None
+    if manifest is None:
+        from stoker.data.shard_set import finished_shards
+
+        done = len(finished_shards(fs, root, range(plan.shards)))
+        raise StokerError(
+            f"the encode of {request.dst} ended with {done} of {plan.shards} shards encoded",
+            fix="`stoker why JOB` shows what failed; run the same command again to encode the rest",
+        )
+    summary = {
+        "samples": manifest.samples,
+        "shards": len(manifest.shards),
+        "skipped": read_skipped(fs, root, plan.shards),
+        "manifest": f"{request.dst.rstrip('/')}/manifest.json",
+        "encoder_identity": plan.encoder.digest,
+    }
+    _print_report(summary, as_json)
+
+
+def _report_submitted(submitted: Any, as_json: bool) -> None:
+    from stoker.cli.output import note, out
+
+    out().print(f"submitted encode job {submitted.job_id}", markup=False)
+    note(f"`stoker status {submitted.job_id}` follows it; `stoker logs {submitted.job_id}` its log")
+    if as_json:
+        sys.stdout.write(json.dumps(submitted.as_json()) + "\n")
+
+
+def _print_report(summary: dict[str, Any], as_json: bool) -> None:
+    from stoker.cli.output import out
+
+    if as_json:
+        sys.stdout.write(json.dumps(summary) + "\n")
+        return
+    out().print(
+        f"{summary['samples']} samples in {summary['shards']} shards: {summary['manifest']}",
+        markup=False,
+    )
+    skipped = summary["skipped"]
+    if skipped:
+        out().print(f"skipped {len(skipped)} samples:", markup=False)
+        for row in skipped:
+            out().print(f"  {row['shard']}:{row['key']}: {row['reason']}", markup=False)

@@ -1,0 +1,162 @@
+"""Data jobs (`stoker data encode --slurm`, `stoker data pack --slurm`) as SLURM job
+arrays through stoker's own launcher: the same path as `stoker sweep`, so a data job
+has a run folder, a code snapshot, a ledger entry, per-task logs, requeue on
+preemption and restarts on a lost node, and `stoker status`, `logs`, `why` and
+`cancel` know it. The command returns with the job id at once.
+
+Each array task runs `python -m <module> ... --work WORK --task $SLURM_ARRAY_TASK_ID`:
+the work file (written under the destination before the job is queued) lists each
+task's share; a task skips what is already on storage, so a requeued or re-run task
+does only the rest. The tasks run this machine's Python (`sys.executable`), so the
+nodes must see it and its packages (the usual shared-filesystem install).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from stoker.errors import StokerError
+from stoker.launcher.render import Shell
+
+if TYPE_CHECKING:
+    from stoker.data.latent_encode import EncodeRequest
+    from stoker.launcher.submit import Submitted
+
+DEFAULT_MAX_TASKS = 100
+"""Array tasks when --tasks is not given: one per shard up to this many (each task has
+its own run folder and MLflow run; more tasks than that buy little for a data job)."""
+
+
+@dataclass(frozen=True)
+class ArrayOptions:
+    """The command line's SLURM flags of a data job."""
+
+    tasks: int | None = None
+    partition: str | None = None
+    time: str | None = None
+    gpus_per_node: int | None = None
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    max_parallel: int | None = None
+    cwd: Path | None = None
+    """The folder snapshotted and run from (the encoder's code); default: the current one."""
+
+
+def group_evenly(items: Sequence[int], groups: int) -> list[list[int]]:
+    """`items` cut into `groups` contiguous runs of nearly equal length (none empty)."""
+    groups = max(1, min(groups, len(items)))
+    size, extra = divmod(len(items), groups)
+    out, start = [], 0
+    for g in range(groups):
+        end = start + size + (1 if g < extra else 0)
+        out.append(list(items[start:end]))
+        start = end
+    return out
+
+
+def submit_data_array(
+    name: str,
+    module: str,
+    args: Sequence[str],
+    work: dict[str, Any],
+    work_url: str,
+    options: ArrayOptions,
+    *,
+    write: Any,
+) -> Submitted:
+    """Queue `python -m module ARGS --work WORK_URL --task $SLURM_ARRAY_TASK_ID` as an array
+    of one task per group of `work["groups"]`; `write(work_url, bytes)` puts the work
+    file first (a refusal by SLURM leaves it, harmless, for the next try)."""
+    from stoker.config import resolve_config
+    from stoker.launcher.submit import SubmitOptions, job_flags, submit
+
+    groups = work["groups"]
+    flags = job_flags(
+        lambda flag: f"--{flag.replace('_', '-')}",
+        partition=options.partition, time=options.time, gpus_per_node=options.gpus_per_node,
+        cpus_per_task=options.cpus_per_task, mem=options.mem,
+    )  # fmt: skip
+    # One process per array task, whatever its GPUs: the task's encoder uses them.
+    resolved = resolve_config(None, [f"job.name={name}", "job.ntasks_per_node=1"], flags)
+    write(work_url, (json.dumps(work, indent=1) + "\n").encode())
+    command: list[str | Shell] = [
+        sys.executable, "-m", module, *args, "--work", work_url,
+        "--task", Shell('"$SLURM_ARRAY_TASK_ID"'),
+    ]  # fmt: skip
+    submit_options = SubmitOptions(
+        command=command,
+        check=False,
+        max_parallel=options.max_parallel,
+        cwd=options.cwd or Path.cwd(),
+    )
+    return submit(
+        [resolved] * len(groups),
+        submit_options,
+        sweep_params=[{"data.shards": _ranges(group)} for group in groups],
+    )
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5': a task's shards as its MLflow tag shows them."""
+    parts: list[str] = []
+    start = prev = numbers[0]
+    for n in [*numbers[1:], None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if n is not None:
+            start = prev = n
+    return ",".join(parts)
+
+
+def work_name() -> str:
+    """A work file's name: when it was made, and a random tail (two submits never share)."""
+    return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}.json"
+
+
+def submit_encode(request: EncodeRequest, options: ArrayOptions) -> Submitted | None:
+    """`stoker data encode --slurm`: plan (or check) the encode here, then queue the
+    shards not encoded yet as an array; None when none is left."""
+    from stoker.data.latent_encode import WORK_DIR, prepare
+    from stoker.data.shard_format import join
+    from stoker.data.shard_writer import write_json_atomic
+
+    prepared = prepare(request)
+    if not prepared.pending:
+        return None
+    protocol = prepared.dst_fs.protocol
+    if "memory" in ((protocol,) if isinstance(protocol, str) else protocol):
+        raise StokerError(
+            "--slurm cannot encode into memory://: it exists only in this process",
+            fix="encode to storage the SLURM nodes see, or drop --slurm",
+        )
+    tasks = options.tasks or min(len(prepared.pending), DEFAULT_MAX_TASKS)
+    work = {
+        "groups": group_evenly(prepared.pending, tasks),
+        "batch_size": request.batch_size,
+        "device": request.device,
+    }
+    work_path = join(prepared.dst_root, f"{WORK_DIR}/{work_name()}")
+    work_url = prepared.dst_fs.unstrip_protocol(work_path)
+
+    def write(url: str, data: bytes) -> None:
+        prepared.dst_fs.makedirs(work_path.rsplit("/", 1)[0], exist_ok=True)
+        write_json_atomic(prepared.dst_fs, work_path, data)
+
+    return submit_data_array(
+        "stoker-encode",
+        "stoker.data.encode_task",
+        [prepared.dst_url],
+        work,
+        work_url,
+        replace(options, tasks=tasks),
+        write=write,
+    )
