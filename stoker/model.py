@@ -66,8 +66,14 @@ Array members pass through whatever `data.modalities` says: each `.npy` and
 unpickled); a `.safetensors` a dict of tensors by name. Tensors of one shape and dtype
 in every row are stacked [B, ...]; where they differ, the key holds a list of B
 tensors (and a `.safetensors` dict, a dict of those). What `data.transform` adds is
-collated the same way; values that are not tensors come as lists. Stacked tensors
-arrive on the model's device; lists and dicts stay on the host for forward to move.
+collated the same way; values that are not tensors come as lists. Stacked tensors,
+and dicts of stacked tensors, arrive on the model's device; lists stay on the host
+for forward to move.
+
+Latents (a data set `stoker data encode` wrote, `data.modalities: [latent]`): "latent"
+is a dict of the encoder's tensors by name, stacked [B, ...] ("video" [B, T, C, h, w]
+from stoker's own encoder), one shape per bucket the data set was encoded at
+(`DataShapes.latents`); the built-in av_dit trains on its "video" and "audio".
 
 This module imports no torch when imported (valid_mean does when called): the login node
 reads it.
@@ -112,6 +118,21 @@ class ClipShape:
 
 
 @dataclass(frozen=True)
+class LatentShape:
+    """One shape a batch's latents have (data.modalities [latent]): one sample's tensors
+    as the encoder gave them, for one bucket the data set was encoded at."""
+
+    bucket: str | None
+    """The bucket's name ('64x64x1s'); None for a data set encoded at one shape."""
+    clip_seconds: float
+    """Length of the clips the latents encode."""
+    tensors: Mapping[str, tuple[int, ...]]
+    """One sample's shape of each tensor, by name ("video": (T, C, h, w), ...)."""
+    dtypes: Mapping[str, str]
+    """Each tensor's dtype ("float16", "bfloat16", "float32", ...), by name."""
+
+
+@dataclass(frozen=True)
 class DataShapes:
     """The shapes of the run's clips (the loader crops and resizes to them).
 
@@ -135,6 +156,10 @@ class DataShapes:
     """N: audio samples per clip and channel (clip_seconds x sample_rate, rounded)."""
     buckets: tuple[ClipShape, ...] = ()
     """Each bucket's shape, in `data.buckets`' order; empty without buckets."""
+    latents: tuple[LatentShape, ...] = ()
+    """With data.modalities [latent]: the latents' shapes, one per clip shape (in the
+    order of `clip_shapes`); empty otherwise. The fields above then describe the clips
+    the latents were encoded from (the encode's decode settings)."""
 
     @property
     def video_shape(self) -> tuple[int, int, int, int]:

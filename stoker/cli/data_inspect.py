@@ -94,6 +94,16 @@ def _print_report(r: dict, console: object) -> None:  # type: ignore[type-arg]
         ("audio", _fmt_counts(r["audio"], ("codecs", "sample_rates", "channels"))),
         ("frames written", "\n".join(r["frames_written"]) or "-"),
     ]
+    latents = r.get("latents")
+    if latents:
+        encoder = latents["encoder"]
+        rows += [
+            ("encoder", f"{encoder['factory']} {encoder['args'] or ''} ({encoder['digest'][:12]})"),
+            ("lineage", "\n-> ".join(latents["lineage"])),
+        ]
+        for bucket, row in latents["buckets"].items():
+            tensors = ", ".join(f"{n} {shape}" for n, shape in row["tensors"].items())
+            rows.append((f"latents {bucket}", f"{row['samples']} samples: {tensors}"))
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)  # type: ignore[attr-defined]

@@ -96,7 +96,10 @@ def resolve_buckets(data: Any, *, key: str = "data.buckets") -> list[Bucket]:
 
 
 def assign_bucket(entry: SampleEntry, buckets: Sequence[Bucket], *, video: bool) -> int:
-    """The bucket of a sample (the rule in the module's docstring)."""
+    """The bucket of a sample (the rule in the module's docstring); a latent sample's is
+    the bucket it was encoded at, by name (its latents have that bucket's shape)."""
+    if entry.latent is not None:
+        return _encoded_bucket(entry, buckets)
     duration = entry.duration_s
     fits = [i for i, b in enumerate(buckets) if b.clip_seconds <= duration + 1e-6]
     if not fits:
@@ -121,6 +124,20 @@ def assign_bucket(entry: SampleEntry, buckets: Sequence[Bucket], *, video: bool)
         )
 
     return min(fits, key=rank)
+
+
+def _encoded_bucket(entry: SampleEntry, buckets: Sequence[Bucket]) -> int:
+    assert entry.latent is not None
+    name = entry.latent.bucket
+    for i, bucket in enumerate(buckets):
+        if bucket.name == name:
+            return i
+    raise StokerError(
+        f"latent sample {entry.key!r} was encoded at bucket {name or '(no buckets)'}, which "
+        f"data.buckets ({', '.join(b.name for b in buckets)}) does not list",
+        fix="list the buckets the data set was encoded with (`stoker data inspect` shows "
+        "them), or leave data.buckets empty to take them as they are",
+    )
 
 
 def bucket_ids(
@@ -202,3 +219,31 @@ def _fit(width: int, height: int, max_side: int, multiple: int) -> tuple[int, in
     h = max(multiple, int(height * scale) // multiple * multiple)
     w = max(multiple, int(width * scale) // multiple * multiple)
     return h, w
+
+
+def encoded_buckets(urls: Sequence[str], batch_size: int) -> list[Bucket]:
+    """The buckets latent data sets were encoded with (their manifests say), each with
+    the global `batch_size`: what a loader of latents batches by when data.buckets is
+    empty. [] for data sets encoded at one shape; a StokerError when data sets of one
+    mixture were encoded with different buckets."""
+    from stoker.data.dataset import open_dataset
+
+    found: dict[str, list[tuple[str, tuple[int, int], float]]] = {}
+    for url in urls:
+        encoding = open_dataset(url).manifest.encoding
+        if encoding is None:
+            raise StokerError(
+                f"data set {url!r} holds no latents (its manifest has no encoding record), "
+                "but data.modalities asks for latent",
+                fix="point at a data set `stoker data encode` wrote, or drop latent from "
+                "data.modalities",
+            )
+        found[url] = [(b.name, b.resolution, b.clip_seconds) for b in encoding.decode.buckets]
+    lists = list(found.values())
+    if any(other != lists[0] for other in lists[1:]):
+        shown = "; ".join(f"{u}: {[b[0] for b in bs] or 'one shape'}" for u, bs in found.items())
+        raise StokerError(
+            f"the latent data sets were encoded with different buckets ({shown})",
+            fix="list the buckets to train on in data.buckets (each data set's must be among them)",
+        )
+    return [Bucket(resolution, seconds, batch_size) for _, resolution, seconds in lists[0]]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from stoker.data.dataset import DataSource
+from stoker.data.latent_format import LATENT_MEMBER
 from stoker.data.loader_stats import LoaderStats
 from stoker.data.shard_format import CAPTION_EXT, METADATA_EXT, SampleEntry, ShardIndex
 
@@ -61,6 +62,8 @@ def members_for(
             names.append(CAPTION_EXT)
         elif modality == "meta" and METADATA_EXT in entry.members:
             names.append(METADATA_EXT)
+        elif modality == "latent" and LATENT_MEMBER in entry.members:
+            names.append(LATENT_MEMBER)
     return names + [a for a in arrays if a in entry.members]
 
 

@@ -82,6 +82,8 @@ def inspect_dataset(
         },
         "frames_written": [],
     }
+    if manifest.encoding is not None:
+        report["latents"] = _latents(manifest, entries, url)
     if frames_dir is not None and frames > 0:
         report["frames_written"] = _write_frames(source, entries[: frames * 4], frames, frames_dir)
     if suggest_buckets is not None:
@@ -89,6 +91,32 @@ def inspect_dataset(
 
         report["suggested_buckets"] = suggest(entries, max_side=suggest_buckets)
     return report
+
+
+def _latents(manifest: Any, entries: list[SampleEntry], url: str) -> dict[str, Any]:
+    """A latent data set's encoder, its lineage (raw -> packed -> encoded), and each
+    bucket's samples and tensor shapes."""
+    from stoker.data.latent_format import chain
+
+    encoding = manifest.encoding
+    counts = Counter((e.latent.bucket or "") for e in entries if e.latent is not None)
+    return {
+        "encoder": encoding.encoder.model_dump(mode="json"),
+        "source": {
+            "url": encoding.source.url,
+            "manifest_sha256": encoding.source.manifest_sha256,
+            "samples": encoding.source.samples,
+        },
+        "lineage": chain(encoding, url),
+        "decode": encoding.decode.model_dump(mode="json"),
+        "buckets": {
+            name or "(one shape)": {
+                "samples": counts.get(name, 0),
+                "tensors": {t: f"{list(i.shape)} {i.dtype}" for t, i in tensors.items()},
+            }
+            for name, tensors in encoding.shapes.items()
+        },
+    }
 
 
 def read_manifest(url: str, storage_options: dict[str, Any] | None = None) -> Manifest | None:

@@ -23,10 +23,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from stoker.data import loader_state
-from stoker.data.buckets import Bucket, bucket_counts, resolve_buckets
+from stoker.data.buckets import Bucket, bucket_counts, encoded_buckets, resolve_buckets
 from stoker.data.dataset import DataSource, open_dataset
 from stoker.data.decode import array_fields
 from stoker.data.fetch import RetryPolicy
+from stoker.data.latent_format import LATENT_MEMBER
 from stoker.data.loader_stats import LoaderStats
 from stoker.data.parent_death import die_with_parent
 from stoker.data.schedule import ScheduleState
@@ -195,7 +196,8 @@ class StreamingLoader:
             channels=channels,
             clip_offset=clip_offset,
             resize=resize,
-            arrays=array_fields(sorted(fields)),
+            # A latent data set's tensors come under "latent" (the modality), not as arrays.
+            arrays=array_fields(sorted(fields - {LATENT_MEMBER})),
         )
         self.prefetch_bytes = int(prefetch_mb * (1 << 20))
         self.fetch_threads = fetch_threads
@@ -416,6 +418,10 @@ def loader_from_config(
     if data.transform is not None:
         import_transform(data.transform, key="data.transform")  # named as the config names it
     buckets = resolve_buckets(data)
+    if not buckets and "latent" in data.modalities:
+        # Latents keep the buckets they were encoded with: batched by those, as they are.
+        urls = [s.url for s in data.sources] if data.sources else [data.url]
+        buckets = encoded_buckets(urls, data.batch_size)
     for i, bucket in enumerate(buckets):
         if bucket.batch_size % micro_batches:
             raise StokerError(

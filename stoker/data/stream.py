@@ -30,6 +30,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from stoker.data.buckets import Bucket, bucket_ids
 from stoker.data.dataset import DataSource
 from stoker.data.fetch import FetchedSample, RetryPolicy, SampleFetcher, ShardFailed
+from stoker.data.latent_format import LATENT_MEMBER
 from stoker.data.loader_stats import LoaderStats
 from stoker.data.order import SampleOrder
 from stoker.data.prefetch import Prefetcher
@@ -293,6 +294,8 @@ class StreamDataset(IterableDataset[Sample]):
                 import json
 
                 sample["meta"] = json.loads(fetched.members["json"])
+            if "latent" in clip.modalities:  # the encoder's tensors by name
+                sample["latent"] = decode_array(fetched.members[LATENT_MEMBER], LATENT_MEMBER)
             for name in clip.arrays:  # under its extension: batch["latent.npy"]
                 sample[name] = decode_array(fetched.members[name], name)
         except (MediaError, ValueError, KeyError, UnicodeDecodeError) as exc:

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from stoker.config import DataConfig
 from stoker.data.inspect_dataset import read_manifest
+from stoker.data.latent_format import chain
 from stoker.data.synthetic import synthetic_data_path
 from stoker.tracking.dataset_inputs import EVAL, NO_MANIFEST, TRAINING, DataSetInput
 from stoker.tracking.stderr import first_line, warn
@@ -81,6 +82,7 @@ def read_input(ref: DataSetRef, bucket_counts: dict[str, int] | None = None) -> 
     manifest = read_manifest(ref.url)
     if manifest is None:
         return DataSetInput(ref.name, ref.context, ref.url, NO_MANIFEST, weight=ref.weight)
+    encoding = manifest.encoding
     return DataSetInput(
         ref.name,
         ref.context,
@@ -93,6 +95,10 @@ def read_input(ref: DataSetRef, bucket_counts: dict[str, int] | None = None) -> 
         modalities=tuple(manifest.modalities),
         weight=ref.weight,
         bucket_counts=bucket_counts,
+        encoder=(
+            f"{encoding.encoder.factory} ({encoding.encoder.digest[:12]})" if encoding else None
+        ),
+        lineage=tuple(chain(encoding, ref.url)) if encoding else (),
     )
 
 

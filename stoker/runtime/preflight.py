@@ -136,6 +136,13 @@ def meta_batch(shapes: DataShapes, rows: int, clip: ClipShape | None = None) -> 
         batch["text"] = [""] * rows
     if "meta" in shapes.modalities:
         batch["meta"] = [{} for _ in range(rows)]
+    if shapes.latents:
+        at = shapes.clip_shapes.index(clip) if clip is not None else 0
+        latent = shapes.latents[at]
+        batch["latent"] = {
+            name: torch.empty((rows, *shape), dtype=getattr(torch, latent.dtypes[name]))
+            for name, shape in latent.tensors.items()
+        }
     return batch
 
 
@@ -146,11 +153,14 @@ def _described(shapes: DataShapes, clip: ClipShape) -> str:
         parts.append(f"video {list(clip.video_shape)}")
     if "audio" in shapes.modalities:
         parts.append(f"audio {list(clip.audio_shape)}")
+    if shapes.latents:
+        latent = shapes.latents[shapes.clip_shapes.index(clip)]
+        parts += [f"latent {name} {list(shape)}" for name, shape in latent.tensors.items()]
     return ", ".join(parts) or f"clip_seconds {clip.clip_seconds:g}"
 
 
 # What data.modalities decides is in the batch (stoker/model.py).
-_MODALITIES = ("video", "audio", "text", "meta")
+_MODALITIES = ("video", "audio", "text", "meta", "latent")
 
 
 def _missing_modality_fix(key: str) -> str:

@@ -242,12 +242,20 @@ class Trainer:
     _HOST_KEYS = frozenset({"position"})
 
     def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
-        return {
-            k: v.to(self.device, non_blocking=True)
-            if isinstance(v, torch.Tensor) and k not in self._HOST_KEYS
-            else v
-            for k, v in batch.items()
-        }
+        """Tensors, and dicts of tensors (latents, a .safetensors member), on the device."""
+
+        def moved(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return value.to(self.device, non_blocking=True)
+            if (
+                isinstance(value, dict)
+                and value
+                and all(isinstance(v, torch.Tensor) for v in value.values())
+            ):
+                return {k: v.to(self.device, non_blocking=True) for k, v in value.items()}
+            return value
+
+        return {k: v if k in self._HOST_KEYS else moved(v) for k, v in batch.items()}
 
     def _batches(self) -> Iterator[DeviceBatch]:
         for batch in self.loader.batches():

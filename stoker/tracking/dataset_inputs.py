@@ -12,7 +12,10 @@ experiment's runs table, where a run's data sets can be compared and filtered:
     source      where it is: a local path ("local"), an s3:// URL ("s3"), an
                 http(s) URL ("http"), anything else ("external")
     profile     samples, hours, shards, bytes, modalities; the weight of a source
-                in a mixture; "bucket <name>": samples per bucket (data.buckets)
+                in a mixture; "bucket <name>": samples per bucket (data.buckets);
+                for latents (`stoker data encode`): "encoded from" (the source data
+                set), "encoder" (its factory and identity) and "lineage" (raw ->
+                packed -> encoded)
     schema      one column per modality (video, audio: binary; text, meta: string)
     tag         mlflow.data.context: "training" or "eval"
 
@@ -48,7 +51,13 @@ reading every tar."""
 MAX_NAME = 500
 MAX_SOURCE = 65_535
 
-_COLUMN_TYPES = {"video": "binary", "audio": "binary", "text": "string", "meta": "string"}
+_COLUMN_TYPES = {
+    "video": "binary",
+    "audio": "binary",
+    "text": "string",
+    "meta": "string",
+    "latent": "binary",
+}
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,11 @@ class DataSetInput:
     """Its share of a mixture (data.sources), unnormalised; None outside a mixture."""
     bucket_counts: Mapping[str, int] | None = None
     """Samples per bucket name (data.buckets), when the caller knows them."""
+    encoder: str | None = None
+    """A latent data set's encoder: 'package.module:factory (identity digest)'."""
+    lineage: tuple[str, ...] = ()
+    """A latent data set's chain, oldest first: the raw or packed source, then each
+    encode (stoker/data/latent_format.py `chain`)."""
 
 
 def dataset_entry(data_set: DataSetInput) -> dict[str, Any]:
@@ -93,6 +107,11 @@ def dataset_entry(data_set: DataSetInput) -> dict[str, Any]:
         profile["manifest"] = "none: plain WebDataset shards"
     for bucket, count in (data_set.bucket_counts or {}).items():
         profile[f"bucket {bucket}"] = int(count)
+    if data_set.encoder is not None:
+        profile["encoder"] = data_set.encoder
+    if len(data_set.lineage) > 1:
+        profile["encoded from"] = data_set.lineage[-2]
+        profile["lineage"] = " -> ".join(data_set.lineage)
     columns = [
         {"type": _COLUMN_TYPES.get(m, "string"), "name": m, "required": True}
         for m in data_set.modalities

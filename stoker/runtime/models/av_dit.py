@@ -31,6 +31,7 @@ one's (positions are integer grid coordinates), so one table serves every bucket
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -169,12 +170,18 @@ class AVDiT(TrainingModel):
         video: tuple[int, int, int] | None,
         audio: tuple[int, int] | None,
         fps: float,
-        sample_rate: int,
+        sample_rate: float,
+        video_channels: int = VIDEO_CHANNELS,
+        latent: bool = False,
     ) -> None:
         super().__init__()
         if video is None and audio is None:
             raise ValueError("an av_dit needs video, audio or both; it was given neither")
         self.size, self.video, self.audio = size, video, audio
+        # On latents (`stoker data encode`): batch["latent"]["video"] [B, T, C, h, w] and
+        # ["audio"] [B, A, n] as the encoder gave them, not scaled from uint8; `fps` and
+        # `sample_rate` are then the latents' frames per second along each time axis.
+        self.latent, self.video_channels = latent, video_channels
         dim = size.dim
         pt, ph, pw = size.video_patch
         self.video_grid: tuple[int, int, int] | None = None
@@ -188,8 +195,8 @@ class AVDiT(TrainingModel):
                 )
             self.video_grid = (frames // pt, height // ph, width // pw)
             self.video_tokens = math.prod(self.video_grid)
-            self.video_embed = nn.Linear(pt * ph * pw * VIDEO_CHANNELS, dim)
-            self.video_out = nn.Linear(dim, pt * ph * pw * VIDEO_CHANNELS)
+            self.video_embed = nn.Linear(pt * ph * pw * video_channels, dim)
+            self.video_out = nn.Linear(dim, pt * ph * pw * video_channels)
             self.video_modality = nn.Parameter(torch.zeros(dim))
         if audio is not None:
             channels, samples = audio
@@ -267,7 +274,27 @@ class AVDiT(TrainingModel):
     def _output_layers(self) -> list[nn.Linear]:
         return [getattr(self, f"{name}_out") for name in self.modalities]
 
+    def inputs(self, batch: Batch) -> Mapping[str, torch.Tensor]:
+        """The batch's clips by modality: its "video" and "audio", or on latents the
+        tensors of its "latent" of those names."""
+        if not self.latent:
+            return batch
+        latent = batch.get("latent")
+        missing = [n for n in self.modalities if not isinstance(latent, Mapping) or n not in latent]
+        if missing:
+            has = sorted(latent) if isinstance(latent, Mapping) else "no 'latent'"
+            raise ValueError(
+                f"this av_dit trains on latents named {list(self.modalities)}, but the batch "
+                f"has {has}: train it on a data set `stoker data encode` wrote with an encoder "
+                "that returns 'video' and/or 'audio' (data.modalities: [latent])"
+            )
+        assert isinstance(latent, Mapping)
+        return latent
+
     def _check_modalities(self, batch: Batch) -> None:
+        if self.latent:
+            self.inputs(batch)
+            return
         missing = [name for name in self.modalities if name not in batch]
         if missing:
             raise ValueError(
@@ -277,18 +304,21 @@ class AVDiT(TrainingModel):
             )
 
     def video_grid_of(self, video: torch.Tensor) -> tuple[int, int, int]:
-        """The (T/pt, H/ph, W/pw) patch grid of a [B, T, 3, H, W] video; a ValueError
-        for a clip that is larger than the model's or does not divide into patches."""
+        """The (T/pt, H/ph, W/pw) patch grid of a [B, T, C, H, W] video (C = 3, or the
+        latents' channels); a ValueError for a clip that is larger than the model's or
+        does not divide into patches."""
         assert self.video is not None
         patch, shape = self.size.video_patch, tuple(video.shape)
         sizes = (shape[1], shape[3], shape[4]) if len(shape) == 5 else (0, 0, 0)
         fits = zip(sizes, self.video, patch, strict=True)
-        if shape[2:3] != (VIDEO_CHANNELS,) or not all(
+        if shape[2:3] != (self.video_channels,) or not all(
             0 < n <= most and n % p == 0 for n, most, p in fits
         ):
             (frames, height, width), (pt, ph, pw) = self.video, patch
+            name = "batch['latent']['video']" if self.latent else "batch['video']"
+            channels = self.video_channels
             raise ValueError(
-                f"batch['video'] has shape {shape}; this av_dit takes [B, T, 3, H, W] with "
+                f"{name} has shape {shape}; this av_dit takes [B, T, {channels}, H, W] with "
                 f"T a multiple of {pt} up to {frames}, H of {ph} up to {height} and W of {pw} "
                 f"up to {width} (data.clip_seconds x data.fps, data.resolution, data.buckets)"
             )
@@ -301,8 +331,9 @@ class AVDiT(TrainingModel):
         (channels, samples), patch, shape = self.audio, self.size.audio_patch, tuple(audio.shape)
         fits = len(shape) == 3 and shape[1] == channels and 0 < shape[2] <= samples
         if not fits or shape[2] % patch:
+            name = "batch['latent']['audio']" if self.latent else "batch['audio']"
             raise ValueError(
-                f"batch['audio'] has shape {shape}; this av_dit takes [B, {channels}, N] with "
+                f"{name} has shape {shape}; this av_dit takes [B, {channels}, N] with "
                 f"N a multiple of {patch} up to {samples} (data.channels, data.clip_seconds x "
                 "data.sample_rate, data.buckets)"
             )
@@ -311,20 +342,23 @@ class AVDiT(TrainingModel):
     def token_counts(self, batch: Batch) -> dict[str, int]:
         """Video, audio and all tokens of one sample of this batch's shape."""
         self._check_modalities(batch)
-        video = math.prod(self.video_grid_of(batch["video"])) if self.video is not None else 0
-        audio = self.audio_tokens_of(batch["audio"]) if self.audio is not None else 0
+        clips = self.inputs(batch)
+        video = math.prod(self.video_grid_of(clips["video"])) if self.video is not None else 0
+        audio = self.audio_tokens_of(clips["audio"]) if self.audio is not None else 0
         return {"tokens": video + audio, "video": video, "audio": audio}
 
     def clean_tokens(self, batch: Batch) -> dict[str, torch.Tensor]:
         """The batch as fp32 patch tokens in [-1, 1], per modality."""
         self._check_modalities(batch)
+        clips = self.inputs(batch)
         tokens = {}
         if self.video is not None:
-            video = batch["video"]
+            video = clips["video"]
             self.video_grid_of(video)
-            tokens["video"] = patchify_video(video.float() / 127.5 - 1.0, self.size.video_patch)
+            scaled = video.float() if self.latent else video.float() / 127.5 - 1.0
+            tokens["video"] = patchify_video(scaled, self.size.video_patch)
         if self.audio is not None:
-            audio = batch["audio"]
+            audio = clips["audio"]
             self.audio_tokens_of(audio)
             tokens["audio"] = patchify_audio(audio.float(), self.size.audio_patch)
         return tokens
@@ -409,7 +443,7 @@ class AVDiT(TrainingModel):
         if generator is None:
             generator = batch.get("generators")
         clean = self.clean_tokens(batch)
-        grid = self.video_grid_of(batch["video"]) if self.video is not None else None
+        grid = self.video_grid_of(self.inputs(batch)["video"]) if self.video is not None else None
         x_t, t, target = self.noised(clean, generator)
         predicted = self.velocity(x_t, t, grid)
         per_sample = [

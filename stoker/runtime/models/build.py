@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from stoker.errors import StokerError
@@ -53,7 +54,12 @@ def clip_samples(data: DataConfig | DataShapes) -> int:
 
 def data_shapes(data: DataConfig) -> DataShapes:
     """The shapes of a run's clips with these data settings: with `data.buckets`, each
-    bucket's, and the largest of each dimension in the single-shape fields."""
+    bucket's, and the largest of each dimension in the single-shape fields. On latents
+    (data.modalities [latent]), as the latent data sets' manifests record them."""
+    if "latent" in getattr(data, "modalities", ()):
+        from stoker.runtime.models.latent_data import latent_data_shapes
+
+        return latent_data_shapes(data)
     base = ClipShape(
         clip_seconds=data.clip_seconds,
         frames=clip_frames(data),
@@ -153,6 +159,8 @@ def build_av_dit(size_name: str, data: DataConfig | DataShapes) -> AVDiT:
     shapes = _shapes_of(data)
     size = av_dit_size(size_name)
     what = f"the {size_name} av_dit"
+    if shapes.latents:
+        return _latent_av_dit(size_name, shapes)
     has_video, has_audio = "video" in shapes.modalities, "audio" in shapes.modalities
     if not (has_video or has_audio):
         raise DataDoesNotFitModel(
@@ -197,6 +205,71 @@ def build_av_dit(size_name: str, data: DataConfig | DataShapes) -> AVDiT:
     video = (box.frames, *box.resolution) if has_video else None
     audio = (shapes.channels, box.samples) if has_audio else None
     return AVDiT(size, video=video, audio=audio, fps=shapes.fps, sample_rate=shapes.sample_rate)
+
+
+LATENT_SPATIAL_PATCH = 2
+"""Latent pixels per video patch side: 2, as DiT on an image VAE's latents."""
+LATENT_AUDIO_PATCH = 4
+"""Audio latent frames per audio token."""
+
+
+def _latent_av_dit(size_name: str, shapes: DataShapes) -> AVDiT:
+    """The av_dit preset on latents: video [T, C, h, w] in patches of (the preset's
+    frames, 2, 2), audio [A, n] of 4 frames; refused for shapes those do not divide."""
+    size = av_dit_size(size_name)
+    pt = size.video_patch[0]
+    size = replace(
+        size,
+        video_patch=(pt, LATENT_SPATIAL_PATCH, LATENT_SPATIAL_PATCH),
+        audio_patch=LATENT_AUDIO_PATCH,
+    )
+    names = set(shapes.latents[0].tensors)
+    if not names & {"video", "audio"}:
+        raise DataDoesNotFitModel(
+            "data.url",
+            f"the latents are named {sorted(names)}; the av_dit trains on 'video' and/or 'audio'",
+            fix="encode with an encoder that returns 'video' and/or 'audio' latents, or "
+            "train a model of your own on these (model.arch: package.module:factory)",
+        )
+    video_boxes, audio_boxes = [], []
+    for latent in shapes.latents:
+        where = f"latents of bucket {latent.bucket}" if latent.bucket else "the latents"
+        video, audio = latent.tensors.get("video"), latent.tensors.get("audio")
+        if video is not None:
+            if len(video) != 4 or video[0] % pt or video[2] % 2 or video[3] % 2:
+                raise DataDoesNotFitModel(
+                    "data.url",
+                    f"{where}: video {list(video)} is not [T, C, h, w] with T a multiple of "
+                    f"{pt} and h, w even (the av_dit's latent patch {size.video_patch})",
+                    fix="encode clips whose latent frames and size divide so (data.clip_seconds, "
+                    "data.resolution of `stoker data encode`)",
+                )
+            video_boxes.append(video)
+        if audio is not None:
+            if len(audio) != 2 or audio[1] % LATENT_AUDIO_PATCH:
+                raise DataDoesNotFitModel(
+                    "data.url",
+                    f"{where}: audio {list(audio)} is not [A, n] with n a multiple of "
+                    f"{LATENT_AUDIO_PATCH}",
+                    fix="encode clips whose audio latent length divides so",
+                )
+            audio_boxes.append(audio)
+    seconds = max(latent.clip_seconds for latent in shapes.latents)
+    video_box = audio_box = None
+    fps, rate = float(shapes.fps), float(shapes.sample_rate)
+    channels = 3
+    if video_boxes:
+        channels = video_boxes[0][1]
+        video_box = (max(v[0] for v in video_boxes), max(v[2] for v in video_boxes),
+                     max(v[3] for v in video_boxes))  # fmt: skip
+        fps = video_box[0] / seconds
+    if audio_boxes:
+        audio_box = (audio_boxes[0][0], max(a[1] for a in audio_boxes))
+        rate = audio_box[1] / seconds
+    return AVDiT(
+        size, video=video_box, audio=audio_box, fps=fps, sample_rate=rate,
+        video_channels=channels, latent=True,
+    )  # fmt: skip
 
 
 def build_audio_ar(size_name: str, data: DataConfig | DataShapes) -> AudioAR:
