@@ -1,9 +1,12 @@
-"""`stoker data pack SRC DST`: media files in, shards + manifest out (stoker/data/pack.py)."""
+"""`stoker data pack SRC DST`: media files in, shards + manifest out (stoker/data/pack.py);
+with --slurm, as a job array through stoker's launcher (stoker/launcher/data_array.py,
+each task stoker/data/pack_task.py)."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -11,7 +14,8 @@ import typer
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from stoker.data.pack import PackReport
+    from stoker.data.pack import PackReport, PackRequest, PreparedPack
+    from stoker.launcher.data_array import ArrayOptions
 
 
 def pack(
@@ -51,16 +55,33 @@ def pack(
         "audio file of the same name wins over any track. A re-run must repeat it.",
     ),
     slurm: bool = typer.Option(
-        False, "--slurm", help="Write the shards in a SLURM job array (submitit)."
+        False, "--slurm", help="Write the shards in a SLURM job array; returns with its job id."
+    ),
+    tasks: int | None = typer.Option(
+        None,
+        "--tasks",
+        min=1,
+        help="With --slurm: array tasks (default: one per shard, at most 100).",
+        show_default=False,
     ),
     partition: str | None = typer.Option(
         None, "--partition", "-p", help="With --slurm: the partition.", show_default=False
     ),
-    time_min: int = typer.Option(
-        60, "--time-min", min=1, help="With --slurm: time limit of each array task, minutes."
+    time_limit: str | None = typer.Option(
+        None,
+        "--time",
+        help="With --slurm: each task's time limit (sbatch's forms: 30, 2:00:00, 1-0).",
+        show_default=False,
     ),
-    cpus_per_task: int = typer.Option(
-        1, "--cpus-per-task", min=1, help="With --slurm: CPU cores of each array task."
+    cpus_per_task: int | None = typer.Option(
+        None,
+        "--cpus-per-task",
+        min=1,
+        help="With --slurm: CPU cores of each array task.",
+        show_default=False,
+    ),
+    wait: bool = typer.Option(
+        False, "--wait", help="With --slurm: follow the job to its end, then report the pack."
     ),
     restart: bool = typer.Option(
         False, "--restart", help="Discard a previous pack in DST instead of resuming it."
@@ -69,7 +90,8 @@ def pack(
         False,
         "--json",
         help='Last stdout line: {"samples": N, "shards": M, "skipped": [{"path", "reason", '
-        '"kind"}, ...], "skipped_by_kind": {"not media": K, ...}}.',
+        '"kind"}, ...], "skipped_by_kind": {"not media": K, ...}}; with --slurm and no '
+        '--wait, the job: {"job_id", "run_id", "run_dir", "child_run_ids"}.',
     ),
 ) -> None:
     """Pack a folder of video and audio files into WebDataset shards with indexes and a manifest.
@@ -82,24 +104,28 @@ def pack(
     are reported with a count per reason, never fatal.
     Running the same command again resumes: finished shards are kept.
 
-    Example: stoker data pack ./raw s3://bucket/av-v1 --clip-seconds 4 --slurm
+    With --slurm the shards are written by a job array through stoker's launcher:
+    the command returns with the job id (`stoker status`, `logs`, `why`, `cancel` know
+    it), the task that ends last writes the manifest; --wait follows the job and
+    reports the pack as a local run does.
+
+    Example: stoker data pack ./raw s3://bucket/av-v1 --clip-seconds 4 --slurm --time 2:00:00
     """
-    from stoker.cli.output import err, note
+    from stoker.cli.output import err
     from stoker.data.pack import PackRequest, run_pack
     from stoker.data.pack_plan import PackOptions
     from stoker.errors import StokerError
 
-    runner = None
-    if slurm:
-        from stoker.launcher.pack_array import SlurmArrayRunner, SlurmOptions
-
-        runner = SlurmArrayRunner(
-            SlurmOptions(partition=partition, time_min=time_min, cpus_per_task=cpus_per_task)
-        )
-    elif partition is not None or time_min != 60 or cpus_per_task != 1:
+    slurm_only = {
+        "--tasks": tasks, "--partition": partition, "--time": time_limit,
+        "--cpus-per-task": cpus_per_task,
+    }  # fmt: skip
+    given = [flag for flag, value in slurm_only.items() if value is not None]
+    given += ["--wait"] if wait else []
+    if given and not slurm:
         raise StokerError(
-            "--partition, --time-min and --cpus-per-task apply to SLURM array tasks",
-            fix="add --slurm, or drop them",
+            f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to a SLURM pack only",
+            fix="add --slurm, or drop " + ("it" if len(given) == 1 else "them"),
         )
     request = PackRequest(
         src=src,
@@ -107,15 +133,87 @@ def pack(
         options=PackOptions(
             clip_seconds=clip_seconds, target_shard_mb=target_shard_mb, audio_stream=audio_stream
         ),
-        workers=workers,
+        workers=None if slurm else workers,
         restart=restart,
-        runner=runner,
     )
+    if slurm:
+        from stoker.launcher.data_array import ArrayOptions
+
+        options = ArrayOptions(
+            tasks=tasks, partition=partition, time=time_limit, cpus_per_task=cpus_per_task,
+            max_parallel=workers,
+        )  # fmt: skip
+        _pack_on_slurm(request, options, wait, as_json)
+        return
     if err().is_terminal:
         with _BarProgress() as progress:
             report = run_pack(request, progress)
     else:
         report = run_pack(request, _NoteProgress())
+    _report(report, as_json)
+
+
+def _pack_on_slurm(request: PackRequest, options: ArrayOptions, wait: bool, as_json: bool) -> None:
+    """Plan here, queue the missing shards as an array; with `wait`, follow it and report."""
+    from stoker.cli.output import note, out
+    from stoker.data.pack import prepare_pack
+    from stoker.launcher.data_array import submit_pack
+
+    started = time.monotonic()
+    prepared = prepare_pack(request)
+    submitted = submit_pack(request, options, prepared=prepared)
+    if submitted is None:
+        note("every shard is already written: nothing to submit")
+        _finish(request, prepared, started, as_json, states={})
+        return
+    out().print(
+        f"submitted pack job {submitted.job_id}: {len(prepared.pending)} of "
+        f"{len(prepared.plan.shards)} shards to write",
+        markup=False,
+    )
+    job = submitted.job_id
+    note(f"`stoker status {job}` follows it; `stoker logs {job}_0` shows a task's log")
+    if not wait:
+        if as_json:
+            sys.stdout.write(json.dumps(submitted.as_json()) + "\n")
+        return
+    from stoker.cli.array_wait import wait_for_array
+
+    states = wait_for_array(submitted.job_id)
+    _finish(request, prepared, started, as_json, states=states)
+
+
+def _finish(
+    request: PackRequest,
+    prepared: PreparedPack,
+    started: float,
+    as_json: bool,
+    states: dict[str, str],
+) -> None:
+    """After the array ended (or with nothing left to write): the manifest and the report."""
+    from stoker.data.pack import finish_pack
+    from stoker.data.shard_format import MANIFEST_NAME
+    from stoker.data.shard_set import finished_shards
+    from stoker.errors import StokerError
+
+    report = finish_pack(request.src, prepared, started)
+    if report is None:
+        planned = len(prepared.plan.shards)
+        done = len(finished_shards(prepared.dst_fs, prepared.dst_root, range(planned)))
+        failed = [task for task, state in states.items() if state != "COMPLETED"]
+        ended = ", ".join(f"{task} {states[task]}" for task in failed)
+        raise StokerError(
+            f"the pack of {request.dst} ended with {done} of {planned} shards written "
+            f"(no {MANIFEST_NAME} yet){': ' + ended if ended else ''}",
+            fix=f"`stoker why {failed[0] if failed else 'JOB'}` says what failed; fix it and run "
+            "the same command again: it keeps the finished shards and writes the rest",
+        )
+    _report(report, as_json)
+
+
+def _report(report: PackReport, as_json: bool) -> None:
+    from stoker.cli.output import note
+
     note(
         f"wrote {report.written} of {report.planned} planned shards "
         f"({report.bytes_written / 1e6:.1f} MB) in {report.seconds:.1f} s"

@@ -44,7 +44,8 @@ def render_experiment_template() -> str:
         lines += ["", f"# {description}", f"{section}:"]
         for key, info in model.model_fields.items():
             name = info.alias or key
-            lines.append(f"  # {info.description}")
+            # A description of several lines stays a comment on each (YAML otherwise).
+            lines += [f"  # {line.strip()}" for line in (info.description or "").splitlines()]
             lines.append(f"  {name}: {yaml_scalar(defaults[section][name])}")
     return "\n".join(lines) + "\n"
 

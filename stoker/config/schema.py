@@ -290,8 +290,7 @@ class DataConfig(Section):
     channels: Annotated[int, Field(ge=1, le=8)] = 1
     """Audio channels after mixing (mean to fewer, repeat to more)."""
     modalities: list[Literal["video", "audio", "text", "meta", "latent"]] = ["video", "audio"]
-    """What each sample yields; the data set must have each in every sample (latent: the
-    tensors of a data set `stoker data encode` wrote)."""
+    """What each sample yields (every sample must have each); latent: `data encode`'s tensors."""
     clip_offset: Literal["random", "start"] = "random"
     """Where a clip starts in its sample: random (seeded, resumable) or at 0."""
     shuffle_shards: Annotated[int, Field(ge=1, le=4096)] = 4

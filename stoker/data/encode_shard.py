@@ -228,7 +228,7 @@ def _decode(
     from stoker.data.decode import decode_audio, decode_video
     from stoker.data.probe import MediaError
 
-    sample: dict[str, Any] = {}
+    sample: dict[str, Any] = {"key": entry.key}
     try:
         if entry.error is not None and entry.unreadable(spec.modalities):
             raise MediaError(entry.error)

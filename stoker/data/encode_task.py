@@ -11,54 +11,18 @@ exits EXIT_REQUEUE so that the batch script requeues it.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import signal
 import sys
 import time
-from pathlib import Path
-from types import FrameType
 
+from stoker.data.array_task import Stop, read_work, task_main
 from stoker.data.latent_plan import load_plan, shard_task
 from stoker.data.pack_plan import open_location
 from stoker.data.shard_set import finished_shards
 from stoker.errors import StokerError
-from stoker.protocol import ENV_STOP_FILE, EXIT_REQUEUE
+from stoker.protocol import EXIT_REQUEUE
 
 
-class _Stop:
-    def __init__(self) -> None:
-        self.signalled = False
-        env_file = os.environ.get(ENV_STOP_FILE)
-        self.stop_file = Path(env_file) if env_file else None
-        for sig in (signal.SIGUSR2, signal.SIGTERM):
-            signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.signalled = True
-
-    def __call__(self) -> bool:
-        return self.signalled or bool(self.stop_file and self.stop_file.exists())
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stoker.data.encode_task")
-    parser.add_argument("dst")
-    parser.add_argument("--work", required=True, help="the work file: each task's shards")
-    parser.add_argument("--task", type=int, required=True)
-    ns = parser.parse_args(argv)
-    stop = _Stop()
-    try:
-        return run_task(ns.dst, ns.work, ns.task, stop)
-    except StokerError as exc:
-        print(f"stoker: error: {exc.message}", file=sys.stderr)
-        if exc.fix:
-            print(f"stoker: fix: {exc.fix}", file=sys.stderr)
-        return 1
-
-
-def run_task(dst: str, work_url: str, task: int, stop: _Stop) -> int:
+def run_task(dst: str, work_url: str, task: int, stop: Stop) -> int:
     from stoker.data.encode_shard import encode_shard
     from stoker.data.latent_encode import finalize
 
@@ -66,12 +30,7 @@ def run_task(dst: str, work_url: str, task: int, stop: _Stop) -> int:
     plan = load_plan(fs, root)
     if plan is None:
         raise StokerError(f"{dst} holds no encode plan", fix="submit the encode again")
-    work_fs, work_path, _ = open_location(work_url)
-    work = json.loads(work_fs.cat_file(work_path))
-    groups: list[list[int]] = work["groups"]
-    if not 0 <= task < len(groups):
-        raise StokerError(f"task {task} is not one of the {len(groups)} in {work_url}")
-    mine = groups[task]
+    work, mine = read_work(work_url, task, "`stoker data encode SRC DST --slurm`")
     done = finished_shards(fs, root, mine)
     print(f"stoker: encode task {task}: shards {mine} ({len(done)} already encoded)", flush=True)
     for number in mine:
@@ -106,4 +65,4 @@ def run_task(dst: str, work_url: str, task: int, stop: _Stop) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(task_main("python -m stoker.data.encode_task", run_task))

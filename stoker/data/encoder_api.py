@@ -16,11 +16,12 @@
 The factory is imported by name (never pickled) in every process that encodes, and
 called once there with `--args` (each value read as YAML: `8` an int, `[1,2]` a
 list). What it returns is called on batches: "video" uint8 [B, T, 3, H, W], "audio"
-float32 [B, C, N], "text" (a list of B captions), as the decode settings ask, all B
-samples of one bucket; it returns a mapping of names to tensors of B rows, one per
-sample. An `nn.Module` is moved to the device (a GPU when there is one) and put in
-eval mode; it runs under `torch.inference_mode()`. The latents must not depend on
-which samples share a batch (eval mode does that): a re-run may batch differently.
+float32 [B, C, N], "text" (a list of B captions), as the decode settings ask, and
+"key" (the B sample keys), all B samples of one bucket; it returns a mapping of
+names to tensors of B rows, one per sample. An `nn.Module` is moved to the device (a
+GPU when there is one) and put in eval mode; it runs under `torch.inference_mode()`.
+The latents must not depend on which samples share a batch (eval mode does that): a
+re-run may batch differently.
 
 The encoder's identity (`EncoderIdentity`) is its factory path, its arguments, the
 SHA-256 of the factory's module source and of every argument that names an existing
@@ -90,6 +91,10 @@ def identify_encoder(factory_path: str, args: Mapping[str, str]) -> tuple[Any, E
     """Import the factory (without calling it: the login node builds nothing) and take
     the encoder's identity. A StokerError names the --encoder value when it does not
     import or is not callable."""
+    # As `python -m` would: the encoder's package may be in the folder stoker runs from
+    # (the console script puts only its own folder on the path).
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     factory = import_callable(
         factory_path,
         key="--encoder",

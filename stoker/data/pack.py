@@ -1,12 +1,16 @@
 """`stoker data pack`: a folder (or fsspec prefix) of media in, a data set out.
 
-    list SRC once -> plan (DST/pack-plan.json) -> write the missing shards in
-    parallel (local processes, or a SLURM array) -> manifest.json from every index
+    list SRC once -> plan (DST/pack-plan.json)              `prepare_pack`
+      -> write the missing shards in parallel (local processes here; a SLURM
+         array through stoker.launcher.data_array and stoker.data.pack_task)
+      -> manifest.json from every index                      `finalize_pack`
 
 A shard is finished when its index is on storage (the writer puts it after the
 tar), so a re-run with the same SRC and options writes only the shards that are
 missing and leaves the others untouched. The manifest is written last, and only
-when every shard is there: a data set with a manifest is complete.
+when every shard is there: a data set with a manifest is complete. It is a function
+of the shards alone, so whichever process finishes last may write it (two that race
+write the same bytes).
 
 Local workers are 'forkserver' (or 'spawn') processes, never forked copies of this
 one: fsspec's async filesystems (s3fs, gcsfs) are not fork-safe. A
@@ -15,6 +19,7 @@ memory:// filesystem exists only in this process, so it is packed here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
 import os
@@ -47,16 +52,22 @@ from stoker.data.pack_write import (
 from stoker.data.shard_format import (
     MANIFEST_NAME,
     SHARDS_DIR,
+    Manifest,
+    ShardIndex,
     build_manifest,
     dump,
+    index_name_for,
     join,
     record_for,
+    shard_file_name,
 )
-from stoker.data.shard_set import finished_shards, read_index, shard_path
+from stoker.data.shard_set import finished_shards, shard_path
 from stoker.data.shard_writer import write_json_atomic
 from stoker.errors import StokerError
 
 CREATED_BY = "stoker data pack"
+WORK_DIR = "pack-work"
+"""Under DST: the work files of `data pack --slurm` jobs (each array task's shards)."""
 
 
 class PackProgress(Protocol):
@@ -80,32 +91,35 @@ class SilentProgress:
         pass
 
 
-class ShardRunner(Protocol):
-    """Runs planned shard writers elsewhere and waits: results and failures by shard."""
-
-    def __call__(
-        self,
-        tasks: list[ShardTask],
-        parallelism: int | None,
-        dst_fs: Any,
-        dst_root: str,
-        advance: Callable[[int], None],
-    ) -> tuple[dict[int, ShardResult], dict[int, str]]: ...
-
-
 @dataclass(frozen=True)
 class PackRequest:
     src: str
     dst: str
     options: PackOptions = field(default_factory=PackOptions)
     workers: int | None = None
-    """Local processes; with `slurm`, array tasks running at once. None: CPU count
-    (with `slurm`: no limit)."""
+    """Local processes (`run_pack`); None: the CPU count."""
     restart: bool = False
     """Discard a previous pack under DST (plan, shards, manifest) instead of resuming."""
-    runner: ShardRunner | None = None
-    """Where the shard writers run instead of local processes (the CLI's --slurm passes
-    stoker.launcher.pack_array.SlurmArrayRunner: this package knows nothing of SLURM)."""
+
+
+@dataclass
+class PreparedPack:
+    """A pack planned under DST: what is finished and what is left to write."""
+
+    plan: PackPlan
+    src_url: str
+    """SRC with its protocol, absolute: what a writer elsewhere opens."""
+    dst_fs: Any
+    dst_root: str
+    dst_url: str
+    finished: dict[int, ShardIndex]
+    pending: list[int]
+    in_process: bool
+    """SRC or DST is memory://: only this process can write the shards."""
+
+    def task(self, number: int) -> ShardTask:
+        """The writer's task of shard `number`."""
+        return shard_task(self.plan, self.src_url, self.dst_url, number)
 
 
 @dataclass
@@ -145,10 +159,29 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
-def run_pack(request: PackRequest, progress: PackProgress | None = None) -> PackReport:
-    """Pack `request.src` into `request.dst`, resuming a previous run there."""
-    progress = progress or SilentProgress()
-    started = time.monotonic()
+def plan_digest(plan: PackPlan) -> str:
+    """The plan's identity: an array task checks that DST was not planned again (--restart)
+    since its job was submitted."""
+    return hashlib.sha256(plan_bytes(plan)).hexdigest()
+
+
+def shard_task(plan: PackPlan, src_url: str, dst_url: str, number: int) -> ShardTask:
+    """Shard `number` of `plan` as a writer takes it: SRC and DST as URLs it opens itself
+    (absolute, with their protocol), and the plan's options."""
+    return ShardTask(
+        src_url,
+        dst_url,
+        number,
+        tuple(plan.shards[number]),
+        clip_seconds=plan.options.clip_seconds,
+        audio_stream=plan.options.audio_stream,
+    )
+
+
+def prepare_pack(request: PackRequest) -> PreparedPack:
+    """List SRC once; load and check the plan under DST (or make and write it); find the
+    finished shards. A manifest left from a complete pack is removed while some shard is
+    missing, so that "manifest present" keeps meaning "data set complete"."""
     dst_fs, dst_root, dst_url = open_location(request.dst)
     if dst_fs.isfile(dst_root):
         raise StokerError(f"DST {request.dst!r} is a file", fix="give a folder or prefix")
@@ -158,12 +191,6 @@ def run_pack(request: PackRequest, progress: PackProgress | None = None) -> Pack
             f"DST {request.dst!r} is SRC: the shards would land among the media",
             fix="write the data set to another folder (a sub-folder of SRC is fine)",
         )
-    in_process = _process_local(listing.fs) or _process_local(dst_fs)
-    if in_process and request.runner is not None:
-        raise StokerError(
-            "--slurm cannot pack memory://: that filesystem exists only in this process",
-            fix="pack to and from storage the SLURM nodes see, or drop --slurm",
-        )
     if request.restart:
         _discard(dst_fs, dst_root)
     plan = _load_or_make_plan(request, listing, dst_fs, dst_root)
@@ -172,85 +199,126 @@ def run_pack(request: PackRequest, progress: PackProgress | None = None) -> Pack
     pending = [n for n in range(len(plan.shards)) if n not in finished]
     manifest_path = join(dst_root, MANIFEST_NAME)
     if pending and dst_fs.exists(manifest_path):
-        dst_fs.rm(manifest_path)  # "manifest present" keeps meaning "data set complete"
-    tasks = [
-        ShardTask(
-            listing.url,
-            dst_url,
-            n,
-            tuple(plan.shards[n]),
-            clip_seconds=request.options.clip_seconds,
-            audio_stream=request.options.audio_stream,
-        )
-        for n in pending
-    ]
-    if finished:
-        progress.note(f"resuming: {len(finished)} of {len(plan.shards)} shards already written")
-    progress.start("writing shards", total=len(plan.shards), completed=len(finished))
-    results, failures = _write_shards(request, tasks, in_process, dst_fs, dst_root, progress)
+        dst_fs.rm(manifest_path)
+    return PreparedPack(
+        plan=plan,
+        src_url=listing.url,
+        dst_fs=dst_fs,
+        dst_root=dst_root,
+        dst_url=dst_url,
+        finished=finished,
+        pending=pending,
+        in_process=process_local(listing.fs) or process_local(dst_fs),
+    )
+
+
+def run_pack(request: PackRequest, progress: PackProgress | None = None) -> PackReport:
+    """Pack `request.src` into `request.dst` here (local processes), resuming a previous
+    run there."""
+    progress = progress or SilentProgress()
+    started = time.monotonic()
+    prepared = prepare_pack(request)
+    planned = len(prepared.plan.shards)
+    if prepared.finished:
+        progress.note(f"resuming: {len(prepared.finished)} of {planned} shards already written")
+    progress.start("writing shards", total=planned, completed=len(prepared.finished))
+    tasks = [prepared.task(n) for n in prepared.pending]
+    if tasks and prepared.in_process and (request.workers or 1) > 1:
+        progress.note("memory:// exists only in this process: packing here, one shard at a time")
+    workers = 1 if prepared.in_process else request.workers or default_workers()
+    _, failures = _run_local(tasks, workers, progress.advance)
     if failures:
         lines = "\n".join(f"  {shard_path(n)}: {why}" for n, why in sorted(failures.items()))
         raise StokerError(
-            f"{len(failures)} of {len(plan.shards)} shards were not written "
+            f"{len(failures)} of {planned} shards were not written "
             f"(no {MANIFEST_NAME} yet):\n{lines}",
             fix="fix the cause above and run the same command again: it keeps the "
-            f"{len(plan.shards) - len(failures)} finished shards and writes the rest",
+            f"{planned - len(failures)} finished shards and writes the rest",
         )
+    report = finish_pack(request.src, prepared, started)
+    if report is None:  # every writer returned, yet a shard is not on storage
+        raise StokerError(
+            f"the shards of {request.dst} were written but some are not there now",
+            fix="run the same command again: it writes what is missing",
+        )
+    return report
 
-    indexes = {**finished, **{n: read_index(dst_fs, dst_root, n) for n in results}}
-    numbers = [n for n in sorted(indexes) if indexes[n].samples]  # a shard may lose all
-    records = [record_for(indexes[n], shard_path(n)) for n in numbers]
-    manifest = build_manifest(records, [indexes[n] for n in numbers], created_by=CREATED_BY)
-    write_json_atomic(dst_fs, manifest_path, dump(manifest))
 
+def finalize_pack(dst: str) -> Manifest | None:
+    """Write DST's manifest when every planned shard is finished; None while some are not
+    (and then nothing is written)."""
+    fs, root, _ = open_location(dst)
+    plan = load_plan(fs, root)
+    if plan is None:
+        raise StokerError(f"{dst} holds no {PLAN_NAME}", fix="run `stoker data pack SRC DST`")
+    if not _all_listed(fs, root, len(plan.shards)):
+        return None  # one listing: array tasks that end before the last read no index
+    indexes = finished_shards(fs, root, range(len(plan.shards)))
+    if len(indexes) < len(plan.shards):
+        return None
+    return _write_manifest(fs, root, indexes)
+
+
+def finish_pack(src: str, prepared: PreparedPack, started: float) -> PackReport | None:
+    """After the writers of `prepared.pending` ended (here, or as a SLURM array): the
+    manifest, as `finalize_pack` writes it, and the pack's report; None (no manifest)
+    while a shard is missing. `src` is SRC as the user gave it: the report names skipped
+    inputs under it."""
+    fs, root, plan = prepared.dst_fs, prepared.dst_root, prepared.plan
+    # The shards finished before were read by `prepare_pack`: only the new ones now.
+    indexes = {**prepared.finished, **finished_shards(fs, root, prepared.pending)}
+    if len(indexes) < len(plan.shards):
+        return None
+    manifest = _write_manifest(fs, root, indexes)
     skipped = list(plan.skipped)
     for n in range(len(plan.shards)):
-        skipped += results[n].skipped if n in results else _read_skipped(dst_fs, dst_root, n)
+        skipped += _read_skipped(fs, root, n)
     return PackReport(
         samples=manifest.samples,
         shards=len(manifest.shards),
         skipped=[
-            {"path": join(request.src, s.path), "reason": s.reason, "kind": s.kind}
+            {"path": join(src, s.path), "reason": s.reason, "kind": s.kind}
             for s in sorted(skipped, key=lambda s: s.path)
         ],
         planned=len(plan.shards),
-        written=len(results),
-        bytes_written=sum(r.bytes for r in results.values()),
+        written=len(prepared.pending),
+        bytes_written=sum(indexes[n].bytes for n in prepared.pending),
         seconds=time.monotonic() - started,
-        manifest=manifest_path,
+        manifest=join(root, MANIFEST_NAME),
     )
+
+
+def _write_manifest(fs: Any, root: str, indexes: dict[int, ShardIndex]) -> Manifest:
+    """The manifest of every planned shard (`indexes`: all of them, by number): a
+    function of the shards alone, so every writer of it writes the same bytes."""
+    numbers = [n for n in sorted(indexes) if indexes[n].samples]  # a shard may lose all
+    records = [record_for(indexes[n], shard_path(n)) for n in numbers]
+    manifest = build_manifest(records, [indexes[n] for n in numbers], created_by=CREATED_BY)
+    write_json_atomic(fs, join(root, MANIFEST_NAME), dump(manifest))
+    return manifest
+
+
+def _all_listed(fs: Any, root: str, count: int) -> bool:
+    """Every one of shards 0..count-1 has its tar and its index under `root`."""
+    folder = join(root, SHARDS_DIR)
+    names = {path.rsplit("/", 1)[-1] for path in fs.find(folder)} if fs.exists(folder) else set()
+    tars = [shard_file_name(n) for n in range(count)]
+    return all(tar in names and index_name_for(tar) in names for tar in tars)
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:
     return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
 
 
-def _write_shards(
-    request: PackRequest,
-    tasks: list[ShardTask],
-    in_process: bool,
-    dst_fs: Any,
-    dst_root: str,
-    progress: PackProgress,
-) -> tuple[dict[int, ShardResult], dict[int, str]]:
-    """Results and failures by shard number, from a SLURM array or local processes."""
-    if not tasks:
-        return {}, {}
-    if request.runner is not None:
-        return request.runner(tasks, request.workers, dst_fs, dst_root, progress.advance)
-    if in_process and (request.workers or 1) > 1:
-        progress.note("memory:// exists only in this process: packing here, one shard at a time")
-    workers = 1 if in_process else request.workers or default_workers()
-    return _run_local(tasks, workers, progress.advance)
-
-
-def _process_local(fs: Any) -> bool:
+def process_local(fs: Any) -> bool:
+    """A filesystem that exists only in this process (memory://): no other process can
+    write to it."""
     return "memory" in _protocols(fs)
 
 
 def _discard(fs: Any, root: str) -> None:
     """--restart: remove what a previous pack wrote under DST, and nothing else."""
-    for name in (PLAN_NAME, MANIFEST_NAME, SHARDS_DIR, SKIPPED_DIR):
+    for name in (PLAN_NAME, MANIFEST_NAME, SHARDS_DIR, SKIPPED_DIR, WORK_DIR):
         path = join(root, name)
         if fs.exists(path):
             fs.rm(path, recursive=True)
@@ -287,7 +355,7 @@ def _run_local(
     """Write `tasks` with `workers` processes (here, when 1); failures by shard."""
     results: dict[int, ShardResult] = {}
     failures: dict[int, str] = {}
-    if workers <= 1 or len(tasks) == 1:
+    if workers <= 1 or len(tasks) <= 1:
         for task in tasks:
             try:
                 results[task.number] = write_planned_shard(task)

@@ -104,11 +104,6 @@ def write_planned_shard(task: ShardTask) -> ShardResult:
     )
 
 
-def write_planned_shards(tasks: list[ShardTask]) -> list[ShardResult]:
-    """Several shards one after the other: one SLURM array task's share."""
-    return [write_planned_shard(task) for task in tasks]
-
-
 def _build_sample(
     fs: Any, root: str, planned: PlannedSample, task: ShardTask
 ) -> tuple[list[SampleToWrite], list[SkippedInput]]:

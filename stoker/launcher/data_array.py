@@ -27,6 +27,7 @@ from stoker.launcher.render import Shell
 
 if TYPE_CHECKING:
     from stoker.data.latent_encode import EncodeRequest
+    from stoker.data.pack import PackRequest, PreparedPack
     from stoker.launcher.submit import Submitted
 
 DEFAULT_MAX_TASKS = 100
@@ -47,6 +48,9 @@ class ArrayOptions:
     max_parallel: int | None = None
     cwd: Path | None = None
     """The folder snapshotted and run from (the encoder's code); default: the current one."""
+    snapshot: bool = True
+    """False: run from `cwd` itself, no copy of it (a job that runs none of the user's
+    code: a snapshot would only copy, and refuse, what lies there)."""
 
 
 def group_evenly(items: Sequence[int], groups: int) -> list[list[int]]:
@@ -93,6 +97,7 @@ def submit_data_array(
     submit_options = SubmitOptions(
         command=command,
         check=False,
+        snapshot=options.snapshot,
         max_parallel=options.max_parallel,
         cwd=options.cwd or Path.cwd(),
     )
@@ -158,5 +163,51 @@ def submit_encode(request: EncodeRequest, options: ArrayOptions) -> Submitted | 
         work,
         work_url,
         replace(options, tasks=tasks),
+        write=write,
+    )
+
+
+def submit_pack(
+    request: PackRequest, options: ArrayOptions, *, prepared: PreparedPack | None = None
+) -> Submitted | None:
+    """`stoker data pack --slurm`: list SRC and plan the pack here (or check the plan
+    under DST), then queue the shards not written yet as an array; None when none is
+    left. `prepared`: the pack as `prepare_pack(request)` already planned it."""
+    from stoker.data.pack import WORK_DIR, plan_digest, prepare_pack, process_local
+    from stoker.data.pack_plan import open_location
+    from stoker.data.shard_format import join
+    from stoker.data.shard_writer import write_json_atomic
+
+    if any(process_local(open_location(url)[0]) for url in (request.src, request.dst)):
+        raise StokerError(
+            "--slurm cannot pack memory://: that filesystem exists only in this process",
+            fix="pack to and from storage the SLURM nodes see, or drop --slurm",
+        )
+    planned = prepared or prepare_pack(request)
+    if not planned.pending:
+        return None
+    tasks = options.tasks or min(len(planned.pending), DEFAULT_MAX_TASKS)
+    work = {
+        "groups": group_evenly(planned.pending, tasks),
+        # The tasks run elsewhere (another node, the job's folder): SRC by absolute URL.
+        "src_url": planned.src_url,
+        "plan_sha256": plan_digest(planned.plan),
+    }
+    work_path = join(planned.dst_root, f"{WORK_DIR}/{work_name()}")
+    work_url = planned.dst_fs.unstrip_protocol(work_path)
+
+    def write(url: str, data: bytes) -> None:
+        planned.dst_fs.makedirs(work_path.rsplit("/", 1)[0], exist_ok=True)
+        write_json_atomic(planned.dst_fs, work_path, data)
+
+    # The tasks run stoker's own code only: no snapshot of the current folder (media
+    # under it would be copied, or refused as too big).
+    return submit_data_array(
+        "stoker-pack",
+        "stoker.data.pack_task",
+        [planned.dst_url],
+        work,
+        work_url,
+        replace(options, tasks=tasks, snapshot=False),
         write=write,
     )

@@ -1,5 +1,6 @@
 """`stoker data pack` on real media made here: grouping, broken inputs, clips, resume,
-determinism across workers, memory://, and the SLURM array on the local cluster."""
+determinism across workers, memory://, and the SLURM array (through stoker's launcher)
+on the local cluster."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from stoker.data.encode import encode_flac, encode_h264
 from stoker.data.pack_plan import InputFile, assign_shards, group_samples
 from stoker.data.probe import probe_audio, probe_video
 from stoker.data.shard_format import parse_index, parse_manifest
+from stoker.errors import StokerError
 from tests.clirun import stoker
 
 if TYPE_CHECKING:
@@ -82,8 +84,8 @@ def write(root: Path, files: dict[str, bytes]) -> None:
         (root / rel).write_bytes(data)
 
 
-def pack(*args: Any) -> dict[str, Any]:
-    result = stoker("data", "pack", *map(str, args), "--json")
+def pack(*args: Any, cwd: Path | None = None, timeout: float = 120) -> dict[str, Any]:
+    result = stoker("data", "pack", *map(str, args), "--json", cwd=cwd, timeout=timeout)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
@@ -308,6 +310,7 @@ def test_two_workers_write_the_same_shards_as_one(tmp_path: Path) -> None:
     one = pack(src, tmp_path / "one", *args, "--workers", "1")
     two = pack(src, tmp_path / "two", *args, "--workers", "2")
     assert one == two and one["shards"] >= 3 and one["samples"] == 12
+    assert pack(src, tmp_path / "two", *args, "--workers", "2") == two  # nothing left to write
 
     def digests(root: Path) -> dict[str, str]:
         return {
@@ -432,28 +435,103 @@ def test_progress_bar_on_a_terminal(tmp_path: Path) -> None:
 
 @pytest.mark.slurm
 def test_slurm_array_packs_like_local(slurm_cluster: ClusterSettings, tmp_path: Path) -> None:
+    from tests.launcher_jobs import wait_final
+
     src = tmp_path / "src"
     write(src, {f"s{i}.mp4": mp4(1, seed=i) for i in range(3)})
     write(src, {f"s{i}.flac": flac(1, seed=i) for i in range(3)})
     write(src, {"bad.mp4": mp4(1)[:900]})
+    # SRC and DST relative to the submitting folder: the array tasks run elsewhere.
     args = ("--target-shard-mb", "0.03")
-    local = pack(src, tmp_path / "local", *args, "--workers", "1")
+    local = pack("src", "local", *args, "--workers", "1", cwd=tmp_path)
     assert local["shards"] >= 2
-    assert [s["path"] for s in local["skipped"]] == [str(src / "bad.mp4")]
+    assert [s["path"] for s in local["skipped"]] == ["src/bad.mp4"]
 
     dst = tmp_path / "slurm"
     dst.mkdir()
     (dst / "pack-skipped").write_text("in the way")  # every array task fails
-    slurm_args = (*args, "--slurm", "--partition", slurm_cluster.partition, "--time-min", "5")
-    failed = stoker("data", "pack", str(src), str(dst), *slurm_args)
-    assert failed.returncode == 2 and not (dst / "manifest.json").exists()
-    log = failed.stderr.split("log: ")[1].split()[0]
-    assert "FileExistsError" in Path(log).read_text()
+    slurm_args = (*args, "--slurm", "--partition", slurm_cluster.partition, "--time", "5")
+    submitted = stoker("data", "pack", "src", "slurm", *slurm_args, "--json", cwd=tmp_path)
+    assert submitted.returncode == 0, submitted.stderr
+    job = json.loads(submitted.stdout.strip().splitlines()[-1])["job_id"]
+    plan = json.loads((dst / "pack-plan.json").read_text())
+    task_ids = [f"{job}_{i}" for i in range(len(plan["shards"]))]  # one task per shard
+    status = stoker("status", job, "--json", check=True)
+    assert sorted(row["job_id"] for row in json.loads(status.stdout)) == sorted(task_ids)
+    for task in task_ids:
+        wait_final(task, timeout=180)
+    rows = json.loads(stoker("status", job, "--json", check=True).stdout)
+    assert {row["state"] for row in rows} == {"FAILED"}
+    why = stoker("why", task_ids[0], check=True)
+    assert "FileExistsError" in why.stdout and "slurm/pack-skipped" in why.stdout, why.stdout
+    log = stoker("logs", task_ids[0], check=True).stdout
+    assert "stoker: error: 1 of the 1 shards of task 0 were not written" in log, log
+    assert not (dst / "manifest.json").exists()
 
     (dst / "pack-skipped").unlink()
-    assert pack(src, dst, *slurm_args) == local
-    for name in ("manifest.json", "shards/shard-000000.tar", "shards/shard-000001.index.json"):
-        assert (dst / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
-    plan = json.loads((dst / "pack-plan.json").read_text())
-    logs = {p.name.split("_")[1] for p in (dst / "pack-slurm").glob("*_log.out")}
-    assert len(logs) == len(plan["shards"])  # one array task per shard (bad.mp4's held no sample)
+    assert pack("src", "slurm", *slurm_args, "--wait", cwd=tmp_path, timeout=300) == local
+    names = ["manifest.json", *(f"shards/{p.name}" for p in (tmp_path / "local/shards").iterdir())]
+    for name in names:
+        assert (dst / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
+
+
+def test_slurm_flags_need_slurm_and_memory_needs_this_process(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from stoker.cli.main import app
+
+    write(tmp_path / "src", {"a.flac": flac(0.2)})
+    alone = stoker("data", "pack", str(tmp_path / "src"), str(tmp_path / "dst"), "--time", "5")
+    assert alone.returncode == 2 and "--time applies to a SLURM pack only" in alone.stderr
+    both = stoker("data", "pack", str(tmp_path / "src"), str(tmp_path / "dst"), "--tasks", "2",
+                  "--wait")  # fmt: skip
+    assert both.returncode == 2 and "--tasks, --wait apply to a SLURM pack only" in both.stderr
+    assert not (tmp_path / "dst").exists()
+    result = CliRunner().invoke(
+        app, ["data", "pack", str(tmp_path / "src"), "memory://slurm-dst", "--slurm"]
+    )
+    assert "--slurm cannot pack memory://" in str(result.exception)
+
+
+def test_pack_task_writes_its_share_and_the_last_one_the_manifest(tmp_path: Path) -> None:
+    """An array task of `data pack --slurm`, here: what the work file gives it, a stop
+    request, the manifest only from the task that completes the set."""
+    import subprocess
+    import sys
+
+    from stoker.data import pack_task
+    from stoker.data.pack import PackRequest, plan_digest, prepare_pack
+    from stoker.data.pack_plan import PackOptions
+    from stoker.protocol import EXIT_REQUEUE
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    write(src, {f"s{i}.flac": flac(0.5, seed=i) for i in range(4)})
+    local = tmp_path / "local"
+    pack(src, local, "--target-shard-mb", "0.02", "--workers", "1")
+    options = PackOptions(target_shard_mb=0.02)
+    prepared = prepare_pack(PackRequest(str(src), str(dst), options))
+    planned = len(prepared.plan.shards)
+    assert prepared.pending == list(range(planned)) and planned >= 3
+    work = tmp_path / "work.json"
+    groups = [[0], list(range(1, planned))]
+    work.write_text(json.dumps({"groups": groups, "src_url": prepared.src_url,
+                                "plan_sha256": plan_digest(prepared.plan)}))  # fmt: skip
+
+    assert pack_task.run_task(str(dst), str(work), 1, lambda: True) == EXIT_REQUEUE
+    assert not list(dst.glob("shards/*.tar"))
+    assert pack_task.run_task(str(dst), str(work), 1, lambda: False) == 0
+    assert len(list(dst.glob("shards/*.tar"))) == planned - 1
+    assert not (dst / "manifest.json").exists()  # shard 0 is not there yet
+    assert pack_task.run_task(str(dst), str(work), 0, lambda: False) == 0
+    assert (dst / "manifest.json").read_bytes() == (local / "manifest.json").read_bytes()
+
+    beyond = subprocess.run(
+        [sys.executable, "-m", "stoker.data.pack_task", str(dst), "--work", str(work),
+         "--task", "2"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert beyond.returncode == 1
+    assert f"stoker: error: task 2 is not one of the 2 in {work}" in beyond.stderr
+    prepare_pack(PackRequest(str(src), str(dst), PackOptions(target_shard_mb=1), restart=True))
+    with pytest.raises(StokerError, match="was planned again since this job was submitted"):
+        pack_task.run_task(str(dst), str(work), 0, lambda: False)
