@@ -1,15 +1,18 @@
 """How fast StreamingLoader delivers decoded clips, against webdataset on the same
 shards with the same decode, and how close its video decoder comes to plain PyAV;
-for a plain stream, a bucketed one and a mixture.
+for a plain stream, a bucketed one and a mixture; and what streaming latents of the
+same clips buys (the latents stream).
 
-    python benchmarks/loader.py [--streams plain,bucketed,mixed] [--clips 256]
+    python benchmarks/loader.py [--streams plain,bucketed,mixed,latents] [--clips 256]
         [--seconds 4] [--size 128x128] [--fps 24] [--batch 16] [--clip-seconds 2]
         [--out-fps 8] [--out-size 128x128] [--workers 1,2] [--epochs 3] [--repeats 3]
-        [--decode-clips 64] [--data DIR] [--out DIR]
+        [--decode-clips 64] [--latent-epochs 30] [--encode-workers 1] [--data DIR]
+        [--out DIR] [--out-name FILE]
 
 Writes synthetic data sets (stoker.data.synth: H.264 with a keyframe a second, and
 FLAC) into a temporary folder, or reads the packed data set at --data (a local
-folder) for the plain stream, and times each stream (benchmarks/loader_streams.py):
+folder) for the plain and latents streams, and times each stream
+(benchmarks/loader_streams.py, benchmarks/loader_latents.py):
 
 plain: --clips clips of --seconds at --size, batches of --batch.
 bucketed: the square (128x128, 4 s), wide (96x160, 3 s) and tall (160x96, 2 s) sets,
@@ -18,6 +21,20 @@ bucketed: the square (128x128, 4 s), wide (96x160, 3 s) and tall (160x96, 2 s) s
     half as long in batches twice as large.
 mixed: the square and wide sets, weights 2:1, every clip centre-cropped to
     --out-size, batches of --batch.
+latents: the plain stream's data set, and the latent data set `run_encode` makes of
+    it with the tiny encoder (stoker.data.tiny_encoder:build, --encode-workers
+    processes; its clips/s and encoder share reported) at --out-fps, --out-size and
+    --clip-seconds, from each clip's start. Three pipelines in batches of --batch, with
+    clip_offset "start" (the clip an encode takes): raw (StreamingLoader decoding
+    video + audio, --epochs a run), latents (StreamingLoader, modalities ("latent",),
+    --latent-epochs a run: a latent sample costs little) and webdataset on the latent
+    shards (.shuffle(64).map(safetensors.torch.load of latent.safetensors).batched,
+    the same DataLoader settings). Runs alternate raw / latents / webdataset; reported
+    per worker count: samples/s, per worker and per CPU-second of each, latents / raw
+    (no target: it says what encoding once saves) and latents / webdataset (target
+    >= 1.0), medians over repeats of adjacent runs' ratios. Checked: the tiny encoder
+    run here on the raw loader's clips gives the latent loader's tensors, and
+    webdataset's equal the latent loader's, for the same keys. No decode efficiency.
 
 loader throughput: samples/s of StreamingLoader (random clip offsets, shuffled) and
     of the webdataset pipeline a user would write for the same stream (named in the
@@ -48,7 +65,8 @@ decode efficiency: in this process, on --decode-clips clip spans of each stream
 
 Also reported: the loader's output frames/s per worker, the share of worker time
 spent decoding (LoaderStats video_frames, decode_s) and bytes read per sample. Writes
-the result to DIR/loader-<host>-<date>.json; exits 1 when a target is missed.
+the result to DIR/loader-<host>-<date>.json (or DIR/FILE); exits 1 when a target is
+missed.
 """
 
 from __future__ import annotations
@@ -63,10 +81,17 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.loader_decode import DECODE_TARGET, measure_decode, print_decode
+from benchmarks.loader_latents import (
+    LATENTS,
+    LatentsBench,
+    encode_info,
+    encode_latents,
+    time_latents,
+)
 from benchmarks.loader_runs import RATIO_TARGET, Run, print_throughput, summarize
 from benchmarks.loader_stream_bench import Clip, StreamBench
 from benchmarks.loader_streams import (
@@ -83,6 +108,9 @@ from benchmarks.loader_streams import (
 )
 from benchmarks.machine import machine_info
 
+if TYPE_CHECKING:
+    from stoker.data.dataset import DataSource
+
 
 def parse_size(text: str) -> tuple[int, int] | None:
     if text.lower() == "none":
@@ -91,12 +119,15 @@ def parse_size(text: str) -> tuple[int, int] | None:
     return int(height), int(width)
 
 
+ALL_STREAMS = (*STREAMS, LATENTS)
+
+
 def parse_streams(text: str) -> list[str]:
     names = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [s for s in names if s not in STREAMS]
+    unknown = [s for s in names if s not in ALL_STREAMS]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
-            f"unknown streams {unknown or names}: choose from {','.join(STREAMS)}"
+            f"unknown streams {unknown or names}: choose from {','.join(ALL_STREAMS)}"
         )
     return names
 
@@ -104,7 +135,7 @@ def parse_streams(text: str) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
-        "--streams", type=parse_streams, default=list(STREAMS), help="which streams to time"
+        "--streams", type=parse_streams, default=list(ALL_STREAMS), help="which streams to time"
     )
     parser.add_argument("--data", help="a packed data set (local folder) for the plain stream")
     parser.add_argument("--clips", type=int, default=256, help="clips of each synthetic set")
@@ -123,32 +154,37 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--decode-clips", type=int, default=64, help="spans of each stream")
     parser.add_argument("--decode-repeats", type=int, default=5)
+    parser.add_argument(
+        "--latent-epochs", type=int, default=30, help="epochs a latent run (latents stream)"
+    )
+    parser.add_argument(
+        "--encode-workers", type=int, default=1, help="processes of the latents stream's encode"
+    )
     parser.add_argument("--start-method", default="forkserver", choices=("forkserver", "spawn"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--out-name", help="the result's file name (default loader-HOST-DATE.json)")
     args = parser.parse_args()
     worker_counts = [int(w) for w in args.workers.split(",")]
     if "mixed" in args.streams and args.out_size is None:
         parser.error("--out-size none: the mixed stream batches two shapes, so needs one size")
+    if LATENTS in args.streams and args.out_size is None:
+        parser.error("--out-size none: the latents stream encodes clips of one size")
 
     load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="stoker-bench-loader-"))
     streams: dict[str, dict[str, Any]] = {}
     try:
-        for bench in build_streams(args, work):
+        benches, raw = build_streams(args, work)
+        for bench in benches:
             streams[bench.name] = time_stream(bench, args, worker_counts)
+        if LATENTS in args.streams:
+            assert raw is not None
+            streams[LATENTS] = time_latents_stream(raw, args, work, worker_counts)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    summary = {
-        name: {
-            "ratio": {str(row["workers"]): row["ratio"] for row in s["throughput"]},
-            "decode_efficiency": s["decode"]["efficiency"],
-            "same_output": s["same_output"]["ok"],
-            "meets_targets": all(s["meets_targets"].values()),
-        }
-        for name, s in streams.items()
-    }
+    summary = {name: summary_row(s) for name, s in streams.items()}
     machine = machine_info()
     result: dict[str, Any] = {
         "benchmark": "loader",
@@ -162,7 +198,7 @@ def main() -> int:
     print_summary(summary)
     args.out.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.timezone.utc)
-    path = args.out / f"loader-{machine['host']}-{now:%Y-%m-%d}.json"
+    path = args.out / (args.out_name or f"loader-{machine['host']}-{now:%Y-%m-%d}.json")
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
     void = [name for name, row in summary.items() if not row["same_output"]]
@@ -172,16 +208,35 @@ def main() -> int:
     return 0 if all(row["meets_targets"] for row in summary.values()) else 1
 
 
-def build_streams(args: argparse.Namespace, work: Path) -> list[StreamBench]:
-    """The streams asked for, with their data written (or opened) under `work`."""
-    from stoker.data.dataset import DataSource, open_dataset
+def summary_row(stream: dict[str, Any]) -> dict[str, Any]:
+    """A stream's line in the result's summary."""
+    rows = stream["throughput"]
+    row = {"ratio": {str(r["workers"]): r["ratio"] for r in rows}}
+    if "decode" in stream:
+        row["decode_efficiency"] = stream["decode"]["efficiency"]
+    else:  # latents
+        row["latents_over_raw"] = {str(r["workers"]): r["latents_over_raw"] for r in rows}
+        row["encode_clips_per_s"] = stream["encode"]["clips_per_s"]
+    return {
+        **row,
+        "same_output": stream["same_output"]["ok"],
+        "meets_targets": all(stream["meets_targets"].values()),
+    }
+
+
+def build_streams(
+    args: argparse.Namespace, work: Path
+) -> tuple[list[StreamBench], DataSource | None]:
+    """The streams asked for, with their data written (or opened) under `work`; and the
+    plain stream's data set, which the latents stream encodes (None without either)."""
+    from stoker.data.dataset import open_dataset
     from stoker.data.synth import synth_dataset
 
     cores = os.cpu_count() or 1
     options = {"seed": args.seed, "epochs": args.epochs, "start_method": args.start_method}
     out: list[StreamBench] = []
     plain: DataSource | None = None
-    if "plain" in args.streams:
+    if {"plain", LATENTS} & set(args.streams):
         url = args.data
         if not url:
             url = str(work / "set")
@@ -206,9 +261,10 @@ def build_streams(args: argparse.Namespace, work: Path) -> list[StreamBench]:
         if first.video is None or first.audio is None:
             raise SystemExit(f"{url}: the benchmark needs samples with video and audio")
         clip = stream_clip(args, args.out_size, first.video.field, first.audio.field)
-        out.append(PlainStream(plain, clip, args.batch, **options))
+        if "plain" in args.streams:
+            out.append(PlainStream(plain, clip, args.batch, **options))
     if not {"bucketed", "mixed"} & set(args.streams):
-        return out
+        return out, plain
 
     # The square set is the plain stream's when that is the same synthetic set.
     same = (tuple(args.size), args.seconds) == (SQUARE.size, SQUARE.seconds)
@@ -244,7 +300,35 @@ def build_streams(args: argparse.Namespace, work: Path) -> list[StreamBench]:
     if "mixed" in args.streams:
         mixture = [(name, sets[name], weight) for name, weight in MIXTURE]
         out.append(MixedStream(mixture, clip, args.batch, **options))
-    return out
+    return out, plain
+
+
+def time_latents_stream(
+    raw: DataSource, args: argparse.Namespace, work: Path, worker_counts: list[int]
+) -> dict[str, Any]:
+    """Encode the plain stream's data set with the tiny encoder, then time raw against
+    latents and latents against webdataset (benchmarks/loader_latents.py)."""
+    first = raw.read_index(0).samples[0]
+    assert first.video is not None and first.audio is not None
+    clip = stream_clip(args, args.out_size, first.video.field, first.audio.field)
+    print(
+        f"encoding {raw.manifest.samples} clips with the tiny encoder, "
+        f"{args.encode_workers} process(es)"
+    )
+    latents, report = encode_latents(raw, work / "latents", clip, args.batch, args.encode_workers)
+    encode = encode_info(report, args.encode_workers)
+    print(f"  {report.seconds:.1f} s, {report.clips_per_s:.2f} clips/s")
+    bench = LatentsBench(
+        raw,
+        latents,
+        clip,
+        args.batch,
+        seed=args.seed,
+        epochs=args.epochs,
+        latent_epochs=args.latent_epochs,
+        start_method=args.start_method,
+    )
+    return time_latents(bench, args.repeats, worker_counts, encode)
 
 
 def stream_clip(
@@ -330,8 +414,19 @@ def print_summary(summary: dict[str, dict[str, Any]]) -> None:
         verdict = "meets targets" if row["meets_targets"] else "MISSES a target"
         if not row["same_output"]:
             verdict += "; outputs DIFFER (void)"
-        print(f"{name:<9} | {ratios:<24} | {row['decode_efficiency']:>11.3f} | {verdict}")
-    print(f"(targets: ratio >= {RATIO_TARGET:g} at every worker count, decode >= {DECODE_TARGET})")
+        efficiency = row.get("decode_efficiency")
+        decode = "-" if efficiency is None else f"{efficiency:.3f}"
+        print(f"{name:<9} | {ratios:<24} | {decode:>11} | {verdict}")
+        if "latents_over_raw" in row:
+            over = ", ".join(f"{w}: {r:.1f}" for w, r in row["latents_over_raw"].items())
+            print(
+                f"{'':<9} | latents / raw by workers: {over}; encode "
+                f"{row['encode_clips_per_s']:.2f} clips/s"
+            )
+    print(
+        f"(targets: ratio >= {RATIO_TARGET:g} at every worker count (latents: against "
+        f"webdataset on the latent shards), decode >= {DECODE_TARGET}; latents / raw: no target)"
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ they would a user's package."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -12,6 +13,9 @@ import torch
 from stoker.data.tiny_encoder import TinyAVEncoder
 
 FAILS_ON = "clip-000003"
+SLOW_KEYS = "STOKER_TEST_ENCODE_SLOW_KEYS"
+"""Environment: `KEY,KEY=SECONDS`: a batch holding one of the keys sleeps that long (read
+per call, so that only the job submitted with it set is slow; not part of the identity)."""
 
 
 class _Tiny(TinyAVEncoder):
@@ -23,6 +27,10 @@ class _Tiny(TinyAVEncoder):
 
     def forward(self, batch: Any) -> dict[str, torch.Tensor]:
         time.sleep(self.delay_s)
+        keys, _, seconds = os.environ.get(SLOW_KEYS, "").partition("=")
+        if set(keys.split(",")) & set(batch["key"]):
+            print(f"sample_encoders: sleeping {seconds} s on {batch['key']}", flush=True)
+            time.sleep(float(seconds))
         return super().forward(batch)
 
 
