@@ -155,10 +155,11 @@ def encode(
     else:
         report = run_encode(request, _NoteProgress())
     busy = report.encode_seconds / report.seconds if report.seconds else 0.0
+    gpu = f", GPU {report.gpu_util:.0f}% busy" if report.gpu_util is not None else ""
     note(
         f"encoded {report.encoded_samples} clips in {report.written} of {report.planned} shards "
         f"in {report.seconds:.1f} s: {report.clips_per_s:.2f} clips/s, encoder busy "
-        f"{busy:.0%} of the time"
+        f"{busy:.0%} of the time{gpu}"
     )
     _print_report(report.summary(), as_json)
 

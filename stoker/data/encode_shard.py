@@ -86,6 +86,8 @@ class EncodeResult:
     """{"key", "shard", "reason"} of each sample left out."""
     encode_s: float = 0.0
     """Seconds in the encoder (the rest is read, decode and write)."""
+    gpu_util: list[float] = field(default_factory=list)
+    """On a GPU: its utilisation (%, NVML) after each encoder call; empty elsewhere."""
 
 
 def skipped_path(number: int) -> str:
@@ -165,6 +167,7 @@ def encode_shard(task: EncodeTask, stop: Callable[[], bool] = lambda: False) -> 
 
     latents: dict[str, tuple[bytes, LatentEntry]] = {}
     encode_s = 0.0
+    gpu_util: list[float] = []
     for bucket, entries in groups.items():
         seconds = task.decode.shape_of(entries[0])[2]
         for start in range(0, len(entries), task.batch_size):
@@ -174,6 +177,9 @@ def encode_shard(task: EncodeTask, stop: Callable[[], bool] = lambda: False) -> 
             began = time.perf_counter()
             rows = _encode_rows(loaded, [decoded[e.key] for e in chunk], tracker, chunk)
             encode_s += time.perf_counter() - began
+            busy = _gpu_utilisation(loaded.device)
+            if busy is not None:
+                gpu_util.append(busy)
             for entry, row in zip(chunk, rows, strict=True):
                 if isinstance(row, str):
                     skipped.append({"key": entry.key, "shard": shard_name, "reason": row})
@@ -203,7 +209,22 @@ def encode_shard(task: EncodeTask, stop: Callable[[], bool] = lambda: False) -> 
     written = write_shard(
         dst_fs, join(dst_root, shard_path(task.number)), samples, version=LATENT_VERSION
     )
-    return EncodeResult(task.number, len(written.samples), written.bytes, skipped, encode_s)
+    return EncodeResult(
+        task.number, len(written.samples), written.bytes, skipped, encode_s, gpu_util
+    )
+
+
+def _gpu_utilisation(device: str) -> float | None:
+    """The GPU's busy share (%) over NVML's last sample period, or None off a GPU (or
+    without pynvml)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    try:
+        return float(torch.cuda.utilization(torch.device(device)))
+    except Exception:  # no pynvml, or NVML refused: the figure is optional
+        return None
 
 
 _TRACKERS: dict[str, _Tracker] = {}

@@ -54,9 +54,12 @@ def run_task(dst: str, work_url: str, task: int, stop: Stop) -> int:
             print(f"stoker: stop requested in shard {number}: exit {EXIT_REQUEUE}", flush=True)
             return EXIT_REQUEUE
         seconds = time.monotonic() - began
+        gpu = result.gpu_util
+        busy = f", GPU {sum(gpu) / len(gpu):.0f}% busy" if gpu else ""
         print(
             f"stoker: shard {number}: {result.samples} samples, {len(result.skipped)} skipped, "
-            f"{seconds:.1f} s ({result.samples / max(seconds, 1e-9):.2f} clips/s)",
+            f"{seconds:.1f} s ({result.samples / max(seconds, 1e-9):.2f} clips/s, encoder "
+            f"{result.encode_s / max(seconds, 1e-9):.0%} of it{busy})",
             flush=True,
         )
     if finalize(dst) is not None:

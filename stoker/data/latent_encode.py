@@ -109,6 +109,8 @@ class EncodeReport:
     """Samples encoded by this run."""
     manifest: str
     identity: str
+    gpu_util: float | None = None
+    """Mean GPU utilisation (%) after the encoder's calls, on a GPU; None elsewhere."""
 
     @property
     def clips_per_s(self) -> float:
@@ -123,6 +125,7 @@ class EncodeReport:
             "skipped": self.skipped,
             "clips_per_s": round(self.clips_per_s, 3),
             "encoder_busy": round(self.encode_seconds / self.seconds, 3) if self.seconds else 0,
+            "gpu_util": self.gpu_util,
             "manifest": self.manifest,
             "encoder_identity": self.identity,
         }
@@ -213,9 +216,14 @@ def run_encode(
         seconds=time.monotonic() - started,
         encode_seconds=sum(r.encode_s for r in results.values()),
         encoded_samples=sum(r.samples for r in results.values()),
+        gpu_util=_mean([u for r in results.values() for u in r.gpu_util]),
         manifest=join(prepared.dst_root, MANIFEST_NAME),
         identity=prepared.plan.encoder.digest,
     )
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 1) if values else None
 
 
 def finalize(dst: str) -> Manifest | None:

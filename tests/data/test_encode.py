@@ -229,3 +229,31 @@ def test_buckets_are_kept_and_the_loader_streams_latents_by_them(tmp_path: Path)
         assert video.dtype == torch.float16 and batch["valid"].all()
         seen[batch["bucket"]] = tuple(video.shape[1:])
     assert seen == {"64x64x1s": (8, 8, 16, 16), "32x64x1s": (8, 8, 8, 16)}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (none on this machine)")
+def test_an_encode_on_a_gpu_reports_its_utilisation_and_matches_the_cpu(
+    source: Path, tmp_path: Path
+) -> None:
+    from safetensors.torch import load
+
+    cpu, gpu = tmp_path / "cpu", tmp_path / "gpu"
+    encode(source, cpu, "--device", "cpu")
+    summary = encode(source, gpu, "--device", "cuda")
+    assert summary["clips_per_s"] > 0
+    import importlib.util
+
+    if importlib.util.find_spec("pynvml") is not None:
+        assert summary["gpu_util"] is not None and 0 <= summary["gpu_util"] <= 100
+    for root in (cpu, gpu):
+        assert (root / MANIFEST_NAME).exists()
+    index = parse_index((gpu / "shards/shard-000000.index.json").read_bytes(), "gpu")
+    member = index.samples[0].members["latent.safetensors"]
+
+    def latent(root: Path) -> dict[str, torch.Tensor]:
+        data = (root / "shards/shard-000000.tar").read_bytes()
+        return load(data[member.offset : member.offset + member.size])
+
+    on_cpu, on_gpu = latent(cpu), latent(gpu)
+    for name in ("video", "audio"):
+        torch.testing.assert_close(on_gpu[name].float(), on_cpu[name].float(), atol=2e-2, rtol=1e-2)
