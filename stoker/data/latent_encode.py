@@ -13,17 +13,14 @@ alone, so two that race write the same bytes.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from stoker.data.encode_shard import (
     SKIPPED_DIR,
     DecodeSpec,
-    EncodeResult,
     EncodeTask,
     encode_shard,
     skipped_path,
@@ -51,6 +48,7 @@ from stoker.data.shard_format import (
     join,
     record_for,
 )
+from stoker.data.shard_pool import run_shard_writers
 from stoker.data.shard_set import finished_shards, shard_path
 from stoker.data.shard_writer import write_json_atomic
 from stoker.errors import StokerError
@@ -196,7 +194,9 @@ def run_encode(
         )
     progress.start("encoding shards", total=prepared.plan.shards, completed=len(prepared.finished))
     tasks = [prepared.task(request, n) for n in prepared.pending]
-    results, failures = _run_local(tasks, request.workers, progress.advance)
+    results, failures = run_shard_writers(
+        encode_shard, tasks, request.workers, progress.advance, fatal=(StokerError,)
+    )
     if failures:
         lines = "\n".join(f"  {shard_path(n)}: {why}" for n, why in sorted(failures.items()))
         raise StokerError(
@@ -285,42 +285,3 @@ def read_skipped(fs: Any, root: str, shards: int) -> list[dict[str, str]]:
 def skipped_by_reason(rows: list[dict[str, str]]) -> dict[str, int]:
     counts = Counter(row["reason"].split(":")[0] for row in rows)
     return dict(counts.most_common())
-
-
-def _run_local(
-    tasks: list[EncodeTask], workers: int, advance: Callable[[], None]
-) -> tuple[dict[int, EncodeResult], dict[int, str]]:
-    """Encode `tasks` here (workers <= 1) or in `workers` processes; failures by shard.
-    An encoder that breaks its contract (a StokerError) stops everything: every
-    other shard would fail the same way."""
-    results: dict[int, EncodeResult] = {}
-    failures: dict[int, str] = {}
-    if workers <= 1 or len(tasks) <= 1:
-        for task in tasks:
-            try:
-                results[task.number] = encode_shard(task)
-            except StokerError:
-                raise
-            except Exception as exc:  # reported with the shard; the others go on
-                failures[task.number] = f"{type(exc).__name__}: {exc}"
-            advance()
-        return results, failures
-
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context) as pool:
-        futures = {pool.submit(encode_shard, task): task.number for task in tasks}
-        for future in as_completed(futures):
-            number = futures[future]
-            try:
-                results[number] = future.result()
-            except StokerError:
-                for other in futures:
-                    other.cancel()
-                raise
-            except Exception as exc:
-                failures[number] = f"{type(exc).__name__}: {exc}"
-            advance()
-    return results, failures

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -44,7 +42,6 @@ from stoker.data.pack_plan import (
 )
 from stoker.data.pack_write import (
     SKIPPED_DIR,
-    ShardResult,
     ShardTask,
     skipped_path,
     write_planned_shard,
@@ -61,6 +58,7 @@ from stoker.data.shard_format import (
     record_for,
     shard_file_name,
 )
+from stoker.data.shard_pool import run_shard_writers
 from stoker.data.shard_set import finished_shards, shard_path
 from stoker.data.shard_writer import write_json_atomic
 from stoker.errors import StokerError
@@ -226,7 +224,7 @@ def run_pack(request: PackRequest, progress: PackProgress | None = None) -> Pack
     if tasks and prepared.in_process and (request.workers or 1) > 1:
         progress.note("memory:// exists only in this process: packing here, one shard at a time")
     workers = 1 if prepared.in_process else request.workers or default_workers()
-    _, failures = _run_local(tasks, workers, progress.advance)
+    _, failures = run_shard_writers(write_planned_shard, tasks, workers, progress.advance)
     if failures:
         lines = "\n".join(f"  {shard_path(n)}: {why}" for n, why in sorted(failures.items()))
         raise StokerError(
@@ -347,34 +345,3 @@ def _read_skipped(fs: Any, root: str, number: int) -> list[SkippedInput]:
     if not fs.exists(path):
         return []
     return [SkippedInput.model_validate(row) for row in json.loads(fs.cat_file(path))]
-
-
-def _run_local(
-    tasks: list[ShardTask], workers: int, advance: Callable[[], None]
-) -> tuple[dict[int, ShardResult], dict[int, str]]:
-    """Write `tasks` with `workers` processes (here, when 1); failures by shard."""
-    results: dict[int, ShardResult] = {}
-    failures: dict[int, str] = {}
-    if workers <= 1 or len(tasks) <= 1:
-        for task in tasks:
-            try:
-                results[task.number] = write_planned_shard(task)
-            except Exception as exc:  # reported with the shard; the others go on
-                failures[task.number] = f"{type(exc).__name__}: {exc}"
-            advance()
-        return results, failures
-
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context) as pool:
-        futures = {pool.submit(write_planned_shard, task): task.number for task in tasks}
-        for future in as_completed(futures):
-            number = futures[future]
-            try:
-                results[number] = future.result()
-            except Exception as exc:  # a worker that died fails its shards, not the pack
-                failures[number] = f"{type(exc).__name__}: {exc}"
-            advance()
-    return results, failures

@@ -65,33 +65,48 @@ def group_evenly(items: Sequence[int], groups: int) -> list[list[int]]:
     return out
 
 
-def submit_data_array(
-    name: str,
-    module: str,
-    args: Sequence[str],
-    work: dict[str, Any],
-    work_url: str,
-    options: ArrayOptions,
-    *,
-    write: Any,
-) -> Submitted:
-    """Queue `python -m module ARGS --work WORK_URL --task $SLURM_ARRAY_TASK_ID` as an array
-    of one task per group of `work["groups"]`; `write(work_url, bytes)` puts the work
-    file first (a refusal by SLURM leaves it, harmless, for the next try)."""
+@dataclass(frozen=True)
+class DataJob:
+    """What a data command planned: the job's name and task module, where it writes,
+    the shards still to write, and what its tasks need beyond the plan under DST."""
+
+    name: str
+    module: str
+    dst_fs: Any
+    dst_root: str
+    dst_url: str
+    pending: Sequence[int]
+    work_dir: str
+    """The folder under DST for the work files."""
+    work: dict[str, Any]
+    """Extra entries of the work file (besides "groups")."""
+
+
+def submit_data_array(job: DataJob, options: ArrayOptions) -> Submitted:
+    """Write the work file (`job.pending` cut into one group of shards per task) under
+    DST, then queue `python -m MODULE DST --work WORK_URL --task $SLURM_ARRAY_TASK_ID`
+    as an array of one task per group. A refusal by SLURM leaves the work file,
+    harmless, for the next try."""
     from stoker.config import resolve_config
+    from stoker.data.shard_format import join
+    from stoker.data.shard_writer import write_json_atomic
     from stoker.launcher.submit import SubmitOptions, job_flags, submit
 
-    groups = work["groups"]
+    groups = group_evenly(job.pending, options.tasks or min(len(job.pending), DEFAULT_MAX_TASKS))
     flags = job_flags(
         lambda flag: f"--{flag.replace('_', '-')}",
         partition=options.partition, time=options.time, gpus_per_node=options.gpus_per_node,
         cpus_per_task=options.cpus_per_task, mem=options.mem,
     )  # fmt: skip
     # One process per array task, whatever its GPUs: the task's encoder uses them.
-    resolved = resolve_config(None, [f"job.name={name}", "job.ntasks_per_node=1"], flags)
-    write(work_url, (json.dumps(work, indent=1) + "\n").encode())
+    resolved = resolve_config(None, [f"job.name={job.name}", "job.ntasks_per_node=1"], flags)
+    work_path = join(job.dst_root, f"{job.work_dir}/{work_name()}")
+    work_url = job.dst_fs.unstrip_protocol(work_path)
+    job.dst_fs.makedirs(work_path.rsplit("/", 1)[0], exist_ok=True)
+    body = json.dumps({"groups": groups, **job.work}, indent=1) + "\n"
+    write_json_atomic(job.dst_fs, work_path, body.encode())
     command: list[str | Shell] = [
-        sys.executable, "-m", module, *args, "--work", work_url,
+        sys.executable, "-m", job.module, job.dst_url, "--work", work_url,
         "--task", Shell('"$SLURM_ARRAY_TASK_ID"'),
     ]  # fmt: skip
     submit_options = SubmitOptions(
@@ -131,40 +146,23 @@ def submit_encode(request: EncodeRequest, options: ArrayOptions) -> Submitted | 
     """`stoker data encode --slurm`: plan (or check) the encode here, then queue the
     shards not encoded yet as an array; None when none is left."""
     from stoker.data.latent_encode import WORK_DIR, prepare
-    from stoker.data.shard_format import join
-    from stoker.data.shard_writer import write_json_atomic
+    from stoker.data.pack import process_local
+    from stoker.data.pack_plan import open_location
 
+    if any(process_local(open_location(url)[0]) for url in (request.src, request.dst)):
+        raise StokerError(
+            "--slurm cannot encode memory://: that filesystem exists only in this process",
+            fix="encode to and from storage the SLURM nodes see, or drop --slurm",
+        )
     prepared = prepare(request)
     if not prepared.pending:
         return None
-    protocol = prepared.dst_fs.protocol
-    if "memory" in ((protocol,) if isinstance(protocol, str) else protocol):
-        raise StokerError(
-            "--slurm cannot encode into memory://: it exists only in this process",
-            fix="encode to storage the SLURM nodes see, or drop --slurm",
-        )
-    tasks = options.tasks or min(len(prepared.pending), DEFAULT_MAX_TASKS)
-    work = {
-        "groups": group_evenly(prepared.pending, tasks),
-        "batch_size": request.batch_size,
-        "device": request.device,
-    }
-    work_path = join(prepared.dst_root, f"{WORK_DIR}/{work_name()}")
-    work_url = prepared.dst_fs.unstrip_protocol(work_path)
-
-    def write(url: str, data: bytes) -> None:
-        prepared.dst_fs.makedirs(work_path.rsplit("/", 1)[0], exist_ok=True)
-        write_json_atomic(prepared.dst_fs, work_path, data)
-
-    return submit_data_array(
-        "stoker-encode",
-        "stoker.data.encode_task",
-        [prepared.dst_url],
-        work,
-        work_url,
-        replace(options, tasks=tasks),
-        write=write,
-    )
+    job = DataJob(
+        "stoker-encode", "stoker.data.encode_task", prepared.dst_fs, prepared.dst_root,
+        prepared.dst_url, prepared.pending, WORK_DIR,
+        {"batch_size": request.batch_size, "device": request.device},
+    )  # fmt: skip
+    return submit_data_array(job, options)
 
 
 def submit_pack(
@@ -175,8 +173,6 @@ def submit_pack(
     left. `prepared`: the pack as `prepare_pack(request)` already planned it."""
     from stoker.data.pack import WORK_DIR, plan_digest, prepare_pack, process_local
     from stoker.data.pack_plan import open_location
-    from stoker.data.shard_format import join
-    from stoker.data.shard_writer import write_json_atomic
 
     if any(process_local(open_location(url)[0]) for url in (request.src, request.dst)):
         raise StokerError(
@@ -186,28 +182,12 @@ def submit_pack(
     planned = prepared or prepare_pack(request)
     if not planned.pending:
         return None
-    tasks = options.tasks or min(len(planned.pending), DEFAULT_MAX_TASKS)
-    work = {
-        "groups": group_evenly(planned.pending, tasks),
+    job = DataJob(
+        "stoker-pack", "stoker.data.pack_task", planned.dst_fs, planned.dst_root,
+        planned.dst_url, planned.pending, WORK_DIR,
         # The tasks run elsewhere (another node, the job's folder): SRC by absolute URL.
-        "src_url": planned.src_url,
-        "plan_sha256": plan_digest(planned.plan),
-    }
-    work_path = join(planned.dst_root, f"{WORK_DIR}/{work_name()}")
-    work_url = planned.dst_fs.unstrip_protocol(work_path)
-
-    def write(url: str, data: bytes) -> None:
-        planned.dst_fs.makedirs(work_path.rsplit("/", 1)[0], exist_ok=True)
-        write_json_atomic(planned.dst_fs, work_path, data)
-
+        {"src_url": planned.src_url, "plan_sha256": plan_digest(planned.plan)},
+    )  # fmt: skip
     # The tasks run stoker's own code only: no snapshot of the current folder (media
     # under it would be copied, or refused as too big).
-    return submit_data_array(
-        "stoker-pack",
-        "stoker.data.pack_task",
-        [planned.dst_url],
-        work,
-        work_url,
-        replace(options, tasks=tasks, snapshot=False),
-        write=write,
-    )
+    return submit_data_array(job, replace(options, snapshot=False))
