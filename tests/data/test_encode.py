@@ -257,3 +257,53 @@ def test_an_encode_on_a_gpu_reports_its_utilisation_and_matches_the_cpu(
     on_cpu, on_gpu = latent(cpu), latent(gpu)
     for name in ("video", "audio"):
         torch.testing.assert_close(on_gpu[name].float(), on_cpu[name].float(), atol=2e-2, rtol=1e-2)
+
+
+def test_an_encode_task_takes_its_share_stops_between_batches_and_completes_the_set(
+    source: Path, tmp_path: Path
+) -> None:
+    """An array task of `data encode --slurm`, here: its shards from the work file, a stop
+    request (exit EXIT_REQUEUE, nothing half-written), the manifest from the last task,
+    and an encoder whose code changed since the plan refused."""
+    import subprocess
+    import sys
+
+    from stoker.data import encode_task
+    from stoker.data.encode_shard import DecodeSpec
+    from stoker.data.latent_encode import EncodeRequest, prepare
+    from stoker.protocol import EXIT_REQUEUE
+
+    local, dst = tmp_path / "local", tmp_path / "dst"
+    encode(source, local)
+    spec = DecodeSpec(("video", "audio"), 8.0, (64, 64), 1.0, 16000, 1, "crop")
+    prepared = prepare(EncodeRequest(str(source), str(dst), TINY, {}, spec))
+    assert prepared.pending == [0, 1, 2, 3]
+    work = tmp_path / "work.json"
+    work.write_text(json.dumps({"groups": [[0], [1, 2, 3]], "batch_size": 8}))
+
+    assert encode_task.run_task(str(dst), str(work), 1, lambda: True) == EXIT_REQUEUE
+    assert not list(dst.glob("shards/*"))
+    assert encode_task.run_task(str(dst), str(work), 1, lambda: False) == 0
+    assert len(list(dst.glob("shards/*.tar"))) == 3 and not (dst / MANIFEST_NAME).exists()
+    assert encode_task.run_task(str(dst), str(work), 0, lambda: False) == 0
+    assert files(dst) == files(local)  # the last task wrote the manifest
+
+    beyond = subprocess.run(
+        [sys.executable, "-m", "stoker.data.encode_task", str(dst), "--work", str(work),
+         "--task", "2"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert beyond.returncode == 1
+    assert f"stoker: error: task 2 is not one of the 2 in {work}" in beyond.stderr
+    # The plan says another encoder than the one this task builds (its code changed).
+    plan = json.loads((dst / "encode-plan.json").read_text())
+    plan["encoder"]["digest"] = "0" * 64
+    (dst / "encode-plan.json").write_text(json.dumps(plan))
+    (dst / "shards" / "shard-000000.index.json").unlink()
+    changed = subprocess.run(
+        [sys.executable, "-m", "stoker.data.encode_task", str(dst), "--work", str(work),
+         "--task", "0"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert changed.returncode == 1
+    assert "not 000000000000 as when the encode was planned" in changed.stderr
