@@ -36,7 +36,9 @@ The factory gets the data's shapes (`DataShapes`) and its arguments, and returns
   run's seed, the same on every rank).
 - `flops_per_sample(batch)` -> training FLOPs (forward + backward) of one sample of
   this batch's shape. Optional: without it there is no MFU, said once in the log.
-- `sample(...)`: generation, used for logged samples (a later milestone). Optional.
+- `sample(generators, steps)` -> {name: tensor [len(generators), ...]} of media in the
+  batch's layouts, one sample per seeded `torch.Generator`: generation
+  (stoker/runtime/sampling.py; the built-in models have their own samplers). Optional.
 
 The batch (`Batch`) holds what the loader decoded, as `data.modalities` asks: "video"
 uint8 [B, T, 3, H, W], "audio" float32 [B, C, N], "text" (the captions, a list of
