@@ -65,7 +65,9 @@ def encode(
         help="With --slurm: array tasks (default: one per shard, at most 100).",
         show_default=False,
     ),
-    partition: str | None = typer.Option(None, "--partition", "-p", show_default=False),
+    partition: str | None = typer.Option(
+        None, "--partition", "-p", help="With --slurm: the partition.", show_default=False
+    ),
     time: str | None = typer.Option(
         None,
         "--time",
@@ -75,8 +77,16 @@ def encode(
     gpus_per_node: int | None = typer.Option(
         None, "--gpus-per-node", min=0, help="With --slurm: GPUs of each task.", show_default=False
     ),
-    cpus_per_task: int | None = typer.Option(None, "--cpus-per-task", min=1, show_default=False),
-    mem: str | None = typer.Option(None, "--mem", show_default=False),
+    cpus_per_task: int | None = typer.Option(
+        None,
+        "--cpus-per-task",
+        min=1,
+        help="With --slurm: CPU cores of each task (decoding).",
+        show_default=False,
+    ),
+    mem: str | None = typer.Option(
+        None, "--mem", help="With --slurm: memory of each task (e.g. 32G).", show_default=False
+    ),
     max_parallel: int | None = typer.Option(
         None,
         "--max-parallel",
