@@ -50,6 +50,10 @@ from typing import Any
 
 from stoker.protocol import EXIT_FILE, EXIT_HANG, HANG_FILE, HEARTBEAT_DIR, STACK_HEADER
 
+WARMUP_FACTOR = 3
+"""A rank's first step in a process may take this many times train.hang_timeout_s before
+it counts as stalled: its loader's workers start and fetch their first samples then
+(measured: over 5 s on a loaded node, where the later steps took well under one)."""
 COLLECTIVE_PHASE = "sync"
 """The phase where a rank waits for every other: not where a hang starts."""
 DUMP_FILE = "dump"
@@ -66,11 +70,15 @@ class Beat:
     """Wall time of the last beat(): the rank's last progress."""
     written_at: float
     """Wall time this file was written: the thread is alive."""
+    warming: bool = False
+    """Still in the first step this process runs (DataLoader workers starting, the first
+    fetches, compiles): judged against WARMUP_FACTOR x train.hang_timeout_s."""
 
     @classmethod
     def read(cls, path: Path) -> Beat | None:
         try:
             data = json.loads(path.read_text())
+            data.setdefault("warming", False)  # written by an older stoker
             return cls(**{k: data[k] for k in cls.__dataclass_fields__})
         except (OSError, ValueError, KeyError, TypeError):
             return None  # being replaced, or not written yet
@@ -116,12 +124,14 @@ class Stall:
 
 
 def find_stall(beats: list[Beat], now: float, timeout_s: float) -> Stall | None:
-    """The rank a hang starts at, if any rank has stalled for longer than timeout_s."""
+    """The rank a hang starts at, if any rank has stalled for longer than timeout_s (in
+    its first step, WARMUP_FACTOR x timeout_s)."""
     stalled = []
     for beat in beats:
         gone = now - beat.written_at > timeout_s
         since = now - (beat.written_at if gone else beat.progress_at)
-        if gone or since > timeout_s:
+        allowed = timeout_s * WARMUP_FACTOR if beat.warming else timeout_s
+        if gone or since > allowed:
             stalled.append((gone, beat, since))
     if not stalled:
         return None
@@ -151,12 +161,15 @@ class Heartbeat:
         self._exit = exit
         self.step, self.phase = 0, "start"
         self.progress_at = time.time()
+        self._first_step: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._dumped = False
 
     def beat(self, step: int, phase: str) -> None:
         """Called by the loop at each phase; cheap enough for every micro-batch."""
+        if self._first_step is None:
+            self._first_step = step
         self.step, self.phase, self.progress_at = step, phase, time.time()
 
     def start(self) -> None:
@@ -184,8 +197,9 @@ class Heartbeat:
                 print(f"stoker: heartbeat of rank {self.rank}: {exc}", file=sys.stderr, flush=True)
 
     def _write(self) -> None:
+        warming = self._first_step is None or self.step == self._first_step
         beat = Beat(self.rank, self.host, os.getpid(), self.step, self.phase,
-                    self.progress_at, time.time())  # fmt: skip
+                    self.progress_at, time.time(), warming)  # fmt: skip
         path = self.folder / f"rank-{self.rank}.json"
         temp = path.with_name(f".{path.name}.tmp")
         temp.write_text(json.dumps(beat.__dict__))

@@ -19,6 +19,7 @@ from stoker.protocol import EXIT_HANG, STACK_HEADER
 from stoker.runtime.heartbeat import (
     PY_SPY_HEADER,
     Beat,
+    Heartbeat,
     announce_exit,
     find_stall,
     folder_for,
@@ -50,6 +51,35 @@ def test_find_stall_blames_the_rank_outside_the_collective() -> None:
     stall = find_stall([*beats, gone], now, timeout_s=30)
     assert stall is not None and (stall.rank, stall.gone) == (3, True)
     assert "stopped writing heartbeats" in stall.describe(30)
+
+
+def test_a_ranks_first_step_has_a_longer_allowance(tmp_path: Path) -> None:
+    """The first step of a process (workers starting, first fetches) may take
+    WARMUP_FACTOR x the timeout; a later step may not. Found in a run of the fault tests
+    on a loaded machine: a restarted rank's first batch took 5.1 s, with a 5 s timeout."""
+    now = 1000.0
+    first = Beat(1, "n3", 2, 1, "data", progress_at=now - 12, written_at=now - 1, warming=True)
+    waiting = Beat(0, "n1", 1, 1, "sync", progress_at=now - 11, written_at=now - 1, warming=True)
+    assert find_stall([waiting, first], now, timeout_s=5) is None  # 12 s < 3 x 5 s
+    stall = find_stall([waiting, first], now + 4, timeout_s=5)
+    assert stall is not None and (stall.rank, stall.phase, stall.step) == (1, "data", 1)
+    later = Beat(1, "n3", 2, 3, "data", progress_at=now - 6, written_at=now - 1)
+    assert find_stall([later], now, timeout_s=5) is not None
+
+    heartbeat = Heartbeat(tmp_path, rank=0, world_size=1, restart=0, timeout_s=5)
+    heartbeat.start()
+    try:
+        read = lambda: Beat.read(tmp_path / "heartbeat" / "r0" / "rank-0.json")  # noqa: E731
+        assert read().warming  # type: ignore[union-attr]
+        for step, phase in ((41, "data"), (41, "forward"), (41, "sync")):  # resumed at 41
+            heartbeat.beat(step, phase)
+            heartbeat._write()
+            assert read().warming  # type: ignore[union-attr]
+        heartbeat.beat(42, "data")
+        heartbeat._write()
+        assert not read().warming  # type: ignore[union-attr]
+    finally:
+        heartbeat.stop()
 
 
 def test_a_rank_that_lost_its_peer_names_the_frozen_one(tmp_path: Path) -> None:
