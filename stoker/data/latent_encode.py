@@ -33,6 +33,7 @@ from stoker.data.latent_plan import (
     check_same_encode,
     decode_record,
     load_plan,
+    pack_origin,
     shard_task,
     source_record,
     write_plan,
@@ -154,7 +155,7 @@ def prepare(request: EncodeRequest) -> Prepared:
     raw = source.fs.cat_file(join(source.root, MANIFEST_NAME))
     _, identity = identify_encoder(request.factory, request.args)
     plan = EncodePlan(
-        source=source_record(src_url, raw, source.manifest),
+        source=source_record(src_url, raw, source.manifest, pack_origin(source.fs, source.root)),
         encoder=identity,
         decode=decode_record(request.decode),
         shards=len(source.manifest.shards),

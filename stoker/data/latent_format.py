@@ -71,6 +71,9 @@ class SourceRecord(_Model):
     """SHA-256 of the source's manifest.json bytes."""
     samples: int = Field(ge=0)
     created_by: str = ""
+    origin: str = ""
+    """Where the source's media came from, when known: the SRC `stoker data pack` packed
+    (its pack-plan.json)."""
     encoding: EncodingRecord | None = None
     """The source's own encoding record, when it is itself a latent data set."""
 
@@ -112,7 +115,8 @@ DecodeRecord.model_rebuild()
 
 def chain(record: EncodingRecord | None, url: str) -> list[str]:
     """The data set's lineage, oldest first: 'raw -> packed -> encoded' as the URLs and
-    encoders that made each step ('<url> (encoded by <factory>)')."""
+    what made each step ('<src> (media)', '<url> (stoker data pack)', '<url> (encoded
+    by <factory>, <identity>)')."""
     steps: list[str] = []
     current, where = record, url
     while current is not None:
@@ -120,9 +124,12 @@ def chain(record: EncodingRecord | None, url: str) -> list[str]:
         steps.append(f"{where} (encoded by {encoder.factory}, {encoder.digest[:12]})")
         where = current.source.url
         made_by = current.source.created_by
+        origin = current.source.origin
         current = current.source.encoding
         if current is None:
             steps.append(f"{where}" + (f" ({made_by})" if made_by else ""))
+            if origin:
+                steps.append(f"{origin} (media)")
     if not steps:
         steps.append(url)
     return steps[::-1]

@@ -71,14 +71,24 @@ def decode_spec(record: DecodeRecord) -> DecodeSpec:
     )
 
 
-def source_record(url: str, raw_manifest: bytes, manifest: Any) -> SourceRecord:
+def source_record(url: str, raw_manifest: bytes, manifest: Any, origin: str = "") -> SourceRecord:
     return SourceRecord(
         url=url,
         manifest_sha256=hashlib.sha256(raw_manifest).hexdigest(),
         samples=manifest.samples,
         created_by=manifest.created_by,
+        origin=origin,
         encoding=manifest.encoding,
     )
+
+
+def pack_origin(fs: Any, root: str) -> str:
+    """The SRC a packed data set at `root` was packed from (its pack-plan.json says, as
+    given to `stoker data pack`), or "" when it was not packed there or does not say."""
+    try:
+        return str(json.loads(fs.cat_file(join(root, "pack-plan.json"))).get("src", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
 
 
 def load_plan(fs: Any, root: str) -> EncodePlan | None:

@@ -218,6 +218,12 @@ def test_buckets_are_kept_and_the_loader_streams_latents_by_them(tmp_path: Path)
     assert {b: r["samples"] for b, r in shown["latents"]["buckets"].items()} == {
         "64x64x1s": 3, "32x64x1s": 3
     }  # fmt: skip
+    # The chain: the media folder, the packed set, the latents.
+    assert shown["latents"]["lineage"] == [
+        f"{media} (media)",
+        f"file://{tmp_path / 'packed'} (stoker data pack)",
+        f"{dst} (encoded by {TINY}, {shown['latents']['encoder']['digest'][:12]})",
+    ]
 
     # Training config without data.buckets: the loader batches by the encoded buckets.
     cfg = resolve_config(None, [f"data.url={dst}", "data.modalities=[latent]",
