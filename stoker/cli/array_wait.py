@@ -1,9 +1,26 @@
-"""`--wait` of the data jobs (`data encode --slurm`, `data pack --slurm`): follow a job
-array to its end through the same calls as `stoker.api.Job.wait`."""
+"""What the data jobs' commands (`data encode --slurm`, `data pack --slurm`) share: the
+flags that only a SLURM run takes, and `--wait`, which follows a job array to its end
+through the same calls as `stoker.api.Job.wait`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+
+def refuse_slurm_flags(slurm: bool, flags: Mapping[str, Any], what: str) -> None:
+    """A StokerError naming the SLURM-only `flags` given (not None, not False) without
+    --slurm; `what`: "pack", "encode"."""
+    from stoker.errors import StokerError
+
+    given = [flag for flag, value in flags.items() if value is not None and value is not False]
+    if given and not slurm:
+        raise StokerError(
+            f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to a SLURM "
+            f"{what} only",
+            fix="add --slurm, or drop " + ("it" if len(given) == 1 else "them"),
+        )
 
 
 def wait_for_array(job_id: str, poll_s: float = 2.0) -> dict[str, str]:

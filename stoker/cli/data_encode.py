@@ -109,22 +109,16 @@ def encode(
 
     Example: stoker data encode ./av ./av-latents -e stoker.data.tiny_encoder:build
     """
+    from stoker.cli.array_wait import refuse_slurm_flags
     from stoker.cli.output import err, note
     from stoker.data.encoder_api import parse_encoder_args
     from stoker.data.latent_encode import EncodeRequest
-    from stoker.errors import StokerError
 
-    slurm_only = {
+    refuse_slurm_flags(slurm, {
         "--tasks": tasks, "--partition": partition, "--time": time,
         "--gpus-per-node": gpus_per_node, "--cpus-per-task": cpus_per_task, "--mem": mem,
-        "--max-parallel": max_parallel,
-    }  # fmt: skip
-    given = [flag for flag, value in slurm_only.items() if value is not None]
-    if not slurm and (given or wait):
-        raise StokerError(
-            f"{', '.join(given or ['--wait'])} apply to a SLURM encode",
-            fix="add --slurm, or drop them",
-        )
+        "--max-parallel": max_parallel, "--wait": wait,
+    }, "encode")  # fmt: skip
     request = EncodeRequest(
         src=src,
         dst=dst,

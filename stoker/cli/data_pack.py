@@ -111,22 +111,15 @@ def pack(
 
     Example: stoker data pack ./raw s3://bucket/av-v1 --clip-seconds 4 --slurm --time 2:00:00
     """
+    from stoker.cli.array_wait import refuse_slurm_flags
     from stoker.cli.output import err
     from stoker.data.pack import PackRequest, run_pack
     from stoker.data.pack_plan import PackOptions
-    from stoker.errors import StokerError
 
-    slurm_only = {
+    refuse_slurm_flags(slurm, {
         "--tasks": tasks, "--partition": partition, "--time": time_limit,
-        "--cpus-per-task": cpus_per_task,
-    }  # fmt: skip
-    given = [flag for flag, value in slurm_only.items() if value is not None]
-    given += ["--wait"] if wait else []
-    if given and not slurm:
-        raise StokerError(
-            f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to a SLURM pack only",
-            fix="add --slurm, or drop " + ("it" if len(given) == 1 else "them"),
-        )
+        "--cpus-per-task": cpus_per_task, "--wait": wait,
+    }, "pack")  # fmt: skip
     request = PackRequest(
         src=src,
         dst=dst,

@@ -49,7 +49,7 @@ from stoker.data.shard_format import (
     join,
     record_for,
 )
-from stoker.data.shard_pool import run_shard_writers
+from stoker.data.shard_pool import refuse_failures, run_shard_writers
 from stoker.data.shard_set import finished_shards, shard_path
 from stoker.data.shard_writer import write_json_atomic
 from stoker.errors import StokerError
@@ -198,14 +198,7 @@ def run_encode(
     results, failures = run_shard_writers(
         encode_shard, tasks, request.workers, progress.advance, fatal=(StokerError,)
     )
-    if failures:
-        lines = "\n".join(f"  {shard_path(n)}: {why}" for n, why in sorted(failures.items()))
-        raise StokerError(
-            f"{len(failures)} of {prepared.plan.shards} shards were not encoded "
-            f"(no {MANIFEST_NAME} yet):\n{lines}",
-            fix="fix the cause above and run the same command again: it keeps the "
-            f"{prepared.plan.shards - len(failures)} finished shards and encodes the rest",
-        )
+    refuse_failures(failures, prepared.plan.shards, "encoded")
     manifest = finalize(request.dst)
     assert manifest is not None  # every shard is there
     return EncodeReport(

@@ -58,7 +58,7 @@ from stoker.data.shard_format import (
     record_for,
     shard_file_name,
 )
-from stoker.data.shard_pool import run_shard_writers
+from stoker.data.shard_pool import refuse_failures, run_shard_writers
 from stoker.data.shard_set import finished_shards, shard_path
 from stoker.data.shard_writer import write_json_atomic
 from stoker.errors import StokerError
@@ -225,14 +225,7 @@ def run_pack(request: PackRequest, progress: PackProgress | None = None) -> Pack
         progress.note("memory:// exists only in this process: packing here, one shard at a time")
     workers = 1 if prepared.in_process else request.workers or default_workers()
     _, failures = run_shard_writers(write_planned_shard, tasks, workers, progress.advance)
-    if failures:
-        lines = "\n".join(f"  {shard_path(n)}: {why}" for n, why in sorted(failures.items()))
-        raise StokerError(
-            f"{len(failures)} of {planned} shards were not written "
-            f"(no {MANIFEST_NAME} yet):\n{lines}",
-            fix="fix the cause above and run the same command again: it keeps the "
-            f"{planned - len(failures)} finished shards and writes the rest",
-        )
+    refuse_failures(failures, planned, "written")
     report = finish_pack(request.src, prepared, started)
     if report is None:  # every writer returned, yet a shard is not on storage
         raise StokerError(

@@ -56,3 +56,20 @@ def run_shard_writers(
                 failures[number] = f"{type(exc).__name__}: {exc}"
             advance()
     return results, failures
+
+
+def refuse_failures(failures: dict[int, str], planned: int, verb: str) -> None:
+    """A StokerError listing the shards that failed (`verb`: "written", "encoded"), with
+    the fix: the same command again keeps the finished ones; nothing when none failed."""
+    if not failures:
+        return
+    from stoker.data.shard_format import MANIFEST_NAME
+    from stoker.data.shard_set import shard_path
+    from stoker.errors import StokerError
+
+    lines = "\n".join(f"  {shard_path(n)}: {why}" for n, why in sorted(failures.items()))
+    raise StokerError(
+        f"{len(failures)} of {planned} shards were not {verb} (no {MANIFEST_NAME} yet):\n{lines}",
+        fix="fix the cause above and run the same command again: it keeps the "
+        f"{planned - len(failures)} finished shards and does the rest",
+    )

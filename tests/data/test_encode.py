@@ -313,3 +313,9 @@ def test_an_encode_task_takes_its_share_stops_between_batches_and_completes_the_
     )  # fmt: skip
     assert changed.returncode == 1
     assert "not 000000000000 as when the encode was planned" in changed.stderr
+
+
+def test_slurm_flags_without_slurm_are_refused(source: Path, tmp_path: Path) -> None:
+    message = refused(source, tmp_path / "dst", "--wait", "--gpus-per-node", "1")
+    assert "--gpus-per-node, --wait apply to a SLURM encode only" in message
+    assert not (tmp_path / "dst").exists()  # nothing planned
