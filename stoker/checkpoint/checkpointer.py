@@ -43,7 +43,13 @@ from torch import nn
 from stoker.checkpoint import commit as ck
 from stoker.checkpoint import retention
 from stoker.checkpoint.storage import storage_reader, storage_writer, written_digests
-from stoker.checkpoint.train_state import TrainState, apply_loaded, state_to_load, state_to_save
+from stoker.checkpoint.train_state import (
+    Extra,
+    TrainState,
+    apply_loaded,
+    state_to_load,
+    state_to_save,
+)
 from stoker.errors import StokerError
 
 
@@ -147,9 +153,12 @@ class Checkpointer:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+        *,
+        extra: Extra | None = None,
     ) -> float:
         """Save the state at `step` (a collective); returns the blocking seconds.
-        With async_save the files are written in the background: wait() for them."""
+        With async_save the files are written in the background: wait() for them.
+        `extra`: state dicts saved beside the model (train_state.py), e.g. the EMA."""
         if step == self._loaded_step:
             return 0.0  # just resumed from this very checkpoint: nothing new to save
         started = time.perf_counter()
@@ -161,7 +170,9 @@ class Checkpointer:
         if refusal[0] is not None:
             fix = "move that folder out of the checkpoint root, or set checkpoint.root elsewhere"
             raise StokerError(refusal[0], fix=fix)
-        state_dict = state_to_save(state, model, optimizer, scheduler, rank=self.rank)
+        state_dict = state_to_save(
+            state, model, optimizer, scheduler, rank=self.rank, extra=extra
+        )
         writer = storage_writer(url, self.fs_options)
         if self.async_save:
             from torch.distributed.checkpoint.state_dict_saver import async_save
@@ -411,9 +422,12 @@ class Checkpointer:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+        *,
+        extra: Extra | None = None,
     ) -> TrainState | None:
         """Load the newest verified checkpoint into the model, optimizer and schedule
-        (resharded onto this world size); None when there is none."""
+        (resharded onto this world size), and each `extra` state dict it has (in place:
+        the state's `extra_loaded` names them); None when there is none."""
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
         from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
@@ -426,7 +440,9 @@ class Checkpointer:
         saved = metadata.state_dict_metadata
         rng_sizes = {k: v.size for k, v in saved.items()
                      if k.startswith("rng.") and isinstance(v, TensorStorageMetadata)}  # fmt: skip
-        state = state_to_load(model, optimizer, set(saved), rng_sizes, rank=self.rank)
+        state = state_to_load(
+            model, optimizer, set(saved), rng_sizes, rank=self.rank, extra=extra
+        )
         dcp_load(
             state,
             storage_reader=storage_reader(url, self.fs_options),

@@ -36,6 +36,8 @@ FORMATS: tuple[Format, ...] = ("safetensors", "torch")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 """--dtype names -> torch dtype names."""
 MODEL_PREFIX = "model."
+EMA_PREFIX = "ema."
+Weights = Literal["model", "ema"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ def export_weights(
     force: bool = False,
     fs_options: dict[str, Any] | None = None,
     warn: Callable[[str], None] = _stderr,
+    weights: Weights = "model",
 ) -> ExportResult:
     """Write the model weights of a committed checkpoint to `out_url`, replaced whole.
 
@@ -78,8 +81,10 @@ def export_weights(
     (`torch.save` of the plain state dict). `dtype`: bf16, fp16 or fp32 casts
     floating tensors; None keeps them as saved. `verify`: quick (sizes) or
     full (every file's sha256). `fs_options` go to fsspec, for the checkpoint
-    and for OUT. Raises StokerError for an uncommitted or broken
-    checkpoint, one without model tensors, an existing OUT without `force`.
+    and for OUT. `weights`: "model" (the trained weights) or "ema" (the moving
+    average of train.ema_decay in place of every averaged weight; buffers from the
+    model). Raises StokerError for an uncommitted or broken checkpoint, one without
+    model tensors (or EMA weights, for "ema"), an existing OUT without `force`.
     """
     if fmt not in FORMATS:
         raise StokerError(
@@ -107,7 +112,7 @@ def export_weights(
     commit, folder = _verified_folder(
         path_url, full=verify == "full", fs_options=fs_options, warn=warn
     )
-    tensors = _read_model(folder, fs_options)
+    tensors = read_weights(folder, fs_options, weights)
     if dtype is not None:
         import torch
 
@@ -120,6 +125,7 @@ def export_weights(
         "format": "pt",  # what safetensors' torch loaders (transformers) expect
         "step": str(commit.step),
         "stoker_format": str(commit.format_version),
+        "weights": weights,
     }
     if commit.state_hash:
         metadata["config_hash"] = commit.state_hash
@@ -193,13 +199,19 @@ def _single_process_quiet() -> Iterator[None]:
         yield
 
 
-def _read_model(folder_url: str, fs_options: dict[str, Any] | None) -> dict[str, torch.Tensor]:
-    """Every `model.*` tensor of the DCP checkpoint, unsharded, by FQN."""
+def read_weights(
+    folder_url: str, fs_options: dict[str, Any] | None, weights: Weights = "model"
+) -> dict[str, torch.Tensor]:
+    """The model's tensors of a DCP checkpoint folder, unsharded, by FQN; for
+    weights="ema" with the EMA's average in place of each averaged weight. One
+    process, whatever the world size that saved it."""
     import torch
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from torch.distributed.checkpoint.state_dict_loader import load
 
+    if weights not in ("model", "ema"):
+        raise StokerError(f"weights {weights!r} is not model or ema", fix="weights='model'")
     reader = storage_reader(folder_url, fs_options)
     entries = reader.read_metadata().state_dict_metadata
     model = {k: m for k, m in entries.items() if k.startswith(MODEL_PREFIX)}
@@ -211,7 +223,18 @@ def _read_model(folder_url: str, fs_options: dict[str, Any] | None) -> dict[str,
             fix="export a checkpoint saved by stoker's runtime, whose state dict has "
             "'model' and 'optim'",
         )
-    not_tensors = sorted(k for k, m in model.items() if not isinstance(m, TensorStorageMetadata))
+    wanted = dict(model)
+    if weights == "ema":
+        ema = {k: m for k, m in entries.items() if k.startswith(EMA_PREFIX)}
+        if not ema:
+            raise StokerError(
+                f"checkpoint {folder_url!r} has no EMA weights: its run trained without "
+                "train.ema_decay",
+                fix="use the trained weights (leave out --ema), or train with "
+                "train.ema_decay=0.999",
+            )
+        wanted.update(ema)
+    not_tensors = sorted(k for k, m in wanted.items() if not isinstance(m, TensorStorageMetadata))
     if not_tensors:
         raise StokerError(
             f"checkpoint {folder_url!r}: model entries that are not tensors: "
@@ -222,7 +245,7 @@ def _read_model(folder_url: str, fs_options: dict[str, Any] | None) -> dict[str,
     # Full (unsharded) tensors: DCP reads each one's chunks from every rank's shard.
     state = {
         key: torch.empty(meta.size, dtype=meta.properties.dtype)
-        for key, meta in model.items()
+        for key, meta in wanted.items()
         if isinstance(meta, TensorStorageMetadata)
     }
     try:
@@ -238,7 +261,18 @@ def _read_model(folder_url: str, fs_options: dict[str, Any] | None) -> dict[str,
             fix="a running job's retention (checkpoint.keep_last) may have deleted it: "
             "export again, from the root for its newest checkpoint",
         ) from None
-    return {key.removeprefix(MODEL_PREFIX): tensor for key, tensor in state.items()}
+    out = {k.removeprefix(MODEL_PREFIX): t for k, t in state.items() if k in model}
+    for key, tensor in state.items():
+        if key.startswith(EMA_PREFIX):
+            fqn = key.removeprefix(EMA_PREFIX)
+            if fqn not in out:
+                raise StokerError(
+                    f"checkpoint {folder_url!r}: EMA weight {fqn!r} is not a model weight",
+                    fix="the checkpoint was written by another program: export the model "
+                    "weights (leave out --ema)",
+                )
+            out[fqn] = tensor
+    return out
 
 
 def _save(

@@ -6,6 +6,9 @@
     optim     the optimizer's state, keyed by the same FQNs
     train     one JSON string: step, loader position, MLflow run id, schedule
     rng       {"rank-<r>": this rank's RNG states}: each rank saves its own key
+    <extra>   tensors by FQN kept beside the model, e.g. `ema` (the weights' moving
+              average, sharded as the model): saved when given, loaded when both
+              the caller and the checkpoint have them
 
 The small non-tensor state is one JSON string: DCP stores a string as one
 object (the same on every rank, saved once), where a nested dict would become
@@ -31,6 +34,13 @@ class TrainState:
     step: int
     loader: dict[str, Any] | None
     mlflow_run_id: str | None = None
+    extra_loaded: frozenset[str] = frozenset()
+    """The `extra` state dicts the checkpoint had and the load filled (their names)."""
+
+
+Extra = dict[str, dict[str, torch.Tensor]]
+"""Named state dicts of tensors saved beside the model: {"ema": {fqn: tensor}}."""
+RESERVED = frozenset({MODEL_KEY, "optim", "train", "rng"})
 
 
 def _rng_blob() -> torch.Tensor:
@@ -60,9 +70,11 @@ def state_to_save(
     scheduler: torch.optim.lr_scheduler.LRScheduler | None,
     *,
     rank: int,
+    extra: Extra | None = None,
 ) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    _check_extra(extra)
     model_state, optim_state = get_state_dict(model, optimizer)
     train = json.dumps(
         {
@@ -77,7 +89,14 @@ def state_to_save(
         "optim": optim_state,
         "train": train,
         "rng": {f"rank-{rank}": _rng_blob()},
+        **(extra or {}),
     }
+
+
+def _check_extra(extra: Extra | None) -> None:
+    clash = RESERVED & set(extra or {})
+    if clash:
+        raise ValueError(f"extra state {sorted(clash)} would replace the checkpoint's own keys")
 
 
 def state_to_load(
@@ -87,13 +106,19 @@ def state_to_load(
     rng_sizes: dict[str, Any],
     *,
     rank: int,
+    extra: Extra | None = None,
 ) -> dict[str, Any]:
     """The state dict DCP loads into: this rank's RNG only when the checkpoint
-    has it (a resume on more ranks than saved has none for the new ranks)."""
+    has it (a resume on more ranks than saved has none for the new ranks), and each
+    `extra` state dict whose every key the checkpoint has (loaded in place)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    _check_extra(extra)
     model_state, optim_state = get_state_dict(model, optimizer)
     out: dict[str, Any] = {MODEL_KEY: model_state, "optim": optim_state, "train": ""}
+    for name, tensors in (extra or {}).items():
+        if tensors and all(f"{name}.{fqn}" in saved_keys for fqn in tensors):
+            out[name] = tensors
     key = f"rank-{rank}"
     if f"rng.{key}" in saved_keys:
         out["rng"] = {key: torch.empty(rng_sizes[f"rng.{key}"], dtype=torch.uint8)}
@@ -116,4 +141,5 @@ def apply_loaded(
         scheduler.load_state_dict(train["scheduler"])
     for blob in loaded.get("rng", {}).values():
         _restore_rng(blob)
-    return TrainState(int(train["step"]), train["loader"], train.get("mlflow_run_id"))
+    extra = frozenset(loaded) - RESERVED
+    return TrainState(int(train["step"]), train["loader"], train.get("mlflow_run_id"), extra)

@@ -395,6 +395,16 @@ class TrainConfig(Section):
     """Seconds the ranks wait at start for every rank to join before failing, naming the missing."""
     profile_steps: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] | None = None
     """[first, last]: record a torch.profiler trace of these steps; null never."""
+    ema_decay: Annotated[float, Field(gt=0, lt=1)] | None = None
+    """Keep a moving average of the weights (e.g. 0.999), checkpointed, for samples; null none."""
+    sample_every: Annotated[int, Field(ge=0)] = 0
+    """Every this many steps and at the end, log clips to MLflow's samples/step-<N>/; 0 never."""
+    sample_seeds: Annotated[list[int], Field(min_length=1, max_length=64)] = [0, 1, 2, 3]
+    """Seeds of the clips train.sample_every draws: one clip each, the same seeds every time."""
+    sample_steps: Annotated[int, Field(ge=1, le=1000)] = 25
+    """Solver steps per clip (av_dit's flow ODE); nothing to an autoregressive model."""
+    sample_method: Literal["euler", "heun"] = "heun"
+    """The av_dit's ODE solver for samples: euler (first order) or heun (second order)."""
 
     @field_validator("profile_steps")
     @classmethod

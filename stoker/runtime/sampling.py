@@ -70,15 +70,8 @@ def sample_model(
     if not seeds:
         raise ValueError("no seeds: give one per sample to draw")
     check_flow_settings(steps, method)
+    check_samplable(model)
     own = getattr(model, "sample", None)
-    if not callable(own) and not isinstance(model, AVDiT | AudioAR):
-        raise StokerError(
-            f"{type(model).__name__} has no sample() method, and stoker samples only its "
-            "built-in models (av_dit, audio_ar) without one",
-            fix="give the model a method `sample(self, generators: list[torch.Generator], "
-            "steps: int) -> dict[str, torch.Tensor]` returning one sample per generator "
-            "(stoker/runtime/sampling.py)",
-        )
     generators = seeded_generators(seeds, device_of(model))
     was_training = model.training
     model.eval()
@@ -92,6 +85,19 @@ def sample_model(
             return sample_audio_ar(model, generators, temperature=temperature, top_k=top_k)
     finally:
         model.train(was_training)
+
+
+def check_samplable(model: nn.Module) -> None:
+    """A StokerError with the fix for a model stoker cannot sample: neither a
+    `sample()` method nor a built-in model."""
+    if not callable(getattr(model, "sample", None)) and not isinstance(model, AVDiT | AudioAR):
+        raise StokerError(
+            f"{type(model).__name__} has no sample() method, and stoker samples only its "
+            "built-in models (av_dit, audio_ar) without one",
+            fix="give the model a method `sample(self, generators: list[torch.Generator], "
+            "steps: int) -> dict[str, torch.Tensor]` returning one sample per generator "
+            "(stoker/runtime/sampling.py), or set train.sample_every=0",
+        )
 
 
 def checked_samples(model: nn.Module, out: object, count: int) -> dict[str, torch.Tensor]:

@@ -6,10 +6,12 @@
         clip the global gradient norm; one all-reduce of
           [non-finite?, stop wanted?] over the ranks           (the step's only sync)
         optimizer and schedule step, unless non-finite         (optimizer)
+          and the weights' moving average (train.ema_decay, ema.py)
         every log_every steps: one all-gather of the window's metrics and each
           rank's own time (stragglers.py), evaluate every eval_every, log
         on a stop request: save, exit EXIT_REQUEUE (75)
         every checkpoint.every steps: save (in the background with checkpoint.async)
+        every sample_every steps: clips from fixed seeds to MLflow (train_samples.py)
 
 Losses and norms stay on the device between log steps; the flags all-reduce is
 the one host sync per step (a skipped step must be decided on every rank).
@@ -40,6 +42,7 @@ from stoker.errors import StokerError
 from stoker.protocol import EXIT_REQUEUE
 from stoker.runtime import dist_env
 from stoker.runtime.dist_env import DistEnv
+from stoker.runtime.ema import EMA, EMA_KEY
 from stoker.runtime.heartbeat import COLLECTIVE_PHASE
 from stoker.runtime.log_window import (
     GATHERED,
@@ -58,6 +61,7 @@ from stoker.runtime.progress import Progress
 from stoker.runtime.step_watch import StepWatch
 from stoker.runtime.stop_request import StopRequest
 from stoker.runtime.stragglers import Slowest, node_name
+from stoker.runtime.train_samples import TrainSampler
 
 # A step whose loss or gradient norm is not finite is skipped; this many in a
 # row means the run has diverged and stops (FAILED) instead of burning hours.
@@ -162,14 +166,31 @@ class Trainer:
         self._loader_seen: dict[str, float] = {}  # the loader's counters at the last log
         self._generators: list[torch.Generator] = []
         self.start_step = 0
+        decay = cfg.train.ema_decay
+        self.ema = EMA(self.model, decay) if decay is not None else None
+        self.sampler = TrainSampler(cfg, self.env, run_dir=self.run_dir, sink=self.sink,
+                                    ema=self.ema, autocast=self.autocast)  # fmt: skip
+        self.sampler.check(self.model)
         self.checkpointer = self._checkpointer()
-        state = self.checkpointer.load_latest(self.model, self.optimizer, self.scheduler)
+        state = self.checkpointer.load_latest(
+            self.model, self.optimizer, self.scheduler, extra=self._extra()
+        )
         if state is not None:
             self.start_step = state.step
             if state.loader is not None:
                 self.loader.load_state_dict(state.loader)
             if self.env.is_main:
                 print(f"resumed from {self.checkpoint_root}/step-{state.step}", flush=True)
+            if self.ema is not None and EMA_KEY not in state.extra_loaded:
+                self.ema.reset()  # the checkpoint has none: start it at the resumed weights
+                if self.env.is_main:
+                    print(f"warning: step-{state.step} has no EMA weights (saved without "
+                          "train.ema_decay): the average starts at its weights",
+                          flush=True)  # fmt: skip
+
+    def _extra(self) -> dict[str, dict[str, torch.Tensor]] | None:
+        """The state saved beside the model: the EMA weights, with train.ema_decay."""
+        return {EMA_KEY: self.ema.state_dict()} if self.ema is not None else None
 
     def _checkpointer(self) -> Checkpointer:
         from stoker.runtime.job_checkpointer import checkpointer_for
@@ -331,6 +352,8 @@ class Trainer:
                     with watch.phase("optimizer"):
                         self.optimizer.step()
                         self.scheduler.step()
+                        if self.ema is not None:
+                            self.ema.update()
                     window.add_good_step(loss_sum, grad_norm)
                 self.optimizer.zero_grad(set_to_none=True)
                 step += 1
@@ -339,6 +362,9 @@ class Trainer:
                     watch.beat("log")
                     self._log(step, window, progress)
                     window = Window()
+                if self.sampler.due(step):
+                    watch.beat("sample")
+                    self.sampler.draw(self.model, step)
                 watch.beat("save")
                 if stop_wanted:
                     self.save(step, wait=True)
@@ -353,6 +379,7 @@ class Trainer:
                 self._upload_final(step)
             return Outcome(0, "FINISHED", step)
         finally:
+            self.sampler.close()
             for path in watch.close():
                 if env.is_main:
                     self.sink.log_artifact(path, "profile")
@@ -543,7 +570,9 @@ class Trainer:
         """Save the state after `step`; with checkpoint.async the files are written
         while training goes on. `wait`: return once it has committed (or failed)."""
         state = TrainState(step, self.loader.state_dict(), self.mlflow_run_id)
-        self.checkpointer.save(step, state, self.model, self.optimizer, self.scheduler)
+        self.checkpointer.save(
+            step, state, self.model, self.optimizer, self.scheduler, extra=self._extra()
+        )
         if wait:
             self.checkpointer.wait()
             failed = [m for s, m in self.checkpointer.failures if s == step]

@@ -7,10 +7,11 @@ Run under torch.distributed.run on CPU ranks (gloo):
 
 Builds the tiny av_dit of stoker/runtime/tiny.yaml with random values in every
 weight, shards it with FSDP2 as the runtime does (apply_fsdp), takes one AdamW
-step on a different batch per rank, saves {"model", "optim", "train", "rng":
-{"rank-<r>"}} with DCP into ROOT/step-STEP as stoker.checkpoint.train_state lays
-it out, and commits it on rank 0. Rank 0 also writes REFERENCE (torch.save):
-the full state dict, a fixed input, and the sharded model's outputs on it.
+step on a different batch per rank (and one of an EMA of decay 0.5), saves
+{"model", "optim", "train", "rng": {"rank-<r>"}, "ema"} with DCP into
+ROOT/step-STEP as stoker.checkpoint.train_state lays it out, and commits it on
+rank 0. Rank 0 also writes REFERENCE (torch.save): the full state dict, the full
+EMA, a fixed input, and the sharded model's outputs on it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch.distributed.fsdp import FSDPModule
 from stoker.checkpoint.commit import write_commit
 from stoker.config import DataConfig, resolve_config
 from stoker.runtime import dist_env, rendezvous
+from stoker.runtime.ema import EMA
 from stoker.runtime.models import AVDiT, build_model, clip_frames, clip_samples
 from stoker.runtime.optim import build_optimizer
 from stoker.runtime.parallelize import apply_fsdp
@@ -70,9 +72,11 @@ def main(root: Path, step: int, reference: Path) -> None:
     apply_fsdp(model, mesh, bf16_params=False)
     assert isinstance(model, FSDPModule)
     optimizer = build_optimizer(model, cfg.optim, device)
+    ema = EMA(model, 0.5)
     loss = model.loss(batch_of(cfg.data, 2, seed=100 + env.rank), torch.Generator().manual_seed(1))
     loss.backward()
     optimizer.step()
+    ema.update()
     optimizer.zero_grad()
 
     # The trained, still sharded model on a fixed input: every rank runs the
@@ -91,17 +95,20 @@ def main(root: Path, step: int, reference: Path) -> None:
         "optim": optim_state,
         "train": json.dumps({"step": step, "loader": None}),
         "rng": {f"rank-{env.rank}": torch.get_rng_state()},  # a key per rank
+        "ema": ema.state_dict(),
     }
     folder = root / f"step-{step}"
     state_dict_saver.save(state, checkpoint_id=str(folder))
     full = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
+    full_ema = {fqn: t.full_tensor() for fqn, t in ema.state_dict().items()}  # a collective
     if env.rank == 0:
         write_commit(str(folder), step=step, world_size=env.world_size, mesh={"shard": 2})
         torch.save(
             {
                 "state": full,
+                "ema": full_ema,
                 "batch": fixed,
                 "loss": fixed_loss,
                 "x_t": x_t,

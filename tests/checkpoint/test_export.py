@@ -23,7 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from stoker.checkpoint import commit as ck
-from stoker.checkpoint.export import _read_model, export_weights
+from stoker.checkpoint.export import export_weights, read_weights
 from stoker.config import resolve_config
 from stoker.errors import StokerError
 from stoker.runtime.models import AVDiT, build_model
@@ -118,7 +118,8 @@ def test_both_formats_load_into_a_fresh_model_with_the_trained_outputs(
     assert result.tensors == len(expected) and result.dtypes == ("float32",)
     assert result.bytes == sum(t.numel() * 4 for t in expected.values())
     with safe_open(str(out), framework="pt") as f:
-        assert f.metadata() == {"format": "pt", "step": str(STEP), "stoker_format": "1"}
+        assert f.metadata() == {"format": "pt", "step": str(STEP), "stoker_format": "1",
+                                "weights": "model"}  # fmt: skip
     umask = os.umask(0o022)
     os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # readable as any file of the user's
@@ -134,6 +135,28 @@ def test_both_formats_load_into_a_fresh_model_with_the_trained_outputs(
     assert_trained_outputs(plain, trained.reference)
     assert sorted(p.name for p in tmp_path.rglob("*")) == [
         "model.pt", "model.safetensors", "weights"]  # no temp file left  # fmt: skip
+
+
+def test_ema_weights_replace_the_averaged_ones(trained: Trained, tmp_path: Path) -> None:
+    """--ema: the average of 2 FSDP2 shards, whole, in place of every parameter;
+    buffers and the rest as the model's."""
+    expected, ema = trained.reference["state"], trained.reference["ema"]
+    out = tmp_path / "ema.safetensors"
+    export_weights(str(trained.folder), str(out), weights="ema")
+    state = load_file(str(out))
+    assert state.keys() == expected.keys() and ema.keys() <= expected.keys()
+    for key, tensor in state.items():
+        assert torch.equal(tensor, ema.get(key, expected[key])), key
+    # decay 0.5 over one step: halfway between the initial and the trained weights.
+    assert any(not torch.equal(ema[k], expected[k]) for k in ema)
+    with safe_open(str(out), framework="pt") as f:
+        assert f.metadata()["weights"] == "ema"
+    cfg = resolve_config(TINY, use_profile=False).config
+    build_model(cfg.model, cfg.data).load_state_dict(state, strict=True)
+
+    result = stoker("ckpt", "export", str(trained.folder), str(tmp_path / "m.safetensors"),
+                    "--ema", "--json", check=True)  # fmt: skip
+    assert json.loads(result.stdout)["tensors"] == len(expected)
 
 
 def test_dtype_casts_floating_tensors(trained: Trained, tmp_path: Path) -> None:
@@ -189,7 +212,7 @@ def test_refuses_an_uncommitted_or_corrupt_checkpoint(trained: Trained, tmp_path
     # Deleted after the check (a live run's retention): DCP's wrapped error, unwrapped.
     (folder / "__0_0.distcp").unlink()
     with pytest.raises(StokerError, match=r"lost a file while it was read: .*__0_0\.distcp"):
-        _read_model(str(folder), None)
+        read_weights(str(folder), None)
 
 
 def test_out_and_argument_errors(trained: Trained, tmp_path: Path) -> None:

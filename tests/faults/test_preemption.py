@@ -4,7 +4,8 @@ preemption does: SIGTERM, then SIGKILL after KillWait) and at least once by its
 time limit (USR2 before it, a save, exit 75, the batch script's requeue) resumes
 each time from its newest committed checkpoint into the same MLflow run. Its loss
 curve equals an uninterrupted run's bit for bit (CPU, fp32, fixed seed), and
-MLflow holds every logged step exactly once."""
+MLflow holds every logged step exactly once. The EMA of the weights
+(train.ema_decay) ends equal to the uninterrupted run's, bit for bit."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import torch
 
+from stoker.checkpoint.export import read_weights
 from tests.clirun import stoker
 from tests.faults.training_jobs import (
     FAST,
@@ -43,7 +46,8 @@ STEPS = 400
 LOG_EVERY = 1  # a loss per step: a window mean would span a stop
 GRACE_S = 120  # job.stop_grace, and the third start's time limit (whole minutes)
 COMMON = [TINY, *FAST, f"train.steps={STEPS}", f"train.log_every={LOG_EVERY}",
-          "checkpoint.every=10", "checkpoint.keep_last=1000", *TWO_NODES]  # fmt: skip
+          "checkpoint.every=10", "checkpoint.keep_last=1000", "train.ema_decay=0.95",
+          *TWO_NODES]  # fmt: skip
 
 
 def test_requeues_and_time_limits_resume_bit_exact_into_one_run(
@@ -98,6 +102,13 @@ def test_requeues_and_time_limits_resume_bit_exact_into_one_run(
     interrupted, straight = loss_history(job["run_id"]), loss_history(reference["run_id"])
     assert [step for step, _ in interrupted] == list(range(LOG_EVERY, STEPS + 1, LOG_EVERY))
     assert interrupted == straight
+    final = f"checkpoints/step-{STEPS}"
+    ema = read_weights(str(run_dir / final), None, "ema")
+    straight_ema = read_weights(str(Path(reference["run_dir"]) / final), None, "ema")
+    trained = read_weights(str(run_dir / final), None, "model")
+    assert ema.keys() == straight_ema.keys()
+    assert all(torch.equal(ema[k], straight_ema[k]) for k in ema)
+    assert any(not torch.equal(ema[k], trained[k]) for k in ema)  # an average, not a copy
     run = mlflow_client().get_run(job["run_id"])
     assert run.info.status == "FINISHED"
     status = json.loads(stoker("status", job_id, "--json", check=True).stdout)[0]

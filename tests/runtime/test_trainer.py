@@ -195,3 +195,55 @@ def test_the_sink_interface_is_what_the_run_logger_offers() -> None:
         declared = inspect.signature(getattr(MetricsSink, name))
         assert inspect.signature(getattr(RunLogger, name)) == declared, name
         assert inspect.signature(getattr(NullSink, name)) == declared, name
+
+
+def test_ema_is_checkpointed_and_resumes_bit_exact(
+    tmp_path: Path, data_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """train.ema_decay: the average moves every step, is saved beside the model, and a
+    stopped and resumed run ends with the uninterrupted run's average to the bit."""
+    cfg = _config(tmp_path, data_url, 6, "train.ema_decay=0.8")
+    stop_file = tmp_path / "stop-requested"
+    monkeypatch.setenv("STOKER_STOP_FILE", str(stop_file))
+    first = _trainer(cfg, tmp_path / "run", Recorder(stop_file, stop_at=2))
+    assert first.train().step == 3
+    stop_file.unlink()
+    resumed = _trainer(cfg, tmp_path / "run", Recorder())
+    assert resumed.start_step == 3 and resumed.ema is not None
+    resumed.train()
+    straight = _trainer(cfg, tmp_path / "straight", Recorder())
+    straight.train()
+    assert straight.ema is not None
+    for name, tensor in straight.ema.state_dict().items():
+        assert torch.equal(resumed.ema.state_dict()[name], tensor), name
+    params = dict(straight.model.named_parameters())
+    assert any(not torch.equal(params[n], t) for n, t in straight.ema.state_dict().items())
+
+    # The exported average is the trainer's.
+    from stoker.checkpoint.export import export_weights
+
+    out = tmp_path / "ema.safetensors"
+    export_weights(str(tmp_path / "straight" / "checkpoints"), str(out), weights="ema")
+    from safetensors.torch import load_file
+
+    exported = load_file(str(out))
+    assert all(torch.equal(exported[n], t) for n, t in straight.ema.state_dict().items())
+
+
+def test_ema_from_a_checkpoint_without_one_starts_at_its_weights(
+    tmp_path: Path, data_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plain = _config(tmp_path, data_url, 2)
+    _trainer(plain, tmp_path / "run", Recorder()).train()
+    from stoker.checkpoint.export import export_weights
+
+    with pytest.raises(StokerError, match="has no EMA weights") as exc:
+        export_weights(str(tmp_path / "run" / "checkpoints"), str(tmp_path / "x"), weights="ema")
+    assert exc.value.fix and "train.ema_decay" in exc.value.fix
+
+    trainer = _trainer(_config(tmp_path, data_url, 4, "train.ema_decay=0.9"),
+                       tmp_path / "run", Recorder())  # fmt: skip
+    assert "step-2 has no EMA weights" in capsys.readouterr().out
+    assert trainer.ema is not None
+    params = dict(trainer.model.named_parameters())
+    assert all(torch.equal(params[n], t) for n, t in trainer.ema.state_dict().items())

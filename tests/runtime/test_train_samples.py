@@ -1,0 +1,87 @@
+"""Samples while training (train.sample_every), in one CPU process on the real loader
+and the tiny av_dit: every N steps and at the end a folder of clips from fixed seeds,
+logged as the run's samples/step-<N>/ artifacts, mp4s PyAV decodes to H.264 video and
+AAC audio of the data's size, rate and length, and a contact sheet; the same seeds
+give the same files in another run; the EMA's weights draw them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import av
+import pytest
+import torch
+
+from stoker.runtime.train_samples import share_of
+from tests.runtime.test_trainer import Recorder, _config, _trainer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+SAMPLING = ["train.sample_every=2", "train.sample_seeds=[5,6,7]", "train.sample_steps=2",
+            "train.sample_method=euler", "train.ema_decay=0.9"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def data_url(synthetic_av_set: Callable[..., Path]) -> str:
+    return str(synthetic_av_set(clips=8, size=(32, 32), seconds=1.0))
+
+
+def test_samples_every_n_steps_are_logged_and_decode(tmp_path: Path, data_url: str) -> None:
+    cfg = _config(tmp_path, data_url, 3, *SAMPLING)
+    sink = Recorder()
+    trainer = _trainer(cfg, tmp_path / "run", sink)
+    trainer.train()
+    samples = tmp_path / "run" / "samples"
+    assert sink.artifacts == [(samples / "step-2", "samples/step-2"),
+                              (samples / "step-3", "samples/step-3")]  # fmt: skip
+    folder = samples / "step-3"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "contact.png", "samples.json", "seed-5.mp4", "seed-6.mp4", "seed-7.mp4"]  # fmt: skip
+    record = json.loads((folder / "samples.json").read_text())
+    assert record["seeds"] == [5, 6, 7] and record["step"] == 3 and record["weights"] == "ema"
+    data = cfg.data
+    frames = round(data.clip_seconds * data.fps)
+    with av.open(str(folder / "seed-5.mp4")) as container:
+        video, audio = container.streams.video[0], container.streams.audio[0]
+        assert video.codec_context.name == "h264" and audio.codec_context.name == "aac"
+        assert (video.width, video.height) == (data.resolution[1], data.resolution[0])
+        assert audio.rate == data.sample_rate and audio.channels == data.channels
+        decoded = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert len(decoded) == frames
+    assert float(video.duration * video.time_base) == pytest.approx(data.clip_seconds, abs=0.01)
+    assert (folder / "contact.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # Another run with the same seeds: the same files, byte for byte.
+    again = _trainer(_config(tmp_path, data_url, 3, *SAMPLING), tmp_path / "again", Recorder())
+    again.train()
+    for name in ("seed-5.mp4", "seed-7.mp4", "contact.png"):
+        same = (tmp_path / "again/samples/step-3" / name).read_bytes()
+        assert same == (folder / name).read_bytes(), name
+
+
+def test_samples_use_the_ema_weights(tmp_path: Path, data_url: str) -> None:
+    """The EMA's clips differ from the trained weights' and the weights are put back."""
+    cfg = _config(tmp_path, data_url, 2, *SAMPLING, "train.sample_every=0")
+    trainer = _trainer(cfg, tmp_path / "run", Recorder())
+    trainer.train()
+    assert trainer.ema is not None
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.sampler.every = 1
+    trainer.sampler.draw(trainer.model, 2)
+    trainer.sampler.close()
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
+    from stoker.runtime.sampling import sample_model
+
+    own = sample_model(trainer.model, seeds=[5], steps=2, method="euler")
+    ema_clip = (tmp_path / "run/samples/step-2/seed-5.mp4").read_bytes()
+    from stoker.runtime.sample_files import write_samples
+
+    write_samples(own, [5], tmp_path / "own", fps=cfg.data.fps, sample_rate=cfg.data.sample_rate)
+    assert (tmp_path / "own/seed-5.mp4").read_bytes() != ema_clip
+
+
+def test_each_rank_draws_an_equal_share() -> None:
+    assert [share_of([1, 2, 3], r, 2) for r in range(2)] == [[1, 2], [3, 3]]
+    assert [share_of([1, 2], r, 4) for r in range(4)] == [[1], [2], [2], [2]]
+    assert share_of([9], 0, 1) == [9]
