@@ -109,7 +109,7 @@ def export_weights(
             f"export OUT {out_url!r} exists", fix="pass --force to replace it, or name another file"
         )
 
-    commit, folder = _verified_folder(
+    commit, folder = verified_folder(
         path_url, full=verify == "full", fs_options=fs_options, warn=warn
     )
     tensors = read_weights(folder, fs_options, weights)
@@ -141,7 +141,7 @@ def export_weights(
     )
 
 
-def _verified_folder(
+def verified_folder(
     path_url: str, *, full: bool, fs_options: dict[str, Any] | None, warn: Callable[[str], None]
 ) -> tuple[ck.Commit, str]:
     """The commit record and URL of the checkpoint folder to read; refuses any

@@ -18,6 +18,7 @@ from stoker.cli import doctor as doctor_cmd
 from stoker.cli import init as init_cmd
 from stoker.cli import logs as logs_cmd
 from stoker.cli import run as run_cmd
+from stoker.cli import sample as sample_cmd
 from stoker.cli import status as status_cmd
 from stoker.cli import submit as submit_cmd
 from stoker.cli import sweep as sweep_cmd
@@ -74,6 +75,7 @@ app.command("requeue")(control_cmd.requeue)
 app.add_typer(data_cmd.app, name="data")
 app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(ckpt_cmd.app, name="ckpt")
+app.command("sample")(sample_cmd.sample)
 app.command("doctor")(doctor_cmd.doctor)
 
 

@@ -15,7 +15,7 @@ N calls of up to N tokens, so the cost grows as N^2 (the tiny preset's 1024 samp
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -81,6 +81,7 @@ def sample_audio_ar(
     temperature: float = 1.0,
     top_k: int | None = None,
     prompt: torch.Tensor | None = None,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """{"audio": float32 [B, 1, N]}: len(generators) waveforms of N = `samples` (None:
     the model's longest sequence) mu-law levels in [-1, 1], one per generator (each on
@@ -120,6 +121,8 @@ def sample_audio_ar(
             logits = model.logits(tokens)[:, -1]
             drawn = next_codes(logits, generators, temperature, top_k)
             tokens = torch.cat((tokens, drawn[:, None]), dim=1)
+            if on_step is not None:  # (drawn, to draw): one step a sample
+                on_step(tokens.shape[1] - 1, length)
     finally:
         model.train(was_training)
     return {"audio": mu_law_decode(tokens[:, 1:])[:, None]}

@@ -33,6 +33,8 @@ FLOW_METHODS: tuple[FlowMethod, ...] = get_args(FlowMethod)
 Tokens = dict[str, torch.Tensor]
 Velocity = Callable[[Tokens, torch.Tensor], Tokens]
 """(x [B, tokens, width] by modality, t [B] fp32) -> v in the same layout."""
+OnStep = Callable[[int, int], None]
+"""(steps done, steps in all): called after each solver step, for a progress bar."""
 
 
 def check_flow_settings(steps: int, method: str) -> None:
@@ -45,7 +47,11 @@ def check_flow_settings(steps: int, method: str) -> None:
 
 
 def solve_flow(
-    velocity: Velocity, noise: Tokens, steps: int, method: FlowMethod = "heun"
+    velocity: Velocity,
+    noise: Tokens,
+    steps: int,
+    method: FlowMethod = "heun",
+    on_step: OnStep | None = None,
 ) -> Tokens:
     """x at t = 0, from x = `noise` at t = 1 along dx/dt = velocity(x, t), in `steps`
     uniform steps of `method` (module docstring). Each modality keeps its dtype."""
@@ -67,6 +73,8 @@ def solve_flow(
             v_next = in_dtypes_of(x, velocity(stepped, at(times[i + 1])))
             stepped = {name: x[name] + (0.5 * dt) * (v[name] + v_next[name]) for name in x}
         x = stepped
+        if on_step is not None:
+            on_step(i + 1, steps)
     return x
 
 
@@ -141,6 +149,7 @@ def sample_av_dit(
     method: FlowMethod = "heun",
     grid: tuple[int, int, int] | None = None,
     audio_tokens: int | None = None,
+    on_step: OnStep | None = None,
 ) -> dict[str, torch.Tensor]:
     """len(generators) clips from `model` (tokens_to_media's layouts), one per generator
     (each on the model's device), integrating the flow in `steps` steps of `method`.
@@ -173,7 +182,7 @@ def sample_av_dit(
     was_training = model.training
     model.eval()
     try:
-        clean = solve_flow(velocity, noise, steps, method)
+        clean = solve_flow(velocity, noise, steps, method, on_step)
     finally:
         model.train(was_training)
     return tokens_to_media(model, clean, video_grid)

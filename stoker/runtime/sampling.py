@@ -37,7 +37,7 @@ from torch import nn
 
 from stoker.errors import StokerError
 from stoker.runtime.ar_sampling import sample_audio_ar
-from stoker.runtime.flow_sampling import FlowMethod, check_flow_settings, sample_av_dit
+from stoker.runtime.flow_sampling import FlowMethod, OnStep, check_flow_settings, sample_av_dit
 from stoker.runtime.models.audio_ar import AudioAR
 from stoker.runtime.models.av_dit import AVDiT
 
@@ -62,11 +62,13 @@ def sample_model(
     method: FlowMethod = "heun",
     temperature: float = 1.0,
     top_k: int | None = None,
+    on_step: OnStep | None = None,
 ) -> dict[str, torch.Tensor]:
     """len(seeds) samples of `model` by modality (module docstring): its own
     `sample(generators, steps)` where it has one, else the built-in sampler of an
     av_dit (`steps`, `method`) or an audio_ar (`temperature`, `top_k`); a StokerError
-    for a model with neither."""
+    for a model with neither. `on_step(done, total)` follows a built-in sampler's
+    steps (a model's own sample() is one call)."""
     if not seeds:
         raise ValueError("no seeds: give one per sample to draw")
     check_flow_settings(steps, method)
@@ -80,9 +82,11 @@ def sample_model(
             if callable(own):
                 return checked_samples(model, own(generators, steps), len(seeds))
             if isinstance(model, AVDiT):
-                return sample_av_dit(model, generators, steps=steps, method=method)
+                return sample_av_dit(model, generators, steps=steps, method=method, on_step=on_step)
             assert isinstance(model, AudioAR)
-            return sample_audio_ar(model, generators, temperature=temperature, top_k=top_k)
+            return sample_audio_ar(
+                model, generators, temperature=temperature, top_k=top_k, on_step=on_step
+            )
     finally:
         model.train(was_training)
 

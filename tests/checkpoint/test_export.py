@@ -299,3 +299,36 @@ def test_export_from_and_to_s3(trained: Trained, tmp_path: Path, s3_env: S3Serve
     assert s3.find(f"s3://{bucket}/exports") == [out.removeprefix("s3://")]
     exists = stoker("ckpt", "export", root, out, env=s3_env.env)
     assert exists.returncode == 2 and f"{out}' exists" in exists.stderr
+
+
+def test_stoker_sample_draws_from_a_two_rank_checkpoint_in_one_process(
+    trained: Trained, tmp_path: Path
+) -> None:
+    """`stoker sample` on the 2 FSDP2 ranks' checkpoint: the EMA's weights by default,
+    the clips those weights give when loaded whole, the same files for the same seed."""
+    from stoker.runtime.sample_files import write_samples
+    from stoker.runtime.sampling import sample_model
+
+    out = tmp_path / "clips"
+    args = ["sample", str(trained.folder), "--config", str(TINY), "--seed", "3", "--seed", "4",
+            "--steps", "2", "--method", "euler", "--device", "cpu"]  # fmt: skip
+    result = json.loads(stoker(*args, "--out", str(out), "--json", check=True).stdout)
+    assert (result["step"], result["weights"]) == (STEP, "ema")
+    assert result["files"] == ["seed-3.mp4", "seed-4.mp4", "contact.png", "samples.json"]
+
+    cfg = resolve_config(TINY, use_profile=False).config
+    model = build_model(cfg.model, cfg.data)
+    model.load_state_dict({**trained.reference["state"], **trained.reference["ema"]})
+    expected = sample_model(model, seeds=[3, 4], steps=2, method="euler")
+    write_samples(expected, [3, 4], tmp_path / "expected", fps=cfg.data.fps,
+                  sample_rate=cfg.data.sample_rate)  # fmt: skip
+    for name in ("seed-3.mp4", "seed-4.mp4"):
+        assert (out / name).read_bytes() == (tmp_path / "expected" / name).read_bytes()
+
+    trained_weights = tmp_path / "trained"
+    stoker(*args, "--weights", "model", "--out", str(trained_weights), check=True)
+    assert (trained_weights / "seed-3.mp4").read_bytes() != (out / "seed-3.mp4").read_bytes()
+
+    failed = stoker("sample", str(trained.folder), "--out", str(tmp_path / "x"))
+    assert failed.returncode != 0 and "no run config found" in failed.stderr
+    assert "--config" in failed.stderr

@@ -1,0 +1,161 @@
+"""`stoker sample`: clips from a checkpoint, in one process, on a GPU or the CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from stoker.config import ExperimentConfig
+
+CONFIG_NAME = "config.yaml"  # a run folder's frozen config (stoker.config.frozen)
+
+
+def sample(
+    source: str = typer.Argument(
+        ...,
+        metavar="CHECKPOINT_OR_RUN",
+        help="A job id, a run folder, a checkpoint root, or one step-<N> folder: the "
+        "newest checkpoint that verifies.",
+    ),
+    out: Path = typer.Option(..., "--out", "-o", help="The folder to write (replaced whole)."),
+    seeds: list[int] = typer.Option(
+        [], "--seed", help="A seed per clip (repeat it); default: the run's train.sample_seeds."
+    ),
+    steps: int | None = typer.Option(
+        None, "--steps", min=1, help="Solver steps per clip; default: train.sample_steps."
+    ),
+    method: str | None = typer.Option(
+        None, "--method", help="euler or heun; default: train.sample_method."
+    ),
+    weights: str = typer.Option(
+        "auto", "--weights", help="ema, model, or auto (the EMA's where the run kept one)."
+    ),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        help="The run's experiment file, where the checkpoint is not in "
+        "a run folder (an s3:// root).",
+    ),
+    device: str | None = typer.Option(
+        None, "--device", help="cpu, cuda, cuda:1; default: the GPU where there is one."
+    ),
+    log: bool = typer.Option(
+        False,
+        "--log",
+        help="Also add the clips to the checkpoint's MLflow run, under samples/cli-step-<N>/.",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Draw clips from a checkpoint of any world size: an mp4 (H.264 + AAC) or a WAV
+    per seed, a contact sheet and samples.json, into OUT.
+
+    The model is rebuilt from the run's frozen config (the run folder's config.yaml,
+    or --config) and takes the checkpoint's weights whole, in this one process: the
+    same seed gives the same files.
+
+    Example: stoker sample 1234 --seed 0 --seed 1 --steps 50 --out clips/
+    """
+    from stoker.cli.output import err, print_json
+    from stoker.errors import StokerError
+
+    if weights not in ("auto", "ema", "model"):
+        raise StokerError(f"--weights {weights!r} is not ema, model or auto",
+                          fix="--weights ema, --weights model, or leave it out")  # fmt: skip
+    url, cfg = _checkpoint_and_config(source, config)
+    method = method or cfg.train.sample_method
+    if method not in ("euler", "heun"):
+        raise StokerError(f"--method {method!r} is not euler or heun", fix="--method heun")
+    import torch
+    from rich.progress import Progress
+
+    from stoker.runtime.checkpoint_sampling import sample_checkpoint
+
+    steps = steps or cfg.train.sample_steps
+    console = err()
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task("sampling", total=None)
+        result = sample_checkpoint(
+            cfg,
+            url,
+            out,
+            seeds=seeds or cfg.train.sample_seeds,
+            steps=steps,
+            method=method,  # type: ignore[arg-type]  # checked above
+            weights=weights,  # type: ignore[arg-type]  # checked above
+            device=torch.device(device) if device else None,
+            on_step=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    logged = _log(result.checkpoint, cfg, out, result.step) if log else None
+    record: dict[str, Any] = {
+        "step": result.step, "checkpoint": result.checkpoint, "weights": result.weights,
+        "out": str(result.out), "files": [p.name for p in result.files], "logged": logged,
+    }  # fmt: skip
+    if as_json:
+        print_json(record)
+        return
+    typer.echo(f"step-{result.step} ({result.weights} weights): "
+               f"{', '.join(record['files'])} -> {result.out}")  # fmt: skip
+    if logged:
+        typer.echo(f"logged to MLflow: {logged}")
+
+
+def _checkpoint_and_config(source: str, config: Path | None) -> tuple[str, ExperimentConfig]:
+    """The checkpoint URL SOURCE stands for, and the experiment that trained it."""
+    from stoker.config import resolve_config
+    from stoker.errors import StokerError
+
+    url: str | None = source  # None: the run's checkpoint root
+    run_dir: Path | None = None
+    if "://" in source:
+        pass
+    elif Path(source).exists():
+        path = Path(source).resolve()
+        # A run folder, its checkpoint root, or a step-<N> folder under it.
+        run_dir = next((p for p in (path, path.parent, path.parent.parent)
+                        if (p / CONFIG_NAME).is_file()), None)  # fmt: skip
+        if run_dir == path:
+            url = None
+    else:
+        from stoker.launcher.ledger import Ledger
+
+        record = Ledger().get(source)
+        if record is None:
+            raise StokerError(
+                f"{source!r} is neither a path nor a job id this machine submitted",
+                fix="pass a job id (`stoker status` lists them), a run folder, or a "
+                "checkpoint folder",
+            )
+        run_dir, url = Path(record.run_dir), None
+    experiment = config or (run_dir / CONFIG_NAME if run_dir is not None else None)
+    if experiment is None:
+        raise StokerError(
+            f"no run config found for {source!r}: it is not in a run folder",
+            fix="pass the experiment file that trained it with --config",
+        )
+    cfg = resolve_config(experiment, use_profile=False).config
+    if url is None:
+        assert run_dir is not None
+        url = cfg.checkpoint.root or str(run_dir / "checkpoints")
+    return url, cfg
+
+
+def _log(checkpoint: str, cfg: ExperimentConfig, out: Path, step: int) -> str:
+    """Add `out`'s files to the MLflow run that saved `checkpoint`; where they went."""
+    from stoker.checkpoint.origin import saved_run_id
+    from stoker.errors import StokerError
+    from stoker.tracking.store import open_store, resolve_tracking_uri
+
+    run_id = saved_run_id(checkpoint)
+    if run_id is None:
+        raise StokerError(
+            f"--log: checkpoint {checkpoint!r} names no MLflow run (saved without tracking)",
+            fix="leave out --log; the clips are in --out",
+        )
+    target = resolve_tracking_uri(cfg.tracking.uri)
+    artifact_path = f"samples/cli-step-{step}"
+    with open_store(target, None) as (client, _):
+        client.log_artifacts(run_id, str(out), artifact_path)
+    return f"runs:/{run_id}/{artifact_path}"
