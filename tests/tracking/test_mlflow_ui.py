@@ -3,7 +3,8 @@ real (short) training run, the page in headless Chromium (tests/browser.py). The
 opens in MLflow's model-training layout (not the GenAI one: traces, agent versions) and
 its first screen shows the loss chart; the throughput, step-time and checkpoint charts
 are on the System metrics tab, not above the loss (the issue-17 report: the loss was the
-last section, about 5,000 pixels down)."""
+last section, about 5,000 pixels down). The samples drawn every train.sample_every steps
+play in the run's artifact view: a video element Chromium loads the clip's frames into."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def test_the_printed_link_opens_on_the_loss_in_the_training_layout(
     result = stoker(
         "run", "--nproc", "1", "--json", f"data.url={data}", f"tracking.uri={mlflow_server.url}",
         "data.batch_size=2", "data.num_workers=0", "train.steps=20", "train.log_every=5",
-        "checkpoint.every=10", timeout=600,
+        "checkpoint.every=10", "train.sample_every=10", "train.sample_seeds=[0,1]",
+        "train.sample_steps=2", timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     run_id = json.loads(result.stdout.strip().splitlines()[-1])["run_id"]
@@ -61,6 +63,17 @@ def test_the_printed_link_opens_on_the_loss_in_the_training_layout(
         page.get_by_text("system/throughput", exact=True).first.wait_for(timeout=60_000)
         system_sections = _sections(page.inner_text("body"))
 
+        # A sample clip in the artifact view: a <video> that plays it.
+        page.goto(f"{link.split('/runs/')[0]}/runs/{run_id}/artifacts/samples/step-20/seed-1.mp4")
+        video = page.locator("video").first
+        video.wait_for(timeout=120_000)
+        # HAVE_ENOUGH_DATA (4): Chromium fetched and decoded the H.264 clip's frames.
+        page.wait_for_function("document.querySelector('video').readyState >= 4",
+                               timeout=60_000)  # fmt: skip
+        clip = page.evaluate("(() => { const v = document.querySelector('video'); "
+                             "return [v.videoWidth, v.videoHeight, v.duration]; })()")  # fmt: skip
+        page.screenshot(path=str(tmp_path / "sample-page.png"))
+
     where = f"(screenshot: {shot}; sections: {sections})"
     # The model-training layout: its navigation, none of the GenAI one's.
     assert agent_versions == 0, f"the GenAI layout opened {where}"
@@ -73,6 +86,8 @@ def test_the_printed_link_opens_on_the_loss_in_the_training_layout(
     # The system's charts on their own tab, grouped: per node, throughput, time, checkpoint.
     for group in ("system/throughput", "system/time", "system/checkpoint"):
         assert any(s.startswith(group) for s in system_sections), (group, system_sections)
+    # The data's frame size, and data.clip_seconds (1 s by default) long.
+    assert clip[:2] == [64, 64] and abs(clip[2] - 1.0) < 0.05, clip
 
 
 def _sections(text: str) -> list[str]:
