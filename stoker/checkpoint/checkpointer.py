@@ -170,9 +170,7 @@ class Checkpointer:
         if refusal[0] is not None:
             fix = "move that folder out of the checkpoint root, or set checkpoint.root elsewhere"
             raise StokerError(refusal[0], fix=fix)
-        state_dict = state_to_save(
-            state, model, optimizer, scheduler, rank=self.rank, extra=extra
-        )
+        state_dict = state_to_save(state, model, optimizer, scheduler, rank=self.rank, extra=extra)
         writer = storage_writer(url, self.fs_options)
         if self.async_save:
             from torch.distributed.checkpoint.state_dict_saver import async_save
@@ -440,9 +438,7 @@ class Checkpointer:
         saved = metadata.state_dict_metadata
         rng_sizes = {k: v.size for k, v in saved.items()
                      if k.startswith("rng.") and isinstance(v, TensorStorageMetadata)}  # fmt: skip
-        state = state_to_load(
-            model, optimizer, set(saved), rng_sizes, rank=self.rank, extra=extra
-        )
+        state = state_to_load(model, optimizer, set(saved), rng_sizes, rank=self.rank, extra=extra)
         dcp_load(
             state,
             storage_reader=storage_reader(url, self.fs_options),

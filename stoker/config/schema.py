@@ -7,6 +7,7 @@ value at a time; where a value came from is `stoker.config.resolve`'s business.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
@@ -405,6 +406,18 @@ class TrainConfig(Section):
     """Solver steps per clip (av_dit's flow ODE); nothing to an autoregressive model."""
     sample_method: Literal["euler", "heun"] = "heun"
     """The av_dit's ODE solver for samples: euler (first order) or heun (second order)."""
+    register_final: str | None = None
+    """At the end, register the final weights (EMA's if kept) as a version of this MLflow model."""
+
+    @field_validator("register_final")
+    @classmethod
+    def _check_register_final(cls, value: str | None) -> str | None:
+        if value is not None and not registered_model_name_ok(value):
+            raise ValueError(
+                f"{value!r} is not a name MLflow's model registry takes: use 1 to "
+                f"{MAX_REGISTERED_MODEL_NAME} characters without '/' or ':', e.g. av-dit-small"
+            )
+        return value
 
     @field_validator("profile_steps")
     @classmethod
@@ -412,6 +425,22 @@ class TrainConfig(Section):
         if value is not None and value[1] < value[0]:
             raise ValueError("use [first, last] with first <= last, e.g. [10, 15]")
         return value
+
+
+MAX_REGISTERED_MODEL_NAME = 256
+"""The registry's name column (mlflow/store/model_registry/dbmodels/models.py)."""
+
+
+def registered_model_name_ok(name: str) -> bool:
+    """Whether MLflow's model registry takes `name`: not blank, no '/' or ':', not a path
+    that normalizes to another ('.', '..', 'a//b')."""
+    return (
+        bool(name.strip())
+        and len(name) <= MAX_REGISTERED_MODEL_NAME
+        and not any(c in name for c in "/:")
+        and posixpath.normpath(name) == name
+        and not name.startswith("..")
+    )
 
 
 class CheckpointConfig(Section):

@@ -375,8 +375,8 @@ class Trainer:
                 if every and step % every == 0 and step < total:
                     self.save(step)
             self.save(step, wait=True)
-            if cfg.checkpoint.upload_final and env.is_main:
-                self._upload_final(step)
+            if env.is_main:
+                self._final_model(step)
             return Outcome(0, "FINISHED", step)
         finally:
             self.sampler.close()
@@ -552,19 +552,18 @@ class Trainer:
             self.sink.set_tags({"stoker.slowest_host": self.slowest.host})
             self._tagged_host = self.slowest.host
 
-    def _upload_final(self, step: int) -> None:
-        """checkpoint.upload_final: the final weights, consolidated into one
-        safetensors file, go to MLflow as the run's logged model `final`."""
-        from stoker.checkpoint.export import export_weights
+    def _final_model(self, step: int) -> None:
+        """checkpoint.upload_final and train.register_final (final_model.py)."""
+        from stoker.runtime import final_model
 
-        folder = self.run_dir / "final-model"
-        result = export_weights(
-            self.checkpointer.url_for(step),
-            str(folder / "model.safetensors"),
-            force=True,
-        )
-        print(f"final weights: {result.out} ({result.bytes} bytes)", flush=True)
-        self.sink.log_final_model(folder, step=step)
+        url = self.checkpointer.url_for(step)
+        if self.cfg.checkpoint.upload_final:
+            final_model.upload_final(url, self.run_dir, self.sink, step)
+        if self.cfg.train.register_final:
+            self.sampler.close()  # the final samples written and queued first
+            final_model.register_final(self.cfg, url, self.run_dir, run_id=self.mlflow_run_id,
+                                       ema=self.ema is not None,
+                                       samples_logged=self.sampler.due(step))  # fmt: skip
 
     def save(self, step: int, *, wait: bool = False) -> None:
         """Save the state after `step`; with checkpoint.async the files are written

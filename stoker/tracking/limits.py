@@ -11,6 +11,7 @@ from __future__ import annotations
 import posixpath
 import re
 
+from stoker.config.schema import MAX_REGISTERED_MODEL_NAME, registered_model_name_ok
 from stoker.errors import StokerError
 
 ParamValue = str | int | float
@@ -21,8 +22,6 @@ MAX_TAG_VALUE = 8000
 MAX_KEY_LENGTH = 250
 MAX_EXPERIMENT_NAME = 500
 MAX_MODEL_NAME = 500
-MAX_REGISTERED_MODEL_NAME = 256
-"""The registry's name column (mlflow/store/model_registry/dbmodels/models.py)."""
 
 # One log_batch call: 1000 metrics, 100 params, 100 tags, 1000 entities in all, and a
 # request body under 1 MB.
@@ -74,14 +73,7 @@ def check_model_name(name: str) -> None:
 def check_registered_model_name(name: str) -> None:
     """Raise StokerError unless MLflow's model registry takes `name` (no '/' or ':', not
     blank, not a path that normalizes to another, e.g. '.' or '..')."""
-    bad = (
-        not name.strip()
-        or len(name) > MAX_REGISTERED_MODEL_NAME
-        or any(c in name for c in "/:")
-        or posixpath.normpath(name) != name
-        or name.startswith("..")
-    )
-    if bad:
+    if not registered_model_name_ok(name):
         raise StokerError(
             f"{name!r} is not a name MLflow's model registry takes",
             fix=f"use 1 to {MAX_REGISTERED_MODEL_NAME} characters without '/' or ':', "

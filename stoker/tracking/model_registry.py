@@ -110,6 +110,12 @@ def register_version(
             client, run, step=step, checkpoint_url=checkpoint_url, commit=commit_sha256
         )
         tags.update(extra_tags or {})
+        # A caller that knows the samples are on their way (the trainer: its upload
+        # queue may not have sent them yet) names them itself.
+        missing = tuple(m for m in missing if not (m == "samples" and SAMPLES_TAG in tags))
+        tags.pop(MISSING_TAG, None)
+        if missing:
+            tags[MISSING_TAG] = ", ".join(missing)
         model_id = _upload(client, experiment_id, name, local, step, run_id, tags)
         _ensure_registered_model(client, name)
         version = client.create_model_version(

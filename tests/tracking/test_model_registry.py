@@ -183,3 +183,36 @@ def test_refusals_name_the_problem_and_the_fix(
     assert "Traceback" not in result.stderr
     # A bad name is refused before the export reads the checkpoint.
     assert out.exists() == (case != "bad name")
+
+
+def test_a_run_with_register_final_registers_its_ema_weights_with_their_lineage(
+    isolated_home: Path, tmp_path: Path, mlflow_server: Server
+) -> None:
+    """train.register_final through `stoker run`: the version names the run, the final
+    checkpoint's COMMIT.json digest, the data set's digest and the final step's samples,
+    and holds the EMA's weights."""
+    from stoker.data.synth import synth_dataset
+
+    data = tmp_path / "data"
+    synth_dataset(str(data), clips=4, seconds=1.0, size=(32, 32), fps=8)
+    result = stoker(
+        "run", "--nproc", "1", "--json", f"data.url={data}", f"tracking.uri={mlflow_server.url}",
+        "data.batch_size=2", "data.num_workers=0", "train.steps=3", "checkpoint.every=0",
+        "train.ema_decay=0.9", "train.sample_every=3", "train.sample_seeds=[0]",
+        "train.sample_steps=1", "train.register_final=tiny-av", timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    job = json.loads(result.stdout.strip().splitlines()[-1])
+    run_id = job["run_id"]
+    client = client_of(mlflow_server)
+    version = client.get_model_version("tiny-av", "1")
+    final = Path(job["run_dir"]) / "checkpoints" / "step-3"
+    commit = hashlib.sha256((final / "COMMIT.json").read_bytes()).hexdigest()
+    assert version.run_id == run_id
+    assert version.tags[RUN_TAG] == run_id and version.tags[COMMIT_TAG] == commit
+    assert version.tags[STEP_TAG] == "3" and version.tags[WEIGHTS_TAG] == "ema"
+    assert version.tags[SAMPLES_TAG] == f"runs:/{run_id}/samples/step-3"
+    digests = [v for k, v in version.tags.items() if k.startswith("stoker.dataset.")]
+    run = client.get_run(run_id)
+    assert digests and digests[0] == run.inputs.dataset_inputs[0].dataset.digest
+    assert MISSING_TAG not in version.tags
