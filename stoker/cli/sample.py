@@ -30,6 +30,15 @@ def sample(
     method: str | None = typer.Option(
         None, "--method", help="euler or heun; default: train.sample_method."
     ),
+    prompts: list[str] = typer.Option(
+        [],
+        "--prompt",
+        help="A conditioned model's caption or class label, one per seed "
+        "(repeat it; one is used for every seed); default: unconditioned.",
+    ),
+    guidance: float = typer.Option(
+        1.0, "--cfg", min=0.0, help="Classifier-free guidance weight with --prompt; 1: none."
+    ),
     weights: str = typer.Option(
         "auto", "--weights", help="ema, model, or auto (the EMA's where the run kept one)."
     ),
@@ -56,7 +65,8 @@ def sample(
     or --config) and takes the checkpoint's weights whole, in this one process: the
     same seed gives the same files.
 
-    Example: stoker sample 1234 --seed 0 --seed 1 --steps 50 --out clips/
+    Examples: stoker sample 1234 --seed 0 --seed 1 --steps 50 --out clips/
+              stoker sample runs/exp1 --prompt "a red circle" --cfg 4 --out red/
     """
     from stoker.cli.output import err, print_json
     from stoker.errors import StokerError
@@ -74,6 +84,11 @@ def sample(
     from stoker.runtime.checkpoint_sampling import sample_checkpoint
 
     steps = steps or cfg.train.sample_steps
+    seeds = seeds or cfg.train.sample_seeds
+    if prompts and len(prompts) not in (1, len(seeds)):
+        raise StokerError(f"{len(prompts)} --prompt for {len(seeds)} seeds",
+                          fix="give one --prompt, or one per --seed")  # fmt: skip
+    per_seed = [prompts[i % len(prompts)] for i in range(len(seeds))] if prompts else None
     console = err()
     with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
         task = bar.add_task("sampling", total=None)
@@ -81,12 +96,14 @@ def sample(
             cfg,
             url,
             out,
-            seeds=seeds or cfg.train.sample_seeds,
+            seeds=seeds,
             steps=steps,
             method=method,  # type: ignore[arg-type]  # checked above
             weights=weights,  # type: ignore[arg-type]  # checked above
             device=torch.device(device) if device else None,
             on_step=lambda done, total: bar.update(task, completed=done, total=total),
+            prompts=per_seed,
+            guidance=guidance,
         )
     logged = _log(result.checkpoint, cfg, out, result.step) if log else None
     record: dict[str, Any] = {

@@ -406,6 +406,10 @@ class TrainConfig(Section):
     """Solver steps per clip (av_dit's flow ODE); nothing to an autoregressive model."""
     sample_method: Literal["euler", "heun"] = "heun"
     """The av_dit's ODE solver for samples: euler (first order) or heun (second order)."""
+    sample_prompts: Annotated[list[str], Field(max_length=64)] = []
+    """A conditioned model's caption or class label per seed (cycled); empty: unconditioned."""
+    sample_guidance: Annotated[float, Field(ge=0, le=100)] = 1.0
+    """Classifier-free guidance weight for samples with prompts; 1: none."""
     register_final: str | None = None
     """At the end, register the final weights (EMA's if kept) as a version of this MLflow model."""
 

@@ -54,11 +54,14 @@ def sample_checkpoint(
     weights: WeightsChoice = "auto",
     device: torch.device | None = None,
     on_step: OnStep | None = None,
+    prompts: Sequence[str] | None = None,
+    guidance: float = 1.0,
 ) -> CheckpointSamples:
     """One sample per seed from the checkpoint at `checkpoint_url` (a step-<N> folder,
     or a root: its newest that verifies) into the folder `out` (replaced whole).
     `cfg` is the experiment that trained it (its model and data keys build the
-    model); `weights` "auto" takes the EMA's where the checkpoint has them."""
+    model); `weights` "auto" takes the EMA's where the checkpoint has them.
+    `prompts`, `guidance`: a conditioned model's (sampling.sample_model)."""
     commit, folder = verified_folder(
         checkpoint_url, full=False, fs_options=None, warn=lambda message: None
     )
@@ -91,9 +94,12 @@ def sample_checkpoint(
         else nullcontext()
     )
     with autocast:
-        samples = sample_model(model, seeds=seeds, steps=steps, method=method, on_step=on_step)
-    about = {"step": commit.step, "checkpoint": folder, "weights": chosen, "method": method,
-             "steps": steps}  # fmt: skip
+        samples = sample_model(model, seeds=seeds, steps=steps, method=method, on_step=on_step,
+                               prompts=prompts, guidance=guidance)  # fmt: skip
+    about: dict[str, object] = {"step": commit.step, "checkpoint": folder, "weights": chosen,
+                                "method": method, "steps": steps}  # fmt: skip
+    if prompts is not None:
+        about.update(prompts=list(prompts), guidance=guidance)
     files = write_samples(samples, seeds, out, fps=cfg.data.fps,
                           sample_rate=cfg.data.sample_rate, about=about)  # fmt: skip
     return CheckpointSamples(commit.step, folder, chosen, Path(out), files)

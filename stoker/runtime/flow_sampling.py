@@ -140,6 +140,30 @@ def tokens_to_media(
     return media
 
 
+def check_prompts(
+    model: AVDiT, prompts: Sequence[str | None] | None, count: int, guidance: float
+) -> None:
+    """A ValueError naming the fix for prompts an av_dit cannot take."""
+    if not math.isfinite(guidance) or guidance < 0:
+        raise ValueError(f"guidance {guidance!r} must be 0 or more (1: no guidance)")
+    if prompts is None:
+        return
+    if len(prompts) != count:
+        raise ValueError(f"{len(prompts)} prompts for {count} samples: give one per sample")
+    conditioner = model.conditioner
+    if conditioner is None:
+        if any(p is not None for p in prompts):
+            raise ValueError(
+                "prompts given, but this av_dit was trained without conditioning: leave "
+                "them out, or train with model.args.condition caption or class"
+            )
+        return
+    classes = conditioner.args.classes
+    unknown = sorted({p for p in prompts if p is not None and classes and p not in classes})
+    if unknown:
+        raise ValueError(f"prompts {unknown} are not among this model's classes {classes}")
+
+
 @torch.no_grad()
 def sample_av_dit(
     model: AVDiT,
@@ -150,16 +174,23 @@ def sample_av_dit(
     grid: tuple[int, int, int] | None = None,
     audio_tokens: int | None = None,
     on_step: OnStep | None = None,
+    prompts: Sequence[str | None] | None = None,
+    guidance: float = 1.0,
 ) -> dict[str, torch.Tensor]:
     """len(generators) clips from `model` (tokens_to_media's layouts), one per generator
     (each on the model's device), integrating the flow in `steps` steps of `method`.
 
     The clip is the model's largest unless `grid` (video patches (T/pt, H/ph, W/pw))
     or `audio_tokens` (N / the audio patch) name a smaller one, as a bucket's. The model
-    is put in eval mode for the duration and back in its mode afterwards."""
+    is put in eval mode for the duration and back in its mode afterwards.
+
+    `prompts`: a conditioned model's caption or class label per sample (None: no
+    condition); `guidance` w: classifier-free guidance, v = v(none) + w (v(prompt) -
+    v(none)), both halves in one batch of 2B (w = 1: the conditional v alone)."""
     check_flow_settings(steps, method)
     if not generators:
         raise ValueError("no generators: give one per sample to draw")
+    check_prompts(model, prompts, len(generators), guidance)
     shapes = token_shapes(model, grid, audio_tokens)
     device = next(model.parameters()).device
     for g in generators:
@@ -175,9 +206,18 @@ def sample_av_dit(
     video_grid = (grid or model.video_grid) if "video" in shapes else None
 
     def velocity(x: Tokens, t: torch.Tensor) -> Tokens:
-        # The one call on the model: classifier-free guidance would mix a conditional
-        # and an unconditional call here.
-        return model.velocity(x, t, video_grid)
+        if prompts is None:  # as before conditioning: a subclass's velocity(x, t, grid)
+            return model.velocity(x, t, video_grid)
+        if guidance == 1.0:
+            return model.velocity(x, t, video_grid, prompts)
+        doubled = {name: torch.cat((value, value)) for name, value in x.items()}
+        none: list[str | None] = [None] * len(prompts)
+        v = model.velocity(doubled, torch.cat((t, t)), video_grid, [*prompts, *none])
+        guided = {}
+        for name, both in v.items():
+            conditional, unconditional = both.float().chunk(2)
+            guided[name] = unconditional + guidance * (conditional - unconditional)
+        return guided
 
     was_training = model.training
     model.eval()

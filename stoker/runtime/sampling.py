@@ -37,7 +37,13 @@ from torch import nn
 
 from stoker.errors import StokerError
 from stoker.runtime.ar_sampling import sample_audio_ar
-from stoker.runtime.flow_sampling import FlowMethod, OnStep, check_flow_settings, sample_av_dit
+from stoker.runtime.flow_sampling import (
+    FlowMethod,
+    OnStep,
+    check_flow_settings,
+    check_prompts,
+    sample_av_dit,
+)
 from stoker.runtime.models.audio_ar import AudioAR
 from stoker.runtime.models.av_dit import AVDiT
 
@@ -63,12 +69,16 @@ def sample_model(
     temperature: float = 1.0,
     top_k: int | None = None,
     on_step: OnStep | None = None,
+    prompts: Sequence[str | None] | None = None,
+    guidance: float = 1.0,
 ) -> dict[str, torch.Tensor]:
     """len(seeds) samples of `model` by modality (module docstring): its own
     `sample(generators, steps)` where it has one, else the built-in sampler of an
     av_dit (`steps`, `method`) or an audio_ar (`temperature`, `top_k`); a StokerError
     for a model with neither. `on_step(done, total)` follows a built-in sampler's
-    steps (a model's own sample() is one call)."""
+    steps (a model's own sample() is one call). `prompts` (one per seed) and
+    `guidance` condition a conditioned av_dit (flow_sampling.sample_av_dit); a model's
+    own sample() gets them as keywords when prompts are given."""
     if not seeds:
         raise ValueError("no seeds: give one per sample to draw")
     check_flow_settings(steps, method)
@@ -80,9 +90,19 @@ def sample_model(
     try:
         with torch.no_grad():
             if callable(own):
-                return checked_samples(model, own(generators, steps), len(seeds))
+                extra = {"prompts": prompts, "guidance": guidance} if prompts is not None else {}
+                return checked_samples(model, own(generators, steps, **extra), len(seeds))
             if isinstance(model, AVDiT):
-                return sample_av_dit(model, generators, steps=steps, method=method, on_step=on_step)
+                try:
+                    check_prompts(model, prompts, len(seeds), guidance)
+                except ValueError as exc:
+                    raise StokerError(str(exc), fix="--prompt takes a caption, or a class "
+                                      "label of model.args.classes") from None  # fmt: skip
+                return sample_av_dit(model, generators, steps=steps, method=method,
+                                     on_step=on_step, prompts=prompts,
+                                     guidance=guidance)  # fmt: skip
+            if prompts is not None and any(p is not None for p in prompts):
+                raise StokerError("the audio_ar takes no prompts", fix="leave out the prompts")
             assert isinstance(model, AudioAR)
             return sample_audio_ar(
                 model, generators, temperature=temperature, top_k=top_k, on_step=on_step

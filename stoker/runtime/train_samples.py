@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -32,14 +32,22 @@ from stoker.runtime.sample_files import write_samples
 from stoker.runtime.sampling import check_samplable, sample_model
 
 ARTIFACT_FOLDER = "samples"
+T = TypeVar("T")
 
 
-def share_of(seeds: Sequence[int], rank: int, world_size: int) -> list[int]:
-    """The seeds rank `rank` draws: its slice of ceil(K / world_size), padded with the
-    last seed so that every rank draws as many."""
-    share = math.ceil(len(seeds) / world_size)
-    mine = list(seeds[rank * share : (rank + 1) * share])
-    return mine + [int(seeds[-1])] * (share - len(mine))
+def share_of(items: Sequence[T], rank: int, world_size: int) -> list[T]:
+    """The seeds (or prompts) rank `rank` draws: its slice of ceil(K / world_size),
+    padded with the last so that every rank draws as many."""
+    share = math.ceil(len(items) / world_size)
+    mine = list(items[rank * share : (rank + 1) * share])
+    return mine + [items[-1]] * (share - len(mine))
+
+
+def prompts_for(seeds: Sequence[int], prompts: Sequence[str]) -> list[str | None] | None:
+    """train.sample_prompts, cycled to one per seed; None without prompts."""
+    if not prompts:
+        return None
+    return [prompts[i % len(prompts)] for i in range(len(seeds))]
 
 
 @contextmanager
@@ -90,12 +98,16 @@ class TrainSampler:
         them in the background."""
         train = self.cfg.train
         seeds = train.sample_seeds
-        mine = share_of(seeds, self.env.rank, self.env.world_size)
+        rank, ranks = self.env.rank, self.env.world_size
+        mine = share_of(seeds, rank, ranks)
+        prompts = prompts_for(seeds, train.sample_prompts)
+        my_prompts = share_of(prompts, rank, ranks) if prompts is not None else None
         started = time.perf_counter()
         weights = self.ema.applied() if self.ema is not None else nullcontext()
         with weights, full_weights(model), self.autocast():
             drawn = sample_model(model, seeds=mine, steps=train.sample_steps,
-                                 method=train.sample_method)  # fmt: skip
+                                 method=train.sample_method, prompts=my_prompts,
+                                 guidance=train.sample_guidance)  # fmt: skip
         local = {name: tensor.detach().cpu() for name, tensor in drawn.items()}
         rows: list[Any] = [local]
         if self.env.distributed:
@@ -104,13 +116,15 @@ class TrainSampler:
         if not self.env.is_main:
             return
         samples = {name: torch.cat([r[name] for r in rows])[: len(seeds)] for name in local}
-        about = {
+        about: dict[str, Any] = {
             "step": step,
             "weights": "ema" if self.ema is not None else "model",
             "method": train.sample_method,
             "steps": train.sample_steps,
             "sampling_s": round(time.perf_counter() - started, 3),
         }
+        if prompts is not None:
+            about.update(prompts=prompts, guidance=train.sample_guidance)
         if self._writer is None:
             self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stoker-samples")
         self._pending.append(self._writer.submit(self._write, samples, list(seeds), step, about))

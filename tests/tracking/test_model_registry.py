@@ -185,7 +185,7 @@ def test_refusals_name_the_problem_and_the_fix(
     assert out.exists() == (case != "bad name")
 
 
-def test_a_run_with_register_final_registers_its_ema_weights_with_their_lineage(
+def test_a_run_registers_its_ema_weights_with_their_lineage_and_samples_join_it(
     isolated_home: Path, tmp_path: Path, mlflow_server: Server
 ) -> None:
     """train.register_final through `stoker run`: the version names the run, the final
@@ -216,3 +216,15 @@ def test_a_run_with_register_final_registers_its_ema_weights_with_their_lineage(
     run = client.get_run(run_id)
     assert digests and digests[0] == run.inputs.dataset_inputs[0].dataset.digest
     assert MISSING_TAG not in version.tags
+
+    # `stoker sample JOB --log`: the job's frozen config rebuilds the model; the clips
+    # join its run.
+    clips = tmp_path / "clips"
+    sampled = stoker("sample", job["job_id"], "--seed", "9", "--steps", "1", "--out", str(clips),
+                     "--log", "--json", timeout=600)  # fmt: skip
+    assert sampled.returncode == 0, sampled.stderr[-3000:]
+    record = json.loads(sampled.stdout)
+    assert record["step"] == 3 and record["weights"] == "ema"
+    assert record["logged"] == f"runs:/{run_id}/samples/cli-step-3"
+    logged = [a.path for a in client.list_artifacts(run_id, "samples/cli-step-3")]
+    assert "samples/cli-step-3/seed-9.mp4" in logged, logged

@@ -8,7 +8,8 @@ attention. Either modality may be absent (a data set without it).
 
 Positions: 3D RoPE (t, h, w) for video tokens; audio tokens take the t of
 their start time in video-token time units and h = w = 0 (see
-`av_rope_tables`). Conditioning: adaLN-zero (DiT) on the timestep. Norms are
+`av_rope_tables`). Conditioning: adaLN-zero (DiT) on the timestep, plus a caption's
+or class label's vector where model.args.condition asks (conditioning.py). Norms are
 RMSNorm, the MLP SwiGLU, with RMSNorm on q and k per head.
 
 Loss: rectified flow (SD3). Per sample t ~ logit-normal(0, 1), noise
@@ -31,7 +32,7 @@ one's (positions are integer grid coordinates), so one table serves every bucket
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +42,7 @@ from stoker.kernels import AdaLNRMSNorm, RMSNorm, SwiGLU, rope_table_1d, rope_ta
 from stoker.kernels.rope import default_sections
 from stoker.model import valid_mean
 from stoker.runtime.models.attention import SelfAttention
+from stoker.runtime.models.conditioning import ConditionArgs, Conditioner
 from stoker.runtime.models.patches import patchify_audio, patchify_video
 from stoker.runtime.models.sizes import AVDiTSize
 from stoker.runtime.models.training_model import Batch, Noise, TrainingModel
@@ -217,6 +219,7 @@ class AVDiT(TrainingModel):
         )
         self.final_modulation = nn.Linear(dim, 2 * dim)
         self.final_norm = AdaLNRMSNorm(dim)
+        self.conditioner: Conditioner | None = None  # set_condition
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
         self.init_weights()
@@ -235,6 +238,15 @@ class AVDiT(TrainingModel):
             matmuls += [(getattr(self, f"{name}_{layer}"), name) for layer in ("embed", "out")]
         counts = {"sample": 1, "video": self.video_tokens, "audio": self.audio_tokens}
         self._count_flops(matmuls, dim, {**counts, "tokens": self.video_tokens + self.audio_tokens})
+
+    def set_condition(self, args: ConditionArgs) -> None:
+        """Condition the model on captions or class labels (conditioning.py); made after
+        the rest, so an unconditioned model's initial weights do not change."""
+        if args.condition == "none":
+            self.conditioner = None
+            return
+        self.conditioner = Conditioner(args, self.size.dim).to(self.final_modulation.weight.device)
+        self.conditioner.init_weights()
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -270,6 +282,8 @@ class AVDiT(TrainingModel):
                 nn.init.zeros_(linear.bias)
             for name in self.modalities:
                 nn.init.normal_(getattr(self, f"{name}_modality"), std=0.02)
+        if getattr(self, "conditioner", None) is not None:
+            self.conditioner.init_weights()  # type: ignore[union-attr]
 
     def _output_layers(self) -> list[nn.Linear]:
         return [getattr(self, f"{name}_out") for name in self.modalities]
@@ -392,9 +406,12 @@ class AVDiT(TrainingModel):
         x_t: dict[str, torch.Tensor],
         t: torch.Tensor,
         grid: tuple[int, int, int] | None = None,
+        conditions: Sequence[str | None] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Predicted v per modality, in the tokens' layout, for noisy tokens at t [B].
-        `grid`: the video's patch grid (video_grid_of); None: the largest clip's."""
+        `grid`: the video's patch grid (video_grid_of); None: the largest clip's.
+        `conditions`: a conditioned model's caption or class label per sample, None
+        for none (its null vector); all None when not given."""
         parts = []
         for name in self.modalities:
             embed: nn.Linear = getattr(self, f"{name}_embed")
@@ -406,7 +423,15 @@ class AVDiT(TrainingModel):
         if grid is not None and math.prod(grid) != video_tokens:
             raise ValueError(f"{video_tokens} video tokens do not make the patch grid {grid}")
         cos, sin = self.rope(grid, x.shape[1] - video_tokens)
-        cond = F.silu(self.t_embed(t))
+        embedded = self.t_embed(t)
+        if self.conditioner is not None:
+            rows = list(conditions) if conditions is not None else [None] * t.shape[0]
+            embedded = embedded + self.conditioner(rows).to(embedded.dtype)
+        elif conditions is not None and any(c is not None for c in conditions):
+            raise ValueError(
+                "conditions given to an av_dit trained without any (model.args.condition)"
+            )
+        cond = F.silu(embedded)
         for block in self.blocks:
             x = block(x, cond, cos, sin)
         shift, scale = self.final_modulation(cond).to(x.dtype).chunk(2, dim=-1)
@@ -445,7 +470,10 @@ class AVDiT(TrainingModel):
         clean = self.clean_tokens(batch)
         grid = self.video_grid_of(self.inputs(batch)["video"]) if self.video is not None else None
         x_t, t, target = self.noised(clean, generator)
-        predicted = self.velocity(x_t, t, grid)
+        conditions = None
+        if self.conditioner is not None:  # drawn after the noise: its draws stay as they were
+            conditions = self.conditioner.dropped(self.conditioner.labels(batch), generator)
+        predicted = self.velocity(x_t, t, grid, conditions)
         per_sample = [
             (predicted[name].float() - target[name]).square().mean(dim=(1, 2))
             for name in self.modalities

@@ -21,6 +21,7 @@ from stoker.errors import StokerError
 from stoker.model import ClipShape, DataShapes
 from stoker.runtime.models.audio_ar import AudioAR
 from stoker.runtime.models.av_dit import AVDiT
+from stoker.runtime.models.conditioning import NO_CONDITION, ConditionArgs
 from stoker.runtime.models.sizes import audio_ar_size, av_dit_size
 
 if TYPE_CHECKING:  # pydantic stays optional for the benchmarks on GPU nodes
@@ -143,9 +144,10 @@ def _indexed(data: DataShapes) -> list[tuple[ClipShape, _Setting]]:
     return [(data.clip_shapes[0], _Setting(None))]
 
 
-def av_dit(data: DataShapes, size: str = "tiny") -> AVDiT:
-    """The built-in `model.arch: av_dit` (the factory contract of stoker/model.py)."""
-    return build_av_dit(size, data)
+def av_dit(data: DataShapes, size: str = "tiny", args: ConditionArgs = NO_CONDITION) -> AVDiT:
+    """The built-in `model.arch: av_dit` (the factory contract of stoker/model.py);
+    `model.args` conditions it on captions or class labels (conditioning.py)."""
+    return build_av_dit(size, data, args)
 
 
 def audio_ar(data: DataShapes, size: str = "tiny") -> AudioAR:
@@ -153,10 +155,27 @@ def audio_ar(data: DataShapes, size: str = "tiny") -> AudioAR:
     return build_audio_ar(size, data)
 
 
-def build_av_dit(size_name: str, data: DataConfig | DataShapes) -> AVDiT:
+def build_av_dit(
+    size_name: str, data: DataConfig | DataShapes, condition: ConditionArgs = NO_CONDITION
+) -> AVDiT:
     """The av_dit preset `size_name` for every clip shape of `data`: refused, naming the
-    setting (the bucket) and a value that works, for a shape its patches do not divide."""
+    setting (the bucket) and a value that works, for a shape its patches do not divide,
+    or a condition whose sidecar data.modalities leaves out."""
     shapes = _shapes_of(data)
+    needed = condition.modality
+    if needed is not None and needed not in shapes.modalities:
+        raise DataDoesNotFitModel(
+            "data.modalities",
+            f"model.args.condition {condition.condition} reads each clip's {needed!r} "
+            f"sidecar, but data.modalities {list(shapes.modalities)} leaves it out",
+            fix=f"add '{needed}' to data.modalities",
+        )
+    model = _build_av_dit(size_name, shapes)
+    model.set_condition(condition)
+    return model
+
+
+def _build_av_dit(size_name: str, shapes: DataShapes) -> AVDiT:
     size = av_dit_size(size_name)
     what = f"the {size_name} av_dit"
     if shapes.latents:
