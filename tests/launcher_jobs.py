@@ -23,7 +23,9 @@ FINAL_STATES = TERMINAL_STATES  # the states after which a job has ended for goo
 
 def submit_json(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> dict:
     """`stoker submit ... --json`: the parsed last line (the call must succeed)."""
-    result = stoker("submit", "--json", *args, cwd=cwd, env=env)
+    # A submit imports mlflow and creates the run: 10-20 s on an idle 2-core VM, and
+    # over 120 s seen under the CPU burner plus a loaded suite beside it.
+    result = stoker("submit", "--json", *args, cwd=cwd, env=env, timeout=360)
     assert result.returncode == 0, f"submit failed:\n{result.stderr}\n{result.stdout}"
     return json.loads(result.stdout.strip().splitlines()[-1])
 

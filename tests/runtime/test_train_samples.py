@@ -85,3 +85,33 @@ def test_each_rank_draws_an_equal_share() -> None:
     assert [share_of([1, 2, 3], r, 2) for r in range(2)] == [[1, 2], [3, 3]]
     assert [share_of([1, 2], r, 4) for r in range(4)] == [[1], [2], [2], [2]]
     assert share_of([9], 0, 1) == [9]
+
+
+def test_sample_files_for_each_kind_of_model(tmp_path: Path) -> None:
+    """Audio alone: WAVs; a rate AAC lacks: a silent mp4 beside a WAV; latents: one
+    safetensors file; the folder is replaced whole; rows must match the seeds."""
+    from stoker.runtime.sample_files import write_samples
+
+    audio = torch.rand(2, 2, 1600) * 2 - 1
+    names = [p.name for p in write_samples({"audio": audio}, [3, 4], tmp_path / "a", fps=8,
+                                           sample_rate=16_000)]  # fmt: skip
+    assert names == ["seed-3.wav", "seed-4.wav", "contact.png", "samples.json"]
+    with av.open(str(tmp_path / "a/seed-4.wav")) as container:
+        stream = container.streams.audio[0]
+        assert (stream.rate, stream.channels) == (16_000, 2)
+        assert sum(f.samples for f in container.decode(audio=0)) == 1600
+
+    video = torch.randint(0, 256, (1, 4, 3, 16, 16), dtype=torch.uint8)
+    odd = write_samples({"video": video, "audio": audio[:1]}, [7], tmp_path / "b", fps=8,
+                        sample_rate=1_000)  # fmt: skip
+    assert [p.name for p in odd] == ["seed-7.mp4", "seed-7.wav", "contact.png", "samples.json"]
+    with av.open(str(tmp_path / "b/seed-7.mp4")) as container:
+        assert not container.streams.audio and container.streams.video[0].frames == 4
+
+    latents = {"video": torch.randn(1, 2, 4, 4, 4), "audio": torch.randn(1, 8, 8)}
+    folder = tmp_path / "b"  # replaced whole: the old clips go
+    write_samples(latents, [7], folder, fps=8, sample_rate=16_000)
+    assert sorted(p.name for p in folder.iterdir()) == ["latents.safetensors", "samples.json"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    with pytest.raises(ValueError, match="one row per seed"):
+        write_samples({"audio": audio}, [1], tmp_path / "c", fps=8, sample_rate=16_000)
