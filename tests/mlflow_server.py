@@ -36,9 +36,10 @@ def stop_process_group(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 240) -> None:
     """Until `url`/health answers 200; AssertionError with the log if the process
-    exits or the time runs out."""
+    exits or the time runs out. A server starts in about 10 s on an idle 2-core VM; over
+    60 s was seen beside a 2-node training job and the CPU burner."""
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
