@@ -64,6 +64,14 @@ def test_stoker_run_trains_the_builtin_experiment(isolated_home: Path) -> None:
     for key in ("grad_norm", "lr", "system/throughput/samples_per_s", "system/time/data_wait_s"):
         assert key in run.data.metrics, key
     assert any(k.startswith("system/") and k.endswith("cpu_percent") for k in run.data.metrics)
+    # Samples from the EMA weights, drawn by both FSDP2 ranks, gathered and logged by rank 0.
+    for step in (150, 300):
+        logged = {a.path for a in client.list_artifacts(run.info.run_id, f"samples/step-{step}")}
+        expected = {f"samples/step-{step}/{name}" for name in
+                    ("seed-0.mp4", "seed-3.mp4", "contact.png", "samples.json")}  # fmt: skip
+        assert expected <= logged, logged
+    record = json.loads((run_dir / "samples" / "step-300" / "samples.json").read_text())
+    assert record["weights"] == "ema" and record["seeds"] == [0, 1, 2, 3]
 
 
 def test_a_failed_stoker_run_says_the_failing_ranks_error_and_fix(
