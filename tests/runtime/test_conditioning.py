@@ -16,7 +16,7 @@ from stoker.runtime.models.build import build_av_dit
 from stoker.runtime.models.conditioning import ConditionArgs, words
 from stoker.runtime.sampling import sample_model, seeded_generators
 from tests.runtime.batches import data_config, moving_square_batch, random_batch
-from tests.runtime.test_sampling import generators, scrambled
+from tests.runtime.sampled_models import generators, scrambled
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CAPTIONED = data_config(clip_seconds=0.5, fps=8, resolution=(16, 16), modalities=["video", "text"])

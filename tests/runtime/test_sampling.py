@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
-from typing import TypeVar
 
 import pytest
 import torch
@@ -20,8 +19,9 @@ from stoker.runtime.flow_sampling import Tokens, sample_av_dit, solve_flow
 from stoker.runtime.models import AV_DIT_SIZES, AudioAR, AVDiT, build_model
 from stoker.runtime.models.audio_ar import BOS
 from stoker.runtime.models.mu_law import mu_law_decode, mu_law_encode
-from stoker.runtime.sampling import sample_model, seeded_generators
+from stoker.runtime.sampling import sample_model
 from tests.runtime.batches import data_config, random_batch
+from tests.runtime.sampled_models import generators, scrambled
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -31,7 +31,6 @@ AV = data_config(clip_seconds=0.5, fps=8, resolution=(16, 16), sample_rate=1600)
 VIDEO_ONLY = data_config(clip_seconds=0.5, fps=8, resolution=(16, 16), modalities=["video"])
 AUDIO_ONLY = data_config(clip_seconds=0.5, sample_rate=1600, channels=2, modalities=["audio"])
 AR = data_config(clip_seconds=0.003, sample_rate=16000, modalities=["audio"])
-M = TypeVar("M", bound=nn.Module)
 
 
 def built(arch: str, data: DataConfig) -> nn.Module:
@@ -57,20 +56,6 @@ def audio_ar() -> AudioAR:
     model = built("audio_ar", AR)
     assert isinstance(model, AudioAR)
     return scrambled(model)
-
-
-def scrambled(model: M) -> M:
-    """Random values in every parameter, the zero-initialised ones included: at
-    initialisation the av_dit's v is exactly 0 and the samples would be the noise."""
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn(param.shape, generator=gen) * 0.1 + (param.dim() == 1))
-    return model
-
-
-def generators(*seeds: int) -> list[torch.Generator]:
-    return seeded_generators(seeds, torch.device("cpu"))
 
 
 # --- av_dit: shapes, seeds --------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from stoker.runtime.train_samples import share_of
-from tests.runtime.test_trainer import Recorder, _config, _trainer
+from tests.runtime.trainer_runs import Recorder, built_trainer, trainer_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SAMPLING = ["train.sample_every=2", "train.sample_seeds=[5,6,7]", "train.sample_steps=2",
@@ -28,9 +28,9 @@ def data_url(synthetic_av_set: Callable[..., Path]) -> str:
 
 
 def test_samples_every_n_steps_are_logged_and_decode(tmp_path: Path, data_url: str) -> None:
-    cfg = _config(tmp_path, data_url, 3, *SAMPLING)
+    cfg = trainer_config(tmp_path, data_url, 3, *SAMPLING)
     sink = Recorder()
-    trainer = _trainer(cfg, tmp_path / "run", sink)
+    trainer = built_trainer(cfg, tmp_path / "run", sink)
     trainer.train()
     samples = tmp_path / "run" / "samples"
     assert sink.artifacts == [(samples / "step-2", "samples/step-2"),
@@ -53,7 +53,9 @@ def test_samples_every_n_steps_are_logged_and_decode(tmp_path: Path, data_url: s
     assert (folder / "contact.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # Another run with the same seeds: the same files, byte for byte.
-    again = _trainer(_config(tmp_path, data_url, 3, *SAMPLING), tmp_path / "again", Recorder())
+    again = built_trainer(
+        trainer_config(tmp_path, data_url, 3, *SAMPLING), tmp_path / "again", Recorder()
+    )
     again.train()
     for name in ("seed-5.mp4", "seed-7.mp4", "contact.png"):
         same = (tmp_path / "again/samples/step-3" / name).read_bytes()
@@ -62,8 +64,8 @@ def test_samples_every_n_steps_are_logged_and_decode(tmp_path: Path, data_url: s
 
 def test_samples_use_the_ema_weights(tmp_path: Path, data_url: str) -> None:
     """The EMA's clips differ from the trained weights' and the weights are put back."""
-    cfg = _config(tmp_path, data_url, 2, *SAMPLING, "train.sample_every=0")
-    trainer = _trainer(cfg, tmp_path / "run", Recorder())
+    cfg = trainer_config(tmp_path, data_url, 2, *SAMPLING, "train.sample_every=0")
+    trainer = built_trainer(cfg, tmp_path / "run", Recorder())
     trainer.train()
     assert trainer.ema is not None
     before = [p.detach().clone() for p in trainer.model.parameters()]

@@ -6,19 +6,15 @@ non-finite losses aborts with a clear error."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
-from stoker.config import ExperimentConfig, resolve_config
 from stoker.errors import StokerError
 from stoker.protocol import EXIT_REQUEUE
-from stoker.runtime.dist_env import detect
-from stoker.runtime.metrics_sink import MetricsOnlySink
-from stoker.runtime.trainer import Trainer
+from tests.runtime.trainer_runs import Recorder, built_trainer, trainer_config
 
 
 @pytest.fixture(scope="module")
@@ -26,77 +22,37 @@ def data_url(synthetic_av_set: Callable[..., Path]) -> str:
     return str(synthetic_av_set(clips=16, size=(64, 64)))
 
 
-def _config(tmp_path: Path, data_url: str, steps: int, *overrides: str) -> ExperimentConfig:
-    exp = tmp_path / "exp.yaml"
-    exp.write_text(yaml.safe_dump({
-        "data": {"url": data_url, "batch_size": 4, "num_workers": 0},
-        "train": {"steps": steps, "log_every": 1, "seed": 3},
-        "optim": {"warmup_steps": 2},
-        "checkpoint": {"every": 0, "keep_last": 2},
-    }))  # fmt: skip
-    return resolve_config(exp, list(overrides), use_profile=False).config
-
-
-class Recorder(MetricsOnlySink):
-    """The trainer's metrics sink; can ask for a stop at a given step."""
-
-    def __init__(self, stop_file: Path | None = None, stop_at: int | None = None) -> None:
-        self.losses: dict[int, float] = {}
-        self.metrics: dict[int, dict[str, float]] = {}
-        self.saves: dict[int, dict[str, float]] = {}
-        self.artifacts: list[tuple[Path, str | None]] = []
-        self.stop_file, self.stop_at = stop_file, stop_at
-
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        if "system/checkpoint/bytes" in metrics:  # a committed save (MetricsOnlySink)
-            self.saves[step] = dict(metrics)
-            return
-        self.losses[step] = metrics["loss"]
-        self.metrics[step] = dict(metrics)
-        if step == self.stop_at and self.stop_file is not None:
-            self.stop_file.touch()
-
-    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        self.artifacts.append((path, artifact_path))
-
-
-def _trainer(cfg: ExperimentConfig, run_dir: Path, sink: Recorder) -> Trainer:
-    trainer = Trainer(cfg, detect({}), torch.device("cpu"), run_dir=run_dir, sink=sink)
-    trainer.build()
-    return trainer
-
-
 def test_stop_saves_exits_for_requeue_and_resumes_exactly(
     tmp_path: Path, data_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cfg = _config(tmp_path, data_url, steps=6)
+    cfg = trainer_config(tmp_path, data_url, steps=6)
     stop_file = tmp_path / "stop-requested"
     monkeypatch.setenv("STOKER_STOP_FILE", str(stop_file))
 
     # The stop file appears after step 3: step 4 is finished, then saved.
     first = Recorder(stop_file, stop_at=3)
-    outcome = _trainer(cfg, tmp_path / "run", first).train()
+    outcome = built_trainer(cfg, tmp_path / "run", first).train()
     assert (outcome.exit_code, outcome.status, outcome.step) == (EXIT_REQUEUE, "REQUEUE", 4)
     assert (tmp_path / "run" / "checkpoints" / "step-4" / ".metadata").is_file()
     assert sorted(first.saves) == [4] and first.saves[4]["system/checkpoint/bytes"] > 0
 
     stop_file.unlink()
     second = Recorder()
-    trainer = _trainer(cfg, tmp_path / "run", second)
+    trainer = built_trainer(cfg, tmp_path / "run", second)
     assert trainer.start_step == 4
     outcome = trainer.train()
     assert (outcome.exit_code, outcome.status, outcome.step) == (0, "FINISHED", 6)
     assert sorted(second.losses) == [5, 6]
 
     straight = Recorder()
-    _trainer(cfg, tmp_path / "straight", straight).train()
+    built_trainer(cfg, tmp_path / "straight", straight).train()
     assert straight.losses == {**first.losses, **second.losses}
 
 
 def test_non_finite_losses_skip_then_abort(tmp_path: Path, data_url: str) -> None:
-    cfg = _config(tmp_path, data_url, steps=20)
+    cfg = trainer_config(tmp_path, data_url, steps=20)
     sink = Recorder()
-    trainer = _trainer(cfg, tmp_path / "run", sink)
+    trainer = built_trainer(cfg, tmp_path / "run", sink)
     weights = [p.detach().clone() for p in trainer.model.parameters()]
     real_forward = trainer.model.forward  # what the trainer calls (stoker/model.py)
     trainer.model.forward = lambda batch, generator=None: real_forward(batch) * math.nan
@@ -112,8 +68,8 @@ def test_non_finite_losses_skip_then_abort(tmp_path: Path, data_url: str) -> Non
 def test_a_samples_noise_does_not_depend_on_its_batch(tmp_path: Path, data_url: str) -> None:
     """Per-sample generators keyed by stream position: the loss of a batch
     equals the mean of its halves' losses, as 2 ranks would split it."""
-    cfg = _config(tmp_path, data_url, steps=1)
-    trainer = _trainer(cfg, tmp_path / "run", Recorder())
+    cfg = trainer_config(tmp_path, data_url, steps=1)
+    trainer = built_trainer(cfg, tmp_path / "run", Recorder())
     batch = next(trainer._batches())
     with torch.no_grad():
         whole = trainer.model.loss(batch, trainer.noise_for(batch))
@@ -128,10 +84,10 @@ def test_a_samples_noise_does_not_depend_on_its_batch(tmp_path: Path, data_url: 
 
 
 def test_profile_and_held_out_evaluation(tmp_path: Path, data_url: str) -> None:
-    cfg = _config(tmp_path, data_url, 4, "train.profile_steps=[2,3]", "train.eval_every=2",
+    cfg = trainer_config(tmp_path, data_url, 4, "train.profile_steps=[2,3]", "train.eval_every=2",
                   "train.eval_batches=2", f"data.eval_url={data_url}")  # fmt: skip
     sink = Recorder()
-    trainer = _trainer(cfg, tmp_path / "run", sink)
+    trainer = built_trainer(cfg, tmp_path / "run", sink)
     before = trainer.evaluate()
     assert trainer.evaluate() == before  # the same batches and noise each time
     trainer.train()
@@ -154,10 +110,10 @@ def test_activation_checkpointing_recomputes_the_same_step(tmp_path: Path, data_
     checkpointing train to the same losses as none (CPU, fp32)."""
     losses = {}
     for mode in ("none", "selective", "full"):
-        cfg = _config(tmp_path, data_url, 3, f"train.activation_checkpointing={mode}",
+        cfg = trainer_config(tmp_path, data_url, 3, f"train.activation_checkpointing={mode}",
                       "train.precision=fp32")  # fmt: skip
         sink = Recorder()
-        trainer = _trainer(cfg, tmp_path / mode, sink)
+        trainer = built_trainer(cfg, tmp_path / mode, sink)
         wrapped = sum("CheckpointWrapper" in type(b).__name__ for b in trainer.model.blocks)
         assert wrapped == {"none": 0, "selective": 2, "full": 4}[mode]
         trainer.train()
@@ -168,8 +124,8 @@ def test_activation_checkpointing_recomputes_the_same_step(tmp_path: Path, data_
 def test_stream_positions_stay_on_the_host(tmp_path: Path, data_url: str) -> None:
     """noise_for reads the positions: on a GPU, moving them there would cost a
     device-to-host sync per micro-batch."""
-    cfg = _config(tmp_path, data_url, steps=1)
-    trainer = _trainer(cfg, tmp_path / "run", Recorder())
+    cfg = trainer_config(tmp_path, data_url, steps=1)
+    trainer = built_trainer(cfg, tmp_path / "run", Recorder())
     trainer.device = torch.device("meta")  # any device other than the host's
     batch = trainer._to_device({"position": torch.arange(4), "audio": torch.zeros(4, 1, 8)})
     assert batch["position"].device.type == "cpu" and batch["audio"].device.type == "meta"
@@ -202,16 +158,16 @@ def test_ema_is_checkpointed_and_resumes_bit_exact(
 ) -> None:
     """train.ema_decay: the average moves every step, is saved beside the model, and a
     stopped and resumed run ends with the uninterrupted run's average to the bit."""
-    cfg = _config(tmp_path, data_url, 6, "train.ema_decay=0.8")
+    cfg = trainer_config(tmp_path, data_url, 6, "train.ema_decay=0.8")
     stop_file = tmp_path / "stop-requested"
     monkeypatch.setenv("STOKER_STOP_FILE", str(stop_file))
-    first = _trainer(cfg, tmp_path / "run", Recorder(stop_file, stop_at=2))
+    first = built_trainer(cfg, tmp_path / "run", Recorder(stop_file, stop_at=2))
     assert first.train().step == 3
     stop_file.unlink()
-    resumed = _trainer(cfg, tmp_path / "run", Recorder())
+    resumed = built_trainer(cfg, tmp_path / "run", Recorder())
     assert resumed.start_step == 3 and resumed.ema is not None
     resumed.train()
-    straight = _trainer(cfg, tmp_path / "straight", Recorder())
+    straight = built_trainer(cfg, tmp_path / "straight", Recorder())
     straight.train()
     assert straight.ema is not None
     for name, tensor in straight.ema.state_dict().items():
@@ -233,15 +189,15 @@ def test_ema_is_checkpointed_and_resumes_bit_exact(
 def test_ema_from_a_checkpoint_without_one_starts_at_its_weights(
     tmp_path: Path, data_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    plain = _config(tmp_path, data_url, 2)
-    _trainer(plain, tmp_path / "run", Recorder()).train()
+    plain = trainer_config(tmp_path, data_url, 2)
+    built_trainer(plain, tmp_path / "run", Recorder()).train()
     from stoker.checkpoint.export import export_weights
 
     with pytest.raises(StokerError, match="has no EMA weights") as exc:
         export_weights(str(tmp_path / "run" / "checkpoints"), str(tmp_path / "x"), weights="ema")
     assert exc.value.fix and "train.ema_decay" in exc.value.fix
 
-    trainer = _trainer(_config(tmp_path, data_url, 4, "train.ema_decay=0.9"),
+    trainer = built_trainer(trainer_config(tmp_path, data_url, 4, "train.ema_decay=0.9"),
                        tmp_path / "run", Recorder())  # fmt: skip
     assert "step-2 has no EMA weights" in capsys.readouterr().out
     assert trainer.ema is not None
