@@ -60,6 +60,9 @@ HANG_FILE = "hang.json"
 # after that (its step was cancelled while it exited) ended as it said, on a good node.
 EXIT_FILE = "rank-{rank}.exit.json"
 STACK_HEADER = "stoker: Python stacks of rank"
+# Where each start's time went (stoker/runtime/time_account.py writes, global rank 0):
+# <run>/accounting/r<restart>.jsonl, read into a job's time account (goodput).
+ACCOUNTING_DIR = "accounting"
 EXIT_HANG = 124  # as timeout(1) exits
 
 # progress.json (ENV_PROGRESS_FILE) carries the last log window's slowest rank; a rank

@@ -23,6 +23,7 @@ Heartbeat, profiler and per-rank timing watch the step from one object
 from __future__ import annotations
 
 import math
+import os
 import resource
 import sys
 import time
@@ -39,10 +40,11 @@ from stoker.checkpoint.checkpointer import Checkpointer
 from stoker.checkpoint.train_state import TrainState
 from stoker.config import ExperimentConfig
 from stoker.errors import StokerError
-from stoker.protocol import EXIT_REQUEUE
+from stoker.protocol import ENV_RESTART, EXIT_REQUEUE
 from stoker.runtime import dist_env
 from stoker.runtime.dist_env import DistEnv
 from stoker.runtime.ema import EMA, EMA_KEY
+from stoker.runtime.eval_data import held_out_loader
 from stoker.runtime.heartbeat import COLLECTIVE_PHASE
 from stoker.runtime.log_window import (
     GATHERED,
@@ -61,6 +63,7 @@ from stoker.runtime.progress import Progress
 from stoker.runtime.step_watch import StepWatch
 from stoker.runtime.stop_request import StopRequest
 from stoker.runtime.stragglers import Slowest, node_name
+from stoker.runtime.time_account import StartAccount
 from stoker.runtime.train_samples import TrainSampler
 
 # A step whose loss or gradient norm is not finite is skipped; this many in a
@@ -159,12 +162,15 @@ class Trainer:
             world_size=self.env.world_size,
             micro_batches=cfg.train.grad_accum,
         )
-        self.eval_loader = self._eval_loader(micro_cfg) if cfg.train.eval_every else None
+        self.eval_loader = (
+            held_out_loader(cfg, micro_cfg, self.env) if cfg.train.eval_every else None
+        )
         self.costs = contract.SampleCosts(self.model)  # FLOPs and tokens per batch shape
         self._said_no_flops = False
         self.model_metrics = ModelMetrics(self.env, self.device, type(model).__name__)
         self._loader_seen: dict[str, float] = {}  # the loader's counters at the last log
         self._generators: list[torch.Generator] = []
+        self._checkpoint_s = self._sample_s = 0.0  # since the last log step
         self.start_step = 0
         decay = cfg.train.ema_decay
         self.ema = EMA(self.model, decay) if decay is not None else None
@@ -202,31 +208,6 @@ class Trainer:
             world_size=self.env.world_size,
             mesh=self.mesh,
             sink=self.sink if self.env.is_main else None,
-        )
-
-    def _eval_loader(self, micro_cfg: ExperimentConfig) -> Any:
-        """The held-out split's loader: clips from their start, the same
-        batches every evaluation (its position is reset each time)."""
-        from stoker.data.loader import loader_from_config
-
-        url = self.cfg.data.eval_url
-        if url is None:
-            if self.cfg.data.url is not None or self.cfg.data.sources:
-                raise StokerError(
-                    "train.eval_every is set but data.eval_url is null: no held-out data set",
-                    fix="set data.eval_url to a held-out data set, or train.eval_every=0",
-                )
-            from stoker.data.synthetic import ensure_synthetic_data
-
-            say = print if self.env.is_main else None
-            url = str(ensure_synthetic_data(self.cfg.data, say, split="eval"))
-        # One data set (named apart from a mixture's), with the run's buckets.
-        data = micro_cfg.data.model_copy(update={"url": url, "sources": [], "clip_offset": "start"})
-        return loader_from_config(
-            micro_cfg.model_copy(update={"data": data}),
-            rank=self.env.rank,
-            world_size=self.env.world_size,
-            micro_batches=self.cfg.train.grad_accum,
         )
 
     @torch.no_grad()
@@ -333,8 +314,13 @@ class Trainer:
         )
         progress = Progress(total, self.start_step) if env.is_main else None
         window, bad_in_row, step = Window(), 0, self.start_step
+        account = StartAccount(self.run_dir, restart=int(os.environ.get(ENV_RESTART) or 0),
+                               enabled=env.is_main)  # fmt: skip
+        account.start(self.start_step, env.world_size)
+        outcome: Outcome | None = None
         try:
             while step < total:
+                account.first_step()
                 watch.begin(step + 1)
                 with watch.phase("data"):
                     micro = [next(batches) for _ in range(accum)]
@@ -361,24 +347,32 @@ class Trainer:
                 if step % cfg.train.log_every == 0 or step == total or stop_wanted:
                     watch.beat("log")
                     self._log(step, window, progress)
+                    self._account(account, step, window)
                     window = Window()
                 if self.sampler.due(step):
                     watch.beat("sample")
+                    began = time.perf_counter()
                     self.sampler.draw(self.model, step)
+                    self._sample_s += time.perf_counter() - began
                 watch.beat("save")
                 if stop_wanted:
                     self.save(step, wait=True)
                     if self.stop.terminated:
-                        return Outcome(EXIT_TERMINATED, "KILLED", step)
-                    return Outcome(EXIT_REQUEUE, "REQUEUE", step)
+                        outcome = Outcome(EXIT_TERMINATED, "KILLED", step)
+                    else:
+                        outcome = Outcome(EXIT_REQUEUE, "REQUEUE", step)
+                    return outcome
                 every = cfg.checkpoint.every
                 if every and step % every == 0 and step < total:
                     self.save(step)
             self.save(step, wait=True)
             if env.is_main:
                 self._final_model(step)
-            return Outcome(0, "FINISHED", step)
+            outcome = Outcome(0, "FINISHED", step)
+            return outcome
         finally:
+            account.end(step, outcome.status if outcome is not None else "FAILED",
+                        checkpoint_s=self._checkpoint_s, sample_s=self._sample_s)  # fmt: skip
             self.sampler.close()
             for path in watch.close():
                 if env.is_main:
@@ -552,6 +546,13 @@ class Trainer:
             self.sink.set_tags({"stoker.slowest_host": self.slowest.host})
             self._tagged_host = self.slowest.host
 
+    def _account(self, account: StartAccount, step: int, window: Window) -> None:
+        """The window's line of this start's time account (time_account.py)."""
+        account.window(step, steps=window.steps, step_s=time.perf_counter() - window.started,
+                       data_s=window.data_s, checkpoint_s=self._checkpoint_s,
+                       sample_s=self._sample_s)  # fmt: skip
+        self._checkpoint_s = self._sample_s = 0.0
+
     def _final_model(self, step: int) -> None:
         """checkpoint.upload_final and train.register_final (final_model.py)."""
         from stoker.runtime import final_model
@@ -568,12 +569,15 @@ class Trainer:
     def save(self, step: int, *, wait: bool = False) -> None:
         """Save the state after `step`; with checkpoint.async the files are written
         while training goes on. `wait`: return once it has committed (or failed)."""
+        began = time.perf_counter()
         state = TrainState(step, self.loader.state_dict(), self.mlflow_run_id)
         self.checkpointer.save(
             step, state, self.model, self.optimizer, self.scheduler, extra=self._extra()
         )
         if wait:
             self.checkpointer.wait()
+        self._checkpoint_s += time.perf_counter() - began  # the loop was held this long
+        if wait:
             failed = [m for s, m in self.checkpointer.failures if s == step]
             if failed:
                 raise StokerError(failed[0], fix="check that checkpoint.root is writable "

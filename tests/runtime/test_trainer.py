@@ -6,6 +6,7 @@ non-finite losses aborts with a clear error."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from stoker.errors import StokerError
+from stoker.launcher.job_time import job_time
 from stoker.protocol import EXIT_REQUEUE
 from tests.runtime.trainer_runs import Recorder, built_trainer, trainer_config
 
@@ -31,18 +33,35 @@ def test_stop_saves_exits_for_requeue_and_resumes_exactly(
 
     # The stop file appears after step 3: step 4 is finished, then saved.
     first = Recorder(stop_file, stop_at=3)
-    outcome = built_trainer(cfg, tmp_path / "run", first).train()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "attempts").write_text(f"{int(time.time())} restart=0 job=1 nodes=here\n")
+    outcome = built_trainer(cfg, run, first).train()
     assert (outcome.exit_code, outcome.status, outcome.step) == (EXIT_REQUEUE, "REQUEUE", 4)
     assert (tmp_path / "run" / "checkpoints" / "step-4" / ".metadata").is_file()
     assert sorted(first.saves) == [4] and first.saves[4]["system/checkpoint/bytes"] > 0
 
     stop_file.unlink()
     second = Recorder()
-    trainer = built_trainer(cfg, tmp_path / "run", second)
+    monkeypatch.setenv("STOKER_RESTART", "1")
+    with open(run / "attempts", "a") as attempts:
+        attempts.write(f"{int(time.time())} restart=1 job=1 nodes=here\n")
+    trainer = built_trainer(cfg, run, second)
     assert trainer.start_step == 4
     outcome = trainer.train()
     assert (outcome.exit_code, outcome.status, outcome.step) == (0, "FINISHED", 6)
     assert sorted(second.losses) == [5, 6]
+
+    # Each start's time account: its steps, its saves, how it ended; nothing redone
+    # (start 1 resumed from the step start 0 saved last).
+    account = job_time(run)
+    stopped, resumed = account.starts
+    assert (stopped.status, stopped.start_step, stopped.last_step) == ("REQUEUE", 0, 4)
+    assert (resumed.status, resumed.start_step, resumed.last_step) == ("FINISHED", 4, 6)
+    for start in account.starts:
+        assert start.productive > 0 and start.lost["checkpoint"] > 0
+        assert start.lost["redone"] == 0 and start.lost["startup"] > 0
+    assert 0 < account.goodput < 1  # type: ignore[operator]
 
     straight = Recorder()
     built_trainer(cfg, tmp_path / "straight", straight).train()

@@ -1,0 +1,85 @@
+"""Where a start's time goes, recorded by global rank 0 as the start runs: one JSON
+object a line in `<run folder>/accounting/r<restart>.jsonl`, appended and flushed, so
+a start that is killed leaves every line it wrote (a line cut short by the kill is
+the last one, and readers skip it).
+
+    {"kind": "start", "at": T, "restart": R, "start_step": S, "ranks": N, "host": H}
+    {"kind": "first_step", "at": T}              the first step of this start begins
+    {"kind": "window", "at": T, "step": S, "steps": n, "step_s": s, "data_s": s,
+     "checkpoint_s": s, "sample_s": s}            one per log step: the window's rank-0
+                                                  seconds in steps, waiting for data, held
+                                                  by checkpoint saves, drawing samples
+    {"kind": "end", "at": T, "step": S, "status": "FINISHED" | "REQUEUE" | ...,
+     "checkpoint_s": s, "sample_s": s}           the same seconds since the last window
+
+Times are epoch seconds (time.time()); durations are rank 0's, as measured by the
+trainer's own clocks. stoker.launcher.job_time reads these files (a line cut short by
+a kill, and any after it, left out), the batch script's `attempts` and the watchdog's
+hang.json into the job's time account (goodput and the time lost by cause).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from stoker.protocol import ACCOUNTING_DIR
+
+
+def account_path(run_dir: Path, restart: int) -> Path:
+    return Path(run_dir) / ACCOUNTING_DIR / f"r{restart}.jsonl"
+
+
+class StartAccount:
+    """The appender of one start's accounting lines; a no-op off global rank 0."""
+
+    def __init__(self, run_dir: Path, *, restart: int, enabled: bool) -> None:
+        self.path = account_path(run_dir, restart) if enabled else None
+        self.restart = restart
+        self._first_step_written = False
+
+    def _write(self, kind: str, **fields: Any) -> None:
+        if self.path is None:
+            return
+        line = json.dumps({"kind": kind, "at": round(time.time(), 3), **fields})
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a") as out:
+                out.write(line + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+        except OSError:
+            pass  # an account that cannot be written must not stop the training
+
+    def start(self, start_step: int, ranks: int) -> None:
+        self._write("start", restart=self.restart, start_step=start_step, ranks=ranks,
+                    host=socket.gethostname())  # fmt: skip
+
+    def first_step(self) -> None:
+        if not self._first_step_written:
+            self._first_step_written = True
+            self._write("first_step")
+
+    def window(
+        self,
+        step: int,
+        *,
+        steps: int,
+        step_s: float,
+        data_s: float,
+        checkpoint_s: float,
+        sample_s: float,
+    ) -> None:
+        self._write("window", step=step, steps=steps, step_s=round(step_s, 4),
+                    data_s=round(data_s, 4), checkpoint_s=round(checkpoint_s, 4),
+                    sample_s=round(sample_s, 4))  # fmt: skip
+
+    def end(self, step: int, status: str, *, checkpoint_s: float, sample_s: float) -> None:
+        """The start's last line; `checkpoint_s` and `sample_s` since the last window (the
+        final save comes after the last log step)."""
+        self._write("end", step=step, status=status, checkpoint_s=round(checkpoint_s, 4),
+                    sample_s=round(sample_s, 4))  # fmt: skip

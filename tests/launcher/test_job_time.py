@@ -1,0 +1,99 @@
+"""A job's time account from its run folder's records: a start killed after its
+checkpoint and requeued, a resumed start that finished, a hang; the figures are the
+arithmetic of the records, to the second."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stoker.launcher.job_time import CAUSES, job_time
+
+
+def write_start(run_dir: Path, restart: int, *lines: dict[str, object]) -> None:
+    folder = run_dir / "accounting"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"r{restart}.jsonl", "a") as out:
+        for line in lines:
+            out.write(json.dumps(line) + "\n")
+
+
+def window(at: float, step: int, step_s: float, data_s: float, checkpoint_s: float = 0.0,
+           sample_s: float = 0.0, steps: int = 10) -> dict[str, object]:  # fmt: skip
+    return {"kind": "window", "at": at, "step": step, "steps": steps, "step_s": step_s,
+            "data_s": data_s, "checkpoint_s": checkpoint_s, "sample_s": sample_s}  # fmt: skip
+
+
+def requeued_job(run_dir: Path) -> None:
+    """Start 0 (2 ranks): 10 s of start-up, steps 1-20, checkpoint at 10, killed without
+    an end line; requeued, start 1 resumes from step 10 and finishes step 20."""
+    (run_dir / "attempts").write_text(
+        "1000 restart=0 job=7 nodes=n[1-2]\n1100 restart=1 job=7 nodes=n[2-3]\n"
+    )
+    write_start(run_dir, 0,
+                {"kind": "start", "at": 1009, "restart": 0, "start_step": 0, "ranks": 2},
+                {"kind": "first_step", "at": 1010},
+                window(1030, 10, step_s=20, data_s=2, checkpoint_s=1),
+                window(1050, 20, step_s=20, data_s=2))  # fmt: skip
+    write_start(run_dir, 1,
+                {"kind": "start", "at": 1104, "restart": 1, "start_step": 10, "ranks": 2},
+                {"kind": "first_step", "at": 1105},
+                window(1125, 20, step_s=20, data_s=1, checkpoint_s=2),
+                {"kind": "end", "at": 1127, "step": 20, "status": "FINISHED"})  # fmt: skip
+
+
+def test_a_requeued_job_accounts_for_every_second(tmp_path: Path) -> None:
+    requeued_job(tmp_path)
+    account = job_time(tmp_path)
+    first, second = account.starts
+    assert (first.allocated, second.allocated) == (50.0, 27.0)  # killed: its last line
+    assert first.productive == 17.0 and second.productive == 17.0
+    none = dict.fromkeys(CAUSES, 0.0)
+    assert first.lost == {**none, "startup": 10.0, "data_wait": 2.0, "checkpoint": 1.0,
+                          "redone": 20.0}  # fmt: skip
+    assert second.lost == {**none, "startup": 5.0, "data_wait": 1.0, "checkpoint": 2.0,
+                           "after_last_step": 2.0}  # fmt: skip
+    assert (first.status, second.status) == (None, "FINISHED")
+    assert account.queue_after_requeue == 50.0
+    assert account.allocated_rank_s == 2 * 77.0
+    assert account.goodput == pytest.approx(34 / 77)
+    lost = account.lost_rank_s()
+    assert account.productive_rank_s + sum(lost.values()) == account.allocated_rank_s
+    assert list(account.to_dict()["lost_rank_hours"]) == list(CAUSES)
+
+
+def test_a_hang_and_the_tail_of_a_failed_last_start(tmp_path: Path) -> None:
+    """A start that hung: the stall until the watchdog's detection is `hang`; steps past
+    the last checkpoint of a job that failed for good are lost with its tail."""
+    (tmp_path / "attempts").write_text("2000 restart=0 job=8 nodes=n1\n")
+    write_start(tmp_path, 0,
+                {"kind": "start", "at": 2001, "restart": 0, "start_step": 0, "ranks": 1},
+                {"kind": "first_step", "at": 2002},
+                window(2012, 10, step_s=10, data_s=0),
+                window(2022, 20, step_s=10, data_s=0),
+                {"kind": "end", "at": 2060, "step": 20, "status": "FAILED"})  # fmt: skip
+    hang = tmp_path / "heartbeat" / "r0"
+    hang.mkdir(parents=True)
+    (hang / "hang.json").write_text(json.dumps({"stalled_s": 30.5, "rank": 0}))
+    start = job_time(tmp_path, kept_through=10).starts[0]
+    assert start.lost["hang"] == 30.5
+    # 38 s from the last log step to the end: 30.5 hung, the rest and steps 11-20 lost.
+    assert start.lost["after_last_step"] == pytest.approx(7.5 + 10.0)
+    assert start.productive == 10.0 and start.lost["redone"] == 0.0
+
+
+def test_a_start_that_never_stepped_and_a_line_cut_short(tmp_path: Path) -> None:
+    (tmp_path / "attempts").write_text(
+        "3000 restart=0 job=9 nodes=n1\n3100 restart=1 job=9 nodes=n2\n"
+    )
+    write_start(tmp_path, 0, {"kind": "start", "at": 3050, "restart": 0, "start_step": 0,
+                              "ranks": 4})  # fmt: skip
+    with open(tmp_path / "accounting" / "r0.jsonl", "a") as out:
+        out.write('{"kind": "first_st')  # killed mid-line
+    account = job_time(tmp_path, ended_at=3200)
+    never = account.starts[0]
+    assert never.allocated == 50.0 and never.lost["startup"] == 50.0 and never.productive == 0
+    # The last start wrote nothing at all: the job's end closes it, all of it start-up.
+    assert account.starts[1].allocated == 100.0 and account.starts[1].lost["startup"] == 100.0
