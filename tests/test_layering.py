@@ -38,6 +38,7 @@ LEAVES = (
     "stoker.protocol",
     "stoker.model",
     "stoker.import_path",
+    "stoker.job_time",
 )
 # Whose module-level imports must stay light (login nodes, `--help`, `import stoker`).
 LOGIN_NODE = (

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.protocol import ACCOUNTING_DIR
+from stoker.runtime.metrics_sink import MetricsSink
 
 
 def account_path(run_dir: Path, restart: int) -> Path:
@@ -83,3 +84,21 @@ class StartAccount:
         final save comes after the last log step)."""
         self._write("end", step=step, status=status, checkpoint_s=round(checkpoint_s, 4),
                     sample_s=round(sample_s, 4))  # fmt: skip
+
+
+def log_job_time(sink: MetricsSink, run_dir: Path, step: int) -> None:
+    """The job's time account (stoker.job_time, every start's) as the run's `time/...`
+    metrics at `step`, and its goodput as the tag `stoker.goodput`; one line printed."""
+    from stoker.job_time import job_time
+
+    account = job_time(run_dir)
+    metrics = account.metrics()
+    sink.log_metrics(metrics, step)
+    goodput = account.goodput
+    if goodput is None:
+        return
+    sink.set_tags({"stoker.goodput": f"{goodput:.3f}"})
+    lost = sorted(account.lost_rank_s().items(), key=lambda item: -item[1])[:3]
+    shown = ", ".join(f"{cause} {value / 3600:.3g}" for cause, value in lost if value > 0)
+    print(f"goodput {goodput:.1%} of {account.allocated_rank_s / 3600:.3g} rank-hours"
+          + (f"; lost rank-hours: {shown}" if shown else ""), flush=True)  # fmt: skip

@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from stoker.runtime.data_lineage import record_lineage
     from stoker.runtime.heartbeat import announce_exit, hang_reported, interval_for, silent_ranks
     from stoker.runtime.rank_tracking import open_tracking
+    from stoker.runtime.time_account import log_job_time
     from stoker.runtime.trainer import Trainer
 
     cfg = load_frozen(args.config)
@@ -108,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         status = outcome.status
         if env.is_main:
             print(f"{outcome.status.lower()} at step {outcome.step}", flush=True)
+            if status == "FINISHED":  # the job's last start: its whole time account
+                log_job_time(tracking, run_dir, outcome.step)
         return ending(outcome.exit_code)
     except (StokerError, KernelBackendError) as exc:
         # The kernels know nothing of stoker; their user errors read the same.

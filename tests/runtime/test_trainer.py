@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from stoker.errors import StokerError
-from stoker.launcher.job_time import job_time
+from stoker.job_time import job_time
 from stoker.protocol import EXIT_REQUEUE
 from tests.runtime.trainer_runs import Recorder, built_trainer, trainer_config
 

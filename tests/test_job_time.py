@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.launcher.job_time import CAUSES, job_time
+from stoker.job_time import CAUSES, job_time
 
 
 def write_start(run_dir: Path, restart: int, *lines: dict[str, object]) -> None:
@@ -62,6 +62,10 @@ def test_a_requeued_job_accounts_for_every_second(tmp_path: Path) -> None:
     lost = account.lost_rank_s()
     assert account.productive_rank_s + sum(lost.values()) == account.allocated_rank_s
     assert list(account.to_dict()["lost_rank_hours"]) == list(CAUSES)
+    metrics = account.metrics()
+    assert metrics["time/goodput"] == pytest.approx(34 / 77)
+    assert metrics["time/lost/redone_rank_hours"] == pytest.approx(2 * 20 / 3600)
+    assert metrics["time/queue_after_requeue_s"] == 50.0 and metrics["time/starts"] == 2
 
 
 def test_a_hang_and_the_tail_of_a_failed_last_start(tmp_path: Path) -> None:

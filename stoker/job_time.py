@@ -1,5 +1,6 @@
 """A job's time account: where the time of the ranks it was given went, from its run
-folder's records (no SLURM call).
+folder's records (no SLURM call). A leaf module (json and paths only): the runtime logs
+it at a job's end, the launcher for a job that ended without doing so.
 
     attempts                      when each start of the batch script began
     accounting/r<k>.jsonl         rank 0's account of start k (stoker/runtime/time_account.py)
@@ -85,6 +86,20 @@ class JobTime:
 
     def lost_rank_s(self) -> dict[str, float]:
         return {c: sum(s.lost[c] * s.ranks for s in self.starts) for c in CAUSES}
+
+    def metrics(self) -> dict[str, float]:
+        """The account as MLflow metrics (`time/...`, rank-hours and seconds)."""
+        out = {
+            "time/allocated_rank_hours": self.allocated_rank_s / 3600,
+            "time/productive_rank_hours": self.productive_rank_s / 3600,
+            "time/queue_after_requeue_s": self.queue_after_requeue,
+            "time/starts": float(len(self.starts)),
+        }
+        if self.goodput is not None:
+            out["time/goodput"] = self.goodput
+        for cause, value in self.lost_rank_s().items():
+            out[f"time/lost/{cause}_rank_hours"] = value / 3600
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {
