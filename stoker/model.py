@@ -38,7 +38,10 @@ The factory gets the data's shapes (`DataShapes`) and its arguments, and returns
   this batch's shape. Optional: without it there is no MFU, said once in the log.
 - `sample(generators, steps)` -> {name: tensor [len(generators), ...]} of media in the
   batch's layouts, one sample per seeded `torch.Generator`: generation
-  (stoker/runtime/sampling.py; the built-in models have their own samplers). Optional.
+  (stoker/runtime/sampling.py; the built-in models have their own samplers), called
+  with `prompts=` (one caption or label per generator) and `guidance=` as keywords
+  when the caller has prompts. Optional: without it, `train.sample_every` and
+  `stoker sample` refuse the model with the fix.
 
 The batch (`Batch`) holds what the loader decoded, as `data.modalities` asks: "video"
 uint8 [B, T, 3, H, W], "audio" float32 [B, C, N], "text" (the captions, a list of
