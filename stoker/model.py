@@ -40,8 +40,8 @@ The factory gets the data's shapes (`DataShapes`) and its arguments, and returns
   batch's layouts, one sample per seeded `torch.Generator`: generation
   (stoker/runtime/sampling.py; the built-in models have their own samplers), called
   with `prompts=` (one caption or label per generator) and `guidance=` as keywords
-  when the caller has prompts. Optional: without it, `train.sample_every` and
-  `stoker sample` refuse the model with the fix.
+  when the caller has prompts. Optional: without it a run draws no samples (said
+  once in the log) and `stoker sample` refuses the model with the fix.
 
 The batch (`Batch`) holds what the loader decoded, as `data.modalities` asks: "video"
 uint8 [B, T, 3, H, W], "audio" float32 [B, C, N], "text" (the captions, a list of

@@ -158,7 +158,7 @@ def check_prompts(
                 "them out, or train with model.args.condition caption or class"
             )
         return
-    classes = conditioner.args.classes
+    classes = list(conditioner.args.classes)
     unknown = sorted({p for p in prompts if p is not None and classes and p not in classes})
     if unknown:
         raise ValueError(f"prompts {unknown} are not among this model's classes {classes}")

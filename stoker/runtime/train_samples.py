@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from stoker.config import ExperimentConfig
+from stoker.errors import StokerError
 from stoker.runtime.dist_env import DistEnv
 from stoker.runtime.ema import EMA
 from stoker.runtime.metrics_sink import MetricsSink
@@ -86,9 +87,17 @@ class TrainSampler:
         self._pending: list[Future[None]] = []
 
     def check(self, model: nn.Module) -> None:
-        """Refuse, before the first step, a model that cannot be sampled."""
-        if self.every:
+        """A model without a sample() method draws no samples, said once, as a model
+        without flops_per_sample has no MFU: train.sample_every may come from a shared
+        experiment (the built-in one) that a plugin model is trained with."""
+        if not self.every:
+            return
+        try:
             check_samplable(model)
+        except StokerError as exc:
+            self.every = 0
+            if self.env.is_main:
+                print(f"train.sample_every: no samples: {exc} ({exc.fix})", flush=True)
 
     def due(self, step: int) -> bool:
         return bool(self.every) and (step % self.every == 0 or step == self.cfg.train.steps)

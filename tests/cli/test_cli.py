@@ -44,6 +44,7 @@ def test_help_lists_the_commands_in_workflow_order() -> None:
         "ui",
         "cancel",
         "requeue",
+        "sample",
         "doctor",
         "config",
         "data",

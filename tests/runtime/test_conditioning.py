@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pydantic import ValidationError
 
 from stoker.config import ModelConfig
 from stoker.errors import StokerError
@@ -36,10 +35,13 @@ def captioned_batch(captions: list[str]) -> dict[str, object]:
 
 
 def test_args_are_checked_with_the_fix() -> None:
-    with pytest.raises(ValidationError, match=r"class_field .* and classes"):
+    with pytest.raises(ValueError, match=r"class_field .* and classes"):
         ConditionArgs(condition="class")
-    with pytest.raises(ValidationError, match="text_encoder is for condition: caption"):
-        ConditionArgs(condition="class", class_field="c", classes=["a", "b"], text_encoder="x:y")
+    with pytest.raises(StokerError, match="raised ValueError: cond_dropout 2 must be") as exc:
+        build_model(ModelConfig(arch="av_dit", size="tiny", args={"cond_dropout": 2}), CAPTIONED)
+    assert exc.value.fix and "model.args" in exc.value.fix
+    with pytest.raises(ValueError, match="text_encoder is for condition: caption"):
+        ConditionArgs(condition="class", class_field="c", classes=("a", "b"), text_encoder="x:y")
     with pytest.raises(StokerError, match=r"add 'text' to data\.modalities"):
         build_model(ModelConfig(arch="av_dit", size="tiny", args={"condition": "caption"}),
                     data_config(clip_seconds=0.5, fps=8, resolution=(16, 16),

@@ -144,9 +144,22 @@ def _indexed(data: DataShapes) -> list[tuple[ClipShape, _Setting]]:
     return [(data.clip_shapes[0], _Setting(None))]
 
 
-def av_dit(data: DataShapes, size: str = "tiny", args: ConditionArgs = NO_CONDITION) -> AVDiT:
+def av_dit(
+    data: DataShapes,
+    size: str = "tiny",
+    *,
+    condition: str = "none",
+    cond_dropout: float = 0.1,
+    class_field: str | None = None,
+    classes: Sequence[str] = (),
+    text_encoder: str | None = None,
+) -> AVDiT:
     """The built-in `model.arch: av_dit` (the factory contract of stoker/model.py);
-    `model.args` conditions it on captions or class labels (conditioning.py)."""
+    `model.args` conditions it on captions or class labels (conditioning.ConditionArgs,
+    whose checks name the fix). Keywords, not a pydantic args class: the models build
+    without pydantic (the step benchmark on a bare GPU node)."""
+    args = ConditionArgs(condition, cond_dropout, class_field, tuple(classes),  # type: ignore[arg-type]
+                         text_encoder)  # fmt: skip
     return build_av_dit(size, data, args)
 
 

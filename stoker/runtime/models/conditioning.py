@@ -23,11 +23,11 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from stoker.runtime.models.training_model import Batch, Noise
@@ -37,24 +37,28 @@ HASHED_BUCKETS = 4096
 _WORD = re.compile(r"[a-z0-9]+")
 
 
-class ConditionArgs(BaseModel):
-    """The av_dit's `model.args` for conditioning."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+@dataclass(frozen=True)
+class ConditionArgs:
+    """The av_dit's `model.args` for conditioning. A dataclass, not a pydantic model:
+    the models import without pydantic (the step benchmark runs on bare GPU nodes);
+    `model.args` is still validated by pydantic where a config builds the model."""
 
     condition: Literal["none", "caption", "class"] = "none"
     """What the model is conditioned on: nothing, each clip's caption, or a class label."""
-    cond_dropout: float = Field(0.1, ge=0.0, le=1.0)
+    cond_dropout: float = 0.1
     """Share of training rows whose condition is dropped (for classifier-free guidance)."""
     class_field: str | None = None
     """condition: class: the metadata field that holds the label, e.g. shape."""
-    classes: list[str] = []
+    classes: tuple[str, ...] = ()
     """condition: class: every label, in a fixed order (its index is the embedding row)."""
     text_encoder: str | None = None
     """condition: caption: pkg.module:factory of your own text encoder; null the built-in."""
 
-    @model_validator(mode="after")
-    def _check(self) -> ConditionArgs:
+    def __post_init__(self) -> None:
+        if self.condition not in ("none", "caption", "class"):
+            raise ValueError(f"condition {self.condition!r} is not none, caption or class")
+        if not 0.0 <= self.cond_dropout <= 1.0:
+            raise ValueError(f"cond_dropout {self.cond_dropout!r} must be from 0 to 1")
         if self.condition == "class" and (not self.class_field or len(self.classes) < 2):
             raise ValueError(
                 "condition: class needs class_field (the metadata field) and classes (two or "
@@ -65,7 +69,7 @@ class ConditionArgs(BaseModel):
             raise ValueError("class_field and classes are for condition: class")
         if self.condition != "caption" and self.text_encoder:
             raise ValueError("text_encoder is for condition: caption")
-        return self
+        object.__setattr__(self, "classes", tuple(self.classes))
 
     @property
     def modality(self) -> str | None:
@@ -174,7 +178,7 @@ class Conditioner(nn.Module):
             if unknown:
                 raise ValueError(
                     f"class labels {unknown} (metadata {self.args.class_field!r}) are not in "
-                    f"model.args.classes {self.args.classes}: add them there"
+                    f"model.args.classes {list(self.args.classes)}: add them there"
                 )
             ids = [self.args.classes.index(c) for c in given]
             out: torch.Tensor = self.classes(torch.tensor(ids, device=self.null.device))
