@@ -88,17 +88,18 @@ class JobTime:
         return {c: sum(s.lost[c] * s.ranks for s in self.starts) for c in CAUSES}
 
     def metrics(self) -> dict[str, float]:
-        """The account as MLflow metrics (`time/...`, rank-hours and seconds)."""
+        """The account as MLflow metrics (`system/goodput/...`, on the run's System metrics
+        tab: rank-hours and seconds)."""
         out = {
-            "time/allocated_rank_hours": self.allocated_rank_s / 3600,
-            "time/productive_rank_hours": self.productive_rank_s / 3600,
-            "time/queue_after_requeue_s": self.queue_after_requeue,
-            "time/starts": float(len(self.starts)),
+            "system/goodput/allocated_rank_hours": self.allocated_rank_s / 3600,
+            "system/goodput/productive_rank_hours": self.productive_rank_s / 3600,
+            "system/goodput/queue_after_requeue_s": self.queue_after_requeue,
+            "system/goodput/starts": float(len(self.starts)),
         }
         if self.goodput is not None:
-            out["time/goodput"] = self.goodput
+            out["system/goodput/goodput"] = self.goodput
         for cause, value in self.lost_rank_s().items():
-            out[f"time/lost/{cause}_rank_hours"] = value / 3600
+            out[f"system/goodput/lost_{cause}_rank_hours"] = value / 3600
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -63,9 +63,12 @@ def test_a_requeued_job_accounts_for_every_second(tmp_path: Path) -> None:
     assert account.productive_rank_s + sum(lost.values()) == account.allocated_rank_s
     assert list(account.to_dict()["lost_rank_hours"]) == list(CAUSES)
     metrics = account.metrics()
-    assert metrics["time/goodput"] == pytest.approx(34 / 77)
-    assert metrics["time/lost/redone_rank_hours"] == pytest.approx(2 * 20 / 3600)
-    assert metrics["time/queue_after_requeue_s"] == 50.0 and metrics["time/starts"] == 2
+    assert metrics["system/goodput/goodput"] == pytest.approx(34 / 77)
+    assert metrics["system/goodput/lost_redone_rank_hours"] == pytest.approx(2 * 20 / 3600)
+    assert (
+        metrics["system/goodput/queue_after_requeue_s"] == 50.0
+        and metrics["system/goodput/starts"] == 2
+    )
 
 
 def test_a_hang_and_the_tail_of_a_failed_last_start(tmp_path: Path) -> None:

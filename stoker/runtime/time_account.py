@@ -87,8 +87,9 @@ class StartAccount:
 
 
 def log_job_time(sink: MetricsSink, run_dir: Path, step: int) -> None:
-    """The job's time account (stoker.job_time, every start's) as the run's `time/...`
-    metrics at `step`, and its goodput as the tag `stoker.goodput`; one line printed."""
+    """The job's time account (stoker.job_time, every start's) as the run's
+    `system/goodput/...` metrics at `step`, and its goodput as the tag `stoker.goodput`;
+    one line printed."""
     from stoker.job_time import job_time
 
     account = job_time(run_dir)

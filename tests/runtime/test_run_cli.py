@@ -71,9 +71,9 @@ def test_stoker_run_trains_the_builtin_experiment(isolated_home: Path) -> None:
                     ("seed-0.mp4", "seed-3.mp4", "contact.png", "samples.json")}  # fmt: skip
         assert expected <= logged, logged
     # The job's time account at its end: goodput and the lost time by cause.
-    assert 0 < run.data.metrics["time/goodput"] < 1
-    assert run.data.metrics["time/lost/startup_rank_hours"] > 0
-    assert run.data.tags["stoker.goodput"] == f"{run.data.metrics['time/goodput']:.3f}"
+    assert 0 < run.data.metrics["system/goodput/goodput"] < 1
+    assert run.data.metrics["system/goodput/lost_startup_rank_hours"] > 0
+    assert run.data.tags["stoker.goodput"] == f"{run.data.metrics['system/goodput/goodput']:.3f}"
     assert "goodput " in result.stdout and (run_dir / "accounting" / "r0.jsonl").is_file()
     record = json.loads((run_dir / "samples" / "step-300" / "samples.json").read_text())
     assert record["weights"] == "ema" and record["seeds"] == [0, 1, 2, 3]
