@@ -21,7 +21,6 @@ hang.json into the job's time account (goodput and the time lost by cause).
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 from pathlib import Path
@@ -49,10 +48,10 @@ class StartAccount:
         line = json.dumps({"kind": kind, "at": round(time.time(), 3), **fields})
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Flushed, not fsync'd: a killed process keeps what reached the page cache;
+            # an fsync per log step would cost a round trip on a shared filesystem.
             with open(self.path, "a") as out:
                 out.write(line + "\n")
-                out.flush()
-                os.fsync(out.fileno())
         except OSError:
             pass  # an account that cannot be written must not stop the training
 
