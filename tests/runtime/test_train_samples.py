@@ -117,3 +117,23 @@ def test_sample_files_for_each_kind_of_model(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     with pytest.raises(ValueError, match="one row per seed"):
         write_samples({"audio": audio}, [1], tmp_path / "c", fps=8, sample_rate=16_000)
+
+
+def test_a_caption_conditioned_run_on_the_loader_samples_with_guidance(
+    tmp_path: Path, data_url: str
+) -> None:
+    """The real loader's captions (the `.txt` sidecars) condition the av_dit, and the
+    samples are drawn for the prompts with guidance."""
+    conditioned = [
+        "model.args.condition=caption",
+        "data.modalities=[video,audio,text]",
+        'train.sample_prompts=["a red circle"]',
+        "train.sample_guidance=2.0",
+    ]
+    cfg = trainer_config(tmp_path, data_url, 2, *SAMPLING, *conditioned)
+    trainer = built_trainer(cfg, tmp_path / "run", Recorder())
+    assert trainer.model.conditioner is not None
+    trainer.train()
+    record = json.loads((tmp_path / "run/samples/step-2/samples.json").read_text())
+    assert record["prompts"] == ["a red circle"] * 3 and record["guidance"] == 2.0
+    assert (tmp_path / "run/samples/step-2/seed-6.mp4").stat().st_size > 0
