@@ -54,8 +54,8 @@ def test_four_ranks_on_two_nodes_train_like_one(
     artifacts = {a.path for a in client.list_artifacts(job["run_id"])}
     assert {"job.sbatch", "config.yaml"} <= artifacts
     # system/<node>/... from each node's sampler (system/time/..., system/throughput/...
-    # and the like are the trainer's).
-    trainer_groups = {"throughput", "time", "checkpoint", "stragglers", "data", "memory"}
+    # system/goodput/... and the like are the trainer's).
+    trainer_groups = {"throughput", "time", "checkpoint", "stragglers", "data", "memory", "goodput"}
     system = {k.split("/")[1] for k in run.data.metrics if k.startswith("system/")}
     system -= trainer_groups
     assert len(system) == 2, f"system metrics from each node, got {sorted(system)}"
