@@ -34,6 +34,7 @@ they count as `after_last_step`.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,13 @@ class StartTime:
     """The trainer's own word (FINISHED, REQUEUE, KILLED, FAILED); None: it wrote none."""
     productive: float = 0.0
     lost: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0.0))
+    mfu: list[float] = field(default_factory=list)
+    """Each log window's MFU (where the device's peak is known)."""
+    samples_per_s: list[float] = field(default_factory=list)
+    """Each log window's throughput, per rank."""
+    stragglers: dict[str, int] = field(default_factory=dict)
+    """host -> log windows whose slowest rank ran there, over STRAGGLER_RATIO times the
+    median rank."""
 
     @property
     def allocated(self) -> float:
@@ -87,6 +95,24 @@ class JobTime:
     def lost_rank_s(self) -> dict[str, float]:
         return {c: sum(s.lost[c] * s.ranks for s in self.starts) for c in CAUSES}
 
+    @property
+    def mfu(self) -> float | None:
+        """The median log window's MFU over every start (None: never known)."""
+        return _median([v for s in self.starts for v in s.mfu])
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """The median log window's throughput per rank over every start."""
+        return _median([v for s in self.starts for v in s.samples_per_s])
+
+    def stragglers(self) -> dict[str, int]:
+        """host -> log windows (of every start) it held the straggler."""
+        found: dict[str, int] = {}
+        for start in self.starts:
+            for host, count in start.stragglers.items():
+                found[host] = found.get(host, 0) + count
+        return found
+
     def metrics(self) -> dict[str, float]:
         """The account as MLflow metrics (`system/goodput/...`, on the run's System metrics
         tab: rank-hours and seconds)."""
@@ -109,8 +135,19 @@ class JobTime:
             "goodput": self.goodput,
             "lost_rank_hours": {c: v / 3600 for c, v in self.lost_rank_s().items()},
             "queue_after_requeue_s": self.queue_after_requeue,
+            "mfu": self.mfu,
+            "samples_per_s": self.samples_per_s,
+            "stragglers": self.stragglers(),
             "starts": [asdict(s) for s in self.starts],
         }
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
@@ -162,13 +199,18 @@ def job_time(
     *,
     ended_at: float | None = None,
     kept_through: int | None = None,
+    allocations: Mapping[int, tuple[float | None, float | None]] | None = None,
 ) -> JobTime:
     """The time account of the job whose run folder is `run_dir`. `ended_at`: when the
     job ended (SLURM's End), for a last start that wrote no end line; `kept_through`:
     the last step whose work the job kept, where its last start failed (the newest
-    committed checkpoint); None keeps every step of the last start."""
+    committed checkpoint); None keeps every step of the last start. `allocations`:
+    restart -> SLURM's (Start, End) of that attempt (sacct -D), which bound each start
+    where known: its prolog counts as start-up, its teardown after the last line as
+    after_last_step."""
     run_dir = Path(run_dir)
     attempts = read_attempts(run_dir)
+    slurm = dict(allocations or {})
     accounts = {k: read_lines(run_dir / ACCOUNTING_DIR / f"r{k}.jsonl") for k in sorted(attempts)}
     restarts = sorted(attempts)
     starts: list[StartTime] = []
@@ -178,8 +220,11 @@ def job_time(
         # The next start resumed from this step: what this start did after it is redone.
         resumed = _start_step(accounts[nxt]) if nxt is not None else None
         keep = resumed if nxt is not None else kept_through
+        slurm_start, slurm_end = slurm.get(k, (None, None))
         end_line = next((line for line in lines if line["kind"] == "end"), None)
-        if end_line is not None:
+        if slurm_end is not None:
+            ended = slurm_end
+        elif end_line is not None:
             ended = float(end_line["at"])
         elif nxt is None and ended_at is not None:
             ended = ended_at
@@ -187,13 +232,14 @@ def job_time(
             ended = max(float(line["at"]) for line in lines)
         else:
             ended = attempts[nxt] if nxt is not None else (ended_at or attempts[k])
-        start = _start(k, attempts[k], ended, lines, keep, _hang_s(run_dir, k))
+        began = min(slurm_start, attempts[k]) if slurm_start is not None else attempts[k]
+        start = _start(k, began, max(ended, began), lines, keep, _hang_s(run_dir, k))
         if nxt is None:  # nothing ran them again: the last start's lost steps are its tail
             start.lost["after_last_step"] += start.lost["redone"]
             start.lost["redone"] = 0.0
         starts.append(start)
     queue = sum(
-        max(attempts[restarts[i + 1]] - starts[i].ended_at, 0.0) for i in range(len(starts) - 1)
+        max(starts[i + 1].began_at - starts[i].ended_at, 0.0) for i in range(len(starts) - 1)
     )
     return JobTime(starts, queue)
 
@@ -243,6 +289,14 @@ def _start(
         start.productive += kept * (in_steps - data)
         lost["data_wait"] += kept * data
         lost["redone"] += (1.0 - kept) * in_steps
+        for name in ("mfu", "samples_per_s"):
+            value = window.get(name)
+            if isinstance(value, (int, float)):
+                getattr(start, name).append(float(value))
+        straggler = window.get("straggler")
+        if isinstance(straggler, dict) and isinstance(straggler.get("host"), str):
+            host = straggler["host"]
+            start.stragglers[host] = start.stragglers.get(host, 0) + 1
     last_at = float(windows[-1]["at"]) if windows else float(first["at"])
     lost["hang"] = min(hang, max(ended - last_at, 0.0))
     tail = max(ended - last_at - lost["hang"], 0.0)

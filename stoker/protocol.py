@@ -7,6 +7,8 @@ exit codes and files. Nothing here imports SLURM knowledge into the tasks.
 
 from __future__ import annotations
 
+import re
+
 # A task that saved its state after a stop request exits with this code; the batch
 # script then requeues the job (EX_TEMPFAIL from sysexits.h: "try again later").
 EXIT_REQUEUE = 75
@@ -70,3 +72,19 @@ EXIT_HANG = 124  # as timeout(1) exits
 # all-reduce is a straggler: every rank waits for it, every step. The runtime's console
 # line and `stoker status` flag it.
 STRAGGLER_RATIO = 1.2
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """SLURM's compressed host list, as `scontrol show hostnames` expands it:
+    "n[1-3,5],gpu-[01-02]" -> n1 n2 n3 n5 gpu-01 gpu-02 (zero padding kept)."""
+    names: list[str] = []
+    for prefix, ranges in re.findall(r"([^,\[]+)(?:\[([^\]]*)\])?,?", nodelist):
+        if not ranges:
+            names.append(prefix)
+            continue
+        for part in ranges.split(","):
+            low, _, high = part.partition("-")
+            width = len(low)
+            for number in range(int(low), int(high or low) + 1):
+                names.append(f"{prefix}{number:0{width}d}")
+    return names

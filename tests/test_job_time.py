@@ -104,3 +104,36 @@ def test_a_start_that_never_stepped_and_a_line_cut_short(tmp_path: Path) -> None
     assert never.allocated == 50.0 and never.lost["startup"] == 50.0 and never.productive == 0
     # The last start wrote nothing at all: the job's end closes it, all of it start-up.
     assert account.starts[1].allocated == 100.0 and account.starts[1].lost["startup"] == 100.0
+
+
+def test_slurm_allocations_bound_each_start(tmp_path: Path) -> None:
+    """sacct's Start and End of each attempt: the prolog before the batch script's
+    `attempts` line is start-up, the teardown after the last line is lost after the
+    last step, and the queue is SLURM's gap between the attempts."""
+    requeued_job(tmp_path)
+    account = job_time(tmp_path, allocations={0: (995.0, 1060.0), 1: (1090.0, 1130.0)})
+    first, second = account.starts
+    assert (first.allocated, second.allocated) == (65.0, 40.0)
+    assert first.lost["startup"] == 15.0 and second.lost["startup"] == 15.0
+    assert first.lost["after_last_step"] == 10.0  # killed 10 s after its last line
+    assert second.lost["after_last_step"] == 5.0  # 2 s to its end line, 3 s teardown
+    assert account.queue_after_requeue == 30.0
+    lost = account.lost_rank_s()
+    assert account.productive_rank_s + sum(lost.values()) == account.allocated_rank_s
+
+
+def test_throughput_mfu_and_straggling_hosts(tmp_path: Path) -> None:
+    (tmp_path / "attempts").write_text("4000 restart=0 job=10 nodes=n[1-2]\n")
+    slow = {"rank": 1, "host": "n2", "ratio": 1.6}
+    write_start(tmp_path, 0,
+                {"kind": "start", "at": 4001, "restart": 0, "start_step": 0, "ranks": 2},
+                {"kind": "first_step", "at": 4002},
+                {**window(4012, 10, 10, 0), "mfu": 0.30, "samples_per_s": 8.0},
+                {**window(4022, 20, 10, 0), "mfu": 0.20, "samples_per_s": 6.0,
+                 "straggler": slow},
+                {**window(4032, 30, 10, 0), "mfu": 0.25, "samples_per_s": 7.0,
+                 "straggler": slow})  # fmt: skip
+    account = job_time(tmp_path)
+    assert account.mfu == 0.25 and account.samples_per_s == 7.0
+    assert account.stragglers() == {"n2": 2}
+    assert account.to_dict()["stragglers"] == {"n2": 2}

@@ -17,6 +17,7 @@ PROFILE_KEYS: dict[str, KeyPath] = {
     "partition": ("job", "partition"),
     "account": ("job", "account"),
     "qos": ("job", "qos"),
+    "exclude": ("job", "exclude"),
     "container": ("job", "container"),
     "setup": ("job", "setup"),
     "template": ("job", "template"),

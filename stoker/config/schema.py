@@ -24,6 +24,9 @@ _SLURM_TIME = re.compile(
     r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED)$"
 )
 _SLURM_MEM = re.compile(r"^\d+[KMGT]?$")
+# sbatch --exclude: host names with optional [1-3,5] ranges, comma-separated.
+_HOST = r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*\][A-Za-z0-9._-]*)?"
+_HOST_LIST = re.compile(rf"{_HOST}(,{_HOST})*")
 
 
 class Section(BaseModel):
@@ -62,6 +65,8 @@ class JobConfig(Section):
     """SLURM quality of service."""
     constraint: str | None = None
     """Node features required (sbatch --constraint), e.g. 'h100&ib'."""
+    exclude: str | None = None
+    """Nodes never to run on (sbatch --exclude), a SLURM host list, e.g. 'n[3-4],gpu17'."""
     exclusive: bool = False
     """Allocate whole nodes, sharing them with no other job."""
     container: str | None = None
@@ -141,6 +146,16 @@ class JobConfig(Section):
         both = sorted(set(value) & set(info.data.get("env") or {}))
         if both:
             raise ValueError(f"{', '.join(both)} is also set in job.env: keep it in one of the two")
+        return value
+
+    @field_validator("exclude")
+    @classmethod
+    def _check_exclude(cls, value: str | None) -> str | None:
+        if value is not None and not _HOST_LIST.fullmatch(value):
+            raise ValueError(
+                "use a SLURM host list: names of letters, digits, '-', '_' and '.', "
+                "with [1-3,5] ranges, separated by commas, e.g. 'n[3-4],gpu17'"
+            )
         return value
 
     @field_validator("constraint", "container")

@@ -118,7 +118,7 @@ def sbatch_directives(spec: LaunchSpec) -> list[Directive]:
     if job.mem is not None:
         lines.append(Directive(f"--mem={job.mem}", src("job.mem")))
     lines.append(Directive(f"--time={job.time}", src("job.time")))
-    for key in ("partition", "account", "qos", "constraint"):
+    for key in ("partition", "account", "qos", "constraint", "exclude"):
         value = getattr(job, key)
         if value is not None:
             lines.append(Directive(f"--{key}={_directive_value(value)}", src(f"job.{key}")))

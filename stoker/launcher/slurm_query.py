@@ -84,6 +84,10 @@ _SACCT_FIELDS = (
     "NodeList",
     "Reason",
     "Submit",
+    "Start",
+    "End",
+    "Partition",
+    "User",
 )
 SACCT_FORMAT = ",".join(_SACCT_FIELDS)
 # sacct fields of one job and its steps (`stoker why`).
@@ -136,6 +140,10 @@ class AcctRow:
     node_list: str | None
     reason: str | None
     submitted: float | None  # epoch seconds; a requeued attempt is submitted anew
+    started: float | None = None  # epoch seconds; None while pending ("Unknown")
+    ended: float | None = None
+    partition: str | None = None
+    user: str | None = None
 
 
 @dataclass(frozen=True)
@@ -324,7 +332,8 @@ def parse_sacct(text: str) -> dict[str, list[AcctRow]]:
         fields = line.split("|")
         if len(fields) != len(_SACCT_FIELDS):
             continue
-        job_id, state, exit_code, elapsed, nodes, node_list, reason, submitted = fields
+        job_id, state, exit_code, elapsed, nodes, node_list, reason, submitted = fields[:8]
+        started, ended, partition, user = fields[8:]
         code, signal = _exit_code(exit_code)
         for one_id in expand_job_id(job_id.strip()):
             rows.setdefault(one_id, []).append(
@@ -338,6 +347,10 @@ def parse_sacct(text: str) -> dict[str, list[AcctRow]]:
                     node_list=_optional(node_list, "None assigned", "(null)"),
                     reason=_optional(reason, "None"),
                     submitted=_epoch(submitted),
+                    started=_epoch(started),
+                    ended=_epoch(ended),
+                    partition=_optional(partition),
+                    user=_optional(user),
                 )
             )
     for attempts in rows.values():

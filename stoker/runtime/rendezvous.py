@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -33,6 +32,7 @@ import torch
 from torch._C._distributed_c10d import TCPStore
 
 from stoker.errors import StokerError
+from stoker.protocol import expand_nodelist
 from stoker.runtime.dist_env import DistEnv
 from stoker.runtime.stragglers import node_name
 
@@ -53,22 +53,6 @@ _FIX = (
 class RendezvousError(StokerError):
     """Some ranks did not join in time. Its message starts with "rendezvous:", which
     `stoker why` reads as the cause."""
-
-
-def expand_nodelist(nodelist: str) -> list[str]:
-    """SLURM's compressed host list, as `scontrol show hostnames` expands it:
-    "n[1-3,5],gpu-[01-02]" -> n1 n2 n3 n5 gpu-01 gpu-02 (zero padding kept)."""
-    names: list[str] = []
-    for prefix, ranges in re.findall(r"([^,\[]+)(?:\[([^\]]*)\])?,?", nodelist):
-        if not ranges:
-            names.append(prefix)
-            continue
-        for part in ranges.split(","):
-            low, _, high = part.partition("-")
-            width = len(low)
-            for number in range(int(low), int(high or low) + 1):
-                names.append(f"{prefix}{number:0{width}d}")
-    return names
 
 
 def expected_node(rank: int, env: DistEnv, environ: Mapping[str, str]) -> str | None:

@@ -6,9 +6,12 @@ the last one, and readers skip it).
     {"kind": "start", "at": T, "restart": R, "start_step": S, "ranks": N, "host": H}
     {"kind": "first_step", "at": T}              the first step of this start begins
     {"kind": "window", "at": T, "step": S, "steps": n, "step_s": s, "data_s": s,
-     "checkpoint_s": s, "sample_s": s}            one per log step: the window's rank-0
-                                                  seconds in steps, waiting for data, held
-                                                  by checkpoint saves, drawing samples
+     "checkpoint_s": s, "sample_s": s,            one per log step: the window's rank-0
+     "samples_per_s": x, "mfu": x,                seconds in steps, waiting for data, held
+     "straggler": {"rank": r, "host": H,          by checkpoint saves, drawing samples; its
+                   "ratio": x}}                   throughput per rank and MFU (where known);
+                                                  the slowest rank where it was over
+                                                  STRAGGLER_RATIO times the median
     {"kind": "end", "at": T, "step": S, "status": "FINISHED" | "REQUEUE" | ...,
      "checkpoint_s": s, "sample_s": s}           the same seconds since the last window
 
@@ -21,13 +24,17 @@ hang.json into the job's time account (goodput and the time lost by cause).
 from __future__ import annotations
 
 import json
+import math
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stoker.protocol import ACCOUNTING_DIR
+from stoker.protocol import ACCOUNTING_DIR, STRAGGLER_RATIO
 from stoker.runtime.metrics_sink import MetricsSink
+
+if TYPE_CHECKING:
+    from stoker.runtime.stragglers import Slowest
 
 
 def account_path(run_dir: Path, restart: int) -> Path:
@@ -73,10 +80,20 @@ class StartAccount:
         data_s: float,
         checkpoint_s: float,
         sample_s: float,
+        metrics: dict[str, float] | None = None,
+        slowest: Slowest | None = None,
     ) -> None:
+        extra: dict[str, Any] = {}
+        for key, name in (("system/throughput/samples_per_s", "samples_per_s"), ("mfu", "mfu")):
+            value = (metrics or {}).get(key)
+            if value is not None and math.isfinite(value):
+                extra[name] = round(value, 6)
+        if slowest is not None and slowest.ratio > STRAGGLER_RATIO:
+            extra["straggler"] = {"rank": slowest.rank, "host": slowest.host,
+                                  "ratio": round(slowest.ratio, 3)}  # fmt: skip
         self._write("window", step=step, steps=steps, step_s=round(step_s, 4),
                     data_s=round(data_s, 4), checkpoint_s=round(checkpoint_s, 4),
-                    sample_s=round(sample_s, 4))  # fmt: skip
+                    sample_s=round(sample_s, 4), **extra)  # fmt: skip
 
     def end(self, step: int, status: str, *, checkpoint_s: float, sample_s: float) -> None:
         """The start's last line; `checkpoint_s` and `sample_s` since the last window (the

@@ -346,8 +346,8 @@ class Trainer:
                 window.add_step(watch.end(step))
                 if step % cfg.train.log_every == 0 or step == total or stop_wanted:
                     watch.beat("log")
-                    self._log(step, window, progress)
-                    self._account(account, step, window)
+                    logged = self._log(step, window, progress)
+                    self._account(account, step, window, logged)
                     window = Window()
                 if self.sampler.due(step):
                     watch.beat("sample")
@@ -447,7 +447,7 @@ class Trainer:
                 "optim.grad_clip; check the data with `stoker data inspect`",
             )
 
-    def _log(self, step: int, window: Window, progress: Progress | None) -> None:
+    def _log(self, step: int, window: Window, progress: Progress | None) -> dict[str, float]:
         """A log step: the window's metrics over all ranks, the held-out loss every
         train.eval_every steps and at the end, into the sink and progress.json."""
         metrics = self._reduce(window)
@@ -461,6 +461,7 @@ class Trainer:
         self._tag_slowest_host()
         if progress is not None:
             progress.update(step, metrics, self.slowest)
+        return metrics
 
     def _reduce(self, window: Window) -> dict[str, float]:
         """The window's metrics over all ranks (log_window.across_ranks), and with several
@@ -546,11 +547,14 @@ class Trainer:
             self.sink.set_tags({"stoker.slowest_host": self.slowest.host})
             self._tagged_host = self.slowest.host
 
-    def _account(self, account: StartAccount, step: int, window: Window) -> None:
+    def _account(
+        self, account: StartAccount, step: int, window: Window, metrics: dict[str, float]
+    ) -> None:
         """The window's line of this start's time account (time_account.py)."""
         account.window(step, steps=window.steps, step_s=time.perf_counter() - window.started,
                        data_s=window.data_s, checkpoint_s=self._checkpoint_s,
-                       sample_s=self._sample_s)  # fmt: skip
+                       sample_s=self._sample_s, metrics=metrics,
+                       slowest=self.slowest)  # fmt: skip
         self._checkpoint_s = self._sample_s = 0.0
 
     def _final_model(self, step: int) -> None:

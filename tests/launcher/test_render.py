@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import subprocess
@@ -278,3 +279,19 @@ def test_stop_grace_longer_than_the_time_limit_is_refused(tmp_path: Path) -> Non
         "submit", "--time", "1", "job.stop_grace=20", "--dry-run", "--", "true", cwd=tmp_path
     )
     assert ok.returncode == 0, ok.stderr
+
+
+def test_the_profiles_node_exclusion_reaches_sbatch(tmp_path: Path) -> None:
+    """`exclude:` in the site profile (what `stoker insights` advises for a failing
+    node) is `#SBATCH --exclude`, cited to the profile's line; a value that is no host
+    list is refused before any script is written."""
+    from stoker.config.resolve import resolve_config
+
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("partition: debug\nexclude: n[3-4],gpu17\n")
+    spec = dataclasses.replace(make_spec(), resolved=resolve_config(profile=profile))
+    text = render_sbatch(spec, explain=True).text
+    assert f"#SBATCH --exclude='n[3-4],gpu17'  # profile {profile}:2" in text
+    with pytest.raises(StokerError, match=r"job\.exclude") as caught:
+        make_spec(["job.exclude=n1;reboot"])
+    assert "host list" in str(caught.value)

@@ -46,13 +46,13 @@ SQUEUE_REQUEUED = """\
 # Jobs 39 and 40 are written by hand in the same format: this cluster has no cgroups to
 # OOM-kill a job, and a signal shows as "0:<signal>".
 SACCT = """\
-31|CANCELLED by 0|0:0|0|1|None assigned|JobHeldUser|2026-11-21T06:02:13
-32_[0-2]|CANCELLED by 0|0:0|0|1|None assigned|JobHeldUser|2026-11-21T06:02:13
-34|REQUEUED|0:0|1|1|n1|None|2026-11-21T06:02:27
-34|CANCELLED by 0|0:0|0|1|None assigned|None|2026-11-21T06:02:29
-38|FAILED|3:0|0|1|n1|None|2026-11-21T06:05:04
-39|OUT_OF_MEMORY|0:125|61|2|n[1-2]|None|2026-11-21T06:06:00
-40|CANCELLED by 0|0:15|3725|1|n2|None|2026-11-21T06:07:00
+31|CANCELLED by 0|0:0|0|1|None assigned|JobHeldUser|2026-11-21T06:02:13|Unknown|Unknown|debug|alice
+32_[0-2]|CANCELLED by 0|0:0|0|1|None assigned|JobHeldUser|2026-11-21T06:02:13|Unknown|Unknown|debug|alice
+34|REQUEUED|0:0|1|1|n1|None|2026-11-21T06:02:27|2026-11-21T06:02:28|2026-11-21T06:02:29|debug|alice
+34|CANCELLED by 0|0:0|0|1|None assigned|None|2026-11-21T06:02:29|Unknown|2026-11-21T06:02:30|debug|alice
+38|FAILED|3:0|0|1|n1|None|2026-11-21T06:05:04|2026-11-21T06:05:05|2026-11-21T06:05:05|debug|alice
+39|OUT_OF_MEMORY|0:125|61|2|n[1-2]|None|2026-11-21T06:06:00|2026-11-21T06:06:01|2026-11-21T06:07:02|debug|alice
+40|CANCELLED by 0|0:15|3725|1|n2|None|2026-11-21T06:07:00|2026-11-21T06:07:01|2026-11-21T07:09:06|debug|alice
 """
 
 
@@ -112,6 +112,15 @@ def test_sacct_states_exit_codes_and_attempts() -> None:
 def test_sacct_submit_time_is_local_time() -> None:
     (row,) = parse_sacct(SACCT)["38"]
     assert row.submitted == time.mktime((2026, 11, 21, 6, 5, 4, 0, 0, -1))
+
+
+def test_sacct_attempt_times_partition_and_user() -> None:
+    first, second = parse_sacct(SACCT)["34"]
+    # Each attempt of a requeued job has its own start and end: the queue between them
+    # is the second's start less the first's end (None while it has not started).
+    assert first.ended == time.mktime((2026, 11, 21, 6, 2, 29, 0, 0, -1))
+    assert first.started is not None and second.started is None
+    assert (second.partition, second.user) == ("debug", "alice")
 
 
 def test_sacct_ignores_lines_with_another_field_count() -> None:

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from stoker.protocol import expand_nodelist
 from stoker.runtime.dist_env import DistEnv
-from stoker.runtime.rendezvous import describe_missing, expand_nodelist
+from stoker.runtime.rendezvous import describe_missing
 
 JOIN_SCRIPT = """
 import sys, time, torch, torch.distributed as dist
