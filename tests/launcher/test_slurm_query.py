@@ -45,15 +45,17 @@ SQUEUE_REQUEUED = """\
 # cancelled before they ran, a job requeued once then cancelled, a job that exited 3.
 # Jobs 39 and 40 are written by hand in the same format: this cluster has no cgroups to
 # OOM-kill a job, and a signal shows as "0:<signal>".
-SACCT = """\
-31|CANCELLED by 0|0:0|0|1|None assigned|JobHeldUser|2026-11-21T06:02:13|Unknown|Unknown|debug|alice
-32_[0-2]|CANCELLED by 0|0:0|0|1|None assigned|JobHeldUser|2026-11-21T06:02:13|Unknown|Unknown|debug|alice
-34|REQUEUED|0:0|1|1|n1|None|2026-11-21T06:02:27|2026-11-21T06:02:28|2026-11-21T06:02:29|debug|alice
-34|CANCELLED by 0|0:0|0|1|None assigned|None|2026-11-21T06:02:29|Unknown|2026-11-21T06:02:30|debug|alice
-38|FAILED|3:0|0|1|n1|None|2026-11-21T06:05:04|2026-11-21T06:05:05|2026-11-21T06:05:05|debug|alice
-39|OUT_OF_MEMORY|0:125|61|2|n[1-2]|None|2026-11-21T06:06:00|2026-11-21T06:06:01|2026-11-21T06:07:02|debug|alice
-40|CANCELLED by 0|0:15|3725|1|n2|None|2026-11-21T06:07:00|2026-11-21T06:07:01|2026-11-21T07:09:06|debug|alice
+_SACCT_LINES = """\
+31|CANCELLED by 0|0:0|0|1|None assigned|JobHeldUser|2026-11-21T06:02:13|Unknown|Unknown
+32_[0-2]|CANCELLED by 0|0:0|0|1|None assigned|JobHeldUser|2026-11-21T06:02:13|Unknown|Unknown
+34|REQUEUED|0:0|1|1|n1|None|2026-11-21T06:02:27|2026-11-21T06:02:28|2026-11-21T06:02:29
+34|CANCELLED by 0|0:0|0|1|None assigned|None|2026-11-21T06:02:29|Unknown|2026-11-21T06:02:30
+38|FAILED|3:0|0|1|n1|None|2026-11-21T06:05:04|2026-11-21T06:05:05|2026-11-21T06:05:05
+39|OUT_OF_MEMORY|0:125|61|2|n[1-2]|None|2026-11-21T06:06:00|2026-11-21T06:06:01|2026-11-21T06:07:02
+40|CANCELLED by 0|0:15|3725|1|n2|None|2026-11-21T06:07:00|2026-11-21T06:07:01|2026-11-21T07:09:06
 """
+# Partition and User close each line.
+SACCT = "".join(f"{line}|debug|alice\n" for line in _SACCT_LINES.splitlines())
 
 
 def test_formats_end_every_squeue_field_with_the_delimiter() -> None:
