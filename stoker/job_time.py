@@ -199,12 +199,15 @@ def job_time(
     *,
     ended_at: float | None = None,
     kept_through: int | None = None,
+    failed: bool = False,
     allocations: Mapping[int, tuple[float | None, float | None]] | None = None,
 ) -> JobTime:
     """The time account of the job whose run folder is `run_dir`. `ended_at`: when the
     job ended (SLURM's End), for a last start that wrote no end line; `kept_through`:
     the last step whose work the job kept, where its last start failed (the newest
-    committed checkpoint); None keeps every step of the last start. `allocations`:
+    committed checkpoint); None keeps every step of the last start, unless `failed`:
+    then its work is kept through the newest checkpoint the job's accounts saw commit
+    (else the step the start resumed from). `allocations`:
     restart -> SLURM's (Start, End) of that attempt (sacct -D), which bound each start
     where known: its prolog counts as start-up, its teardown after the last line as
     after_last_step."""
@@ -213,6 +216,10 @@ def job_time(
     slurm = dict(allocations or {})
     accounts = {k: read_lines(run_dir / ACCOUNTING_DIR / f"r{k}.jsonl") for k in sorted(attempts)}
     restarts = sorted(attempts)
+    if failed and kept_through is None and restarts:
+        commits = [int(line["step"]) for lines in accounts.values() for line in lines
+                   if line["kind"] == "commit"]  # fmt: skip
+        kept_through = max(commits, default=_start_step(accounts[restarts[-1]]) or 0)
     starts: list[StartTime] = []
     for index, k in enumerate(restarts):
         lines = accounts[k]

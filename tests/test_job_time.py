@@ -137,3 +137,21 @@ def test_throughput_mfu_and_straggling_hosts(tmp_path: Path) -> None:
     assert account.mfu == 0.25 and account.samples_per_s == 7.0
     assert account.stragglers() == {"n2": 2}
     assert account.to_dict()["stragglers"] == {"n2": 2}
+
+
+def test_a_failed_job_keeps_its_work_through_its_newest_commit(tmp_path: Path) -> None:
+    """Ended for good (failed, cancelled): steps after the newest committed checkpoint
+    are lost with the tail; the commit lines of the account say which one that is."""
+    (tmp_path / "attempts").write_text("5000 restart=0 job=11 nodes=n1\n")
+    write_start(tmp_path, 0,
+                {"kind": "start", "at": 5001, "restart": 0, "start_step": 0, "ranks": 1},
+                {"kind": "first_step", "at": 5002},
+                window(5012, 10, step_s=10, data_s=0),
+                {"kind": "commit", "at": 5013, "step": 10},
+                window(5022, 20, step_s=10, data_s=0),
+                window(5032, 30, step_s=10, data_s=0))  # fmt: skip
+    start = job_time(tmp_path, failed=True, ended_at=5040).starts[0]
+    assert start.productive == 10.0
+    assert start.lost["after_last_step"] == 20.0 + 8.0
+    # Not failed: every step it ran is kept.
+    assert job_time(tmp_path, ended_at=5040).starts[0].productive == 30.0

@@ -3,6 +3,7 @@ built-in trainer and `stoker.job`'s `run.checkpointer()` (own_checkpoint.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stoker.checkpoint.checkpointer import Checkpointer, SaveRecord
@@ -22,10 +23,12 @@ def checkpointer_for(
     world_size: int,
     mesh: DeviceMesh | None,
     sink: MetricsSink | None,
+    on_commit: Callable[[int], None] | None = None,
 ) -> Checkpointer:
     """A Checkpointer under `root` as checkpoint.* asks (create it on every rank: a
     collective). `sink`, on global rank 0: each committed save's metrics and logged
-    model (`log_checkpoint`), from the checkpoint thread."""
+    model (`log_checkpoint`), from the checkpoint thread; `on_commit(step)` too, on
+    every rank that has a sink."""
     ckpt = cfg.checkpoint
     layout: dict[str, Any] | None = None
     if mesh is not None:
@@ -33,6 +36,8 @@ def checkpointer_for(
 
     def report(record: SaveRecord) -> None:
         assert sink is not None
+        if on_commit is not None:
+            on_commit(record.step)
         sink.log_checkpoint(
             record.step,
             record.url,

@@ -12,6 +12,8 @@ the last one, and readers skip it).
                    "ratio": x}}                   throughput per rank and MFU (where known);
                                                   the slowest rank where it was over
                                                   STRAGGLER_RATIO times the median
+    {"kind": "commit", "at": T, "step": S}       checkpoint step-S committed (from the
+                                                  checkpoint thread)
     {"kind": "end", "at": T, "step": S, "status": "FINISHED" | "REQUEUE" | ...,
      "checkpoint_s": s, "sample_s": s}           the same seconds since the last window
 
@@ -94,6 +96,9 @@ class StartAccount:
         self._write("window", step=step, steps=steps, step_s=round(step_s, 4),
                     data_s=round(data_s, 4), checkpoint_s=round(checkpoint_s, 4),
                     sample_s=round(sample_s, 4), **extra)  # fmt: skip
+
+    def committed(self, step: int) -> None:
+        self._write("commit", step=step)
 
     def end(self, step: int, status: str, *, checkpoint_s: float, sample_s: float) -> None:
         """The start's last line; `checkpoint_s` and `sample_s` since the last window (the

@@ -177,6 +177,9 @@ class Trainer:
         self.sampler = TrainSampler(cfg, self.env, run_dir=self.run_dir, sink=self.sink,
                                     ema=self.ema, autocast=self.autocast)  # fmt: skip
         self.sampler.check(self.model)
+        # This start's time account (time_account.py), on global rank 0.
+        restart = int(os.environ.get(ENV_RESTART) or 0)
+        self.account = StartAccount(self.run_dir, restart=restart, enabled=self.env.is_main)
         self.checkpointer = self._checkpointer()
         state = self.checkpointer.load_latest(
             self.model, self.optimizer, self.scheduler, extra=self._extra()
@@ -208,6 +211,7 @@ class Trainer:
             world_size=self.env.world_size,
             mesh=self.mesh,
             sink=self.sink if self.env.is_main else None,
+            on_commit=self.account.committed,
         )
 
     @torch.no_grad()
@@ -314,8 +318,7 @@ class Trainer:
         )
         progress = Progress(total, self.start_step) if env.is_main else None
         window, bad_in_row, step = Window(), 0, self.start_step
-        account = StartAccount(self.run_dir, restart=int(os.environ.get(ENV_RESTART) or 0),
-                               enabled=env.is_main)  # fmt: skip
+        account = self.account
         account.start(self.start_step, env.world_size)
         outcome: Outcome | None = None
         try:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from stoker.errors import StokerError
-from stoker.job_time import job_time
+from stoker.job_time import job_time, read_lines
 from stoker.protocol import EXIT_REQUEUE
 from tests.runtime.trainer_runs import Recorder, built_trainer, trainer_config
 
@@ -62,6 +62,12 @@ def test_stop_saves_exits_for_requeue_and_resumes_exactly(
         assert start.productive > 0 and start.lost["checkpoint"] > 0
         assert start.lost["redone"] == 0 and start.lost["startup"] > 0
     assert 0 < account.goodput < 1  # type: ignore[operator]
+    # The saves that committed, as the account saw them (a failed job keeps its work
+    # through the newest), and each window's throughput.
+    commits = [[line["step"] for line in read_lines(run / "accounting" / f"r{k}.jsonl")
+                if line["kind"] == "commit"] for k in (0, 1)]  # fmt: skip
+    assert commits == [[4], [6]]
+    assert account.samples_per_s is not None and account.samples_per_s > 0
 
     straight = Recorder()
     built_trainer(cfg, tmp_path / "straight", straight).train()
