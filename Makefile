@@ -26,6 +26,7 @@ ui:
 test: install-dev
 	$(CLUSTER) install
 	$(PY) tests/browser.py install
+	$(PY) tests/promtool.py install
 	$(CLUSTER) start
 	status=0; \
 	STOKER_VENV=$(VENV) scripts/test-suite $(PYTEST_ARGS) || status=$$?; \

@@ -84,7 +84,7 @@ class Job:
 
         target = self._target()
         diagnosis = diagnose(target)
-        settle(Ledger(), [Ended(target, diagnosis.state)], {target.job_id: diagnosis.summary})
+        settle(Ledger(), [Ended(target, diagnosis.state)], {target.job_id: diagnosis})
         return dict(diagnosis.to_json())
 
     def cancel(self) -> str:

@@ -128,6 +128,6 @@ def _say_how_it_ended(target: Target) -> None:
     from stoker.launcher.why import diagnose
 
     diagnosis = diagnose(target)
-    settle(Ledger(), [Ended(target, diagnosis.state)], {target.job_id: diagnosis.summary})
+    settle(Ledger(), [Ended(target, diagnosis.state)], {target.job_id: diagnosis})
     if diagnosis.cause != "completed":
         print_diagnosis(diagnosis, err())

@@ -16,6 +16,7 @@ from stoker.cli import control as control_cmd
 from stoker.cli import data as data_cmd
 from stoker.cli import doctor as doctor_cmd
 from stoker.cli import init as init_cmd
+from stoker.cli import insights as insights_cmd
 from stoker.cli import logs as logs_cmd
 from stoker.cli import run as run_cmd
 from stoker.cli import sample as sample_cmd
@@ -76,6 +77,7 @@ app.add_typer(data_cmd.app, name="data")
 app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(ckpt_cmd.app, name="ckpt")
 app.command("sample")(sample_cmd.sample)
+app.command("insights")(insights_cmd.insights)
 app.command("doctor")(doctor_cmd.doctor)
 
 

@@ -41,7 +41,7 @@ def why(
     from stoker.launcher.ledger import Ledger
 
     # What `stoker status` would do on seeing the end: keep the reason, end the MLflow run.
-    settle(Ledger(), [Ended(target, diagnosis.state)], {target.job_id: diagnosis.summary})
+    settle(Ledger(), [Ended(target, diagnosis.state)], {target.job_id: diagnosis})
     if as_json:
         print_json(diagnosis.to_json())
         return

@@ -3,6 +3,9 @@
 - How it ended, in one line: `stoker why`'s headline (the first failing rank's
   error, a signature, a time limit...), shortened for the REASON column. It is
   judged once per job (or array task) and kept in the ledger's `extra["reasons"]`.
+- Its account (stoker/launcher/job_account.py: the time it was given and where it
+  went, the nodes it implicates) is made once and kept in `extra["accounts"]`, for
+  `stoker insights`; `stoker why`'s cause is kept in `extra["causes"]`.
 - Its MLflow run ends in the job's state (stoker/tracking/run_end.py) if the job
   itself could not: a rank SLURM killed, a batch script cancelled before its last
   line. Runs ended so are kept in `extra["mlflow_ended"]`; a store that cannot be
@@ -11,15 +14,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from stoker.errors import StokerError
 from stoker.launcher.ledger import Ledger
-from stoker.launcher.slurm_query import TERMINAL_STATES
+from stoker.launcher.slurm_cli import SlurmError
+from stoker.launcher.slurm_query import TERMINAL_STATES, AcctRow, query_accounting
 from stoker.launcher.targets import Target
+
+if TYPE_CHECKING:
+    from stoker.launcher.why import Diagnosis
 
 REASON_WIDTH = 72
 RETRY_S = 600.0
@@ -43,13 +52,22 @@ def short_reason(summary: str, width: int = REASON_WIDTH) -> str:
 
 
 def ended_reasons(
-    ledger: Ledger, ended: Sequence[Ended], known: Mapping[str, str] | None = None
+    ledger: Ledger, ended: Sequence[Ended], known: Mapping[str, Diagnosis] | None = None
 ) -> dict[str, str]:
     """`{job_id: reason}` for the ended jobs that did not complete, from the ledger,
-    `known` (`{job_id: headline}` a caller judged already) or judged now; kept there."""
+    `known` (`{job_id: diagnosis}` a caller judged already) or judged now; kept there
+    with the diagnosis' cause."""
+    return _reasons_and_causes(ledger, ended, known)[0]
+
+
+def _reasons_and_causes(
+    ledger: Ledger, ended: Sequence[Ended], known: Mapping[str, Diagnosis] | None
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The reasons, and the causes of those judged now (the others' are in the ledger)."""
     from stoker.launcher.why import diagnose
 
     reasons: dict[str, str] = {}
+    causes: dict[str, str] = {}
     learned: dict[str, dict[tuple[str, ...], object]] = {}
     for item in ended:
         if item.state == "COMPLETED" or item.state not in TERMINAL_STATES:
@@ -59,18 +77,66 @@ def ended_reasons(
         reason = kept.get(target.job_id) if isinstance(kept, dict) else None
         if not isinstance(reason, str):
             if known and target.job_id in known:
-                reason = short_reason(known[target.job_id])
+                diagnosis = known[target.job_id]
             elif item.judge:
                 try:
-                    reason = short_reason(diagnose(target).summary)
+                    diagnosis = diagnose(target)
                 except (StokerError, OSError):
                     continue  # the scheduler's own reason stays
             else:
                 continue
-            learned.setdefault(target.record.job_id, {})[("reasons", target.job_id)] = reason
+            reason = short_reason(diagnosis.summary)
+            changes = learned.setdefault(target.record.job_id, {})
+            changes[("reasons", target.job_id)] = reason
+            changes[("causes", target.job_id)] = causes[target.job_id] = diagnosis.cause
         reasons[target.job_id] = reason
     ledger.set_extra(learned)
-    return reasons
+    return reasons, causes
+
+
+def _kept_cause(target: Target) -> str | None:
+    causes = target.record.extra.get("causes", {})
+    cause = causes.get(target.job_id) if isinstance(causes, dict) else None
+    return cause if isinstance(cause, str) else None
+
+
+def keep_accounts(
+    ledger: Ledger,
+    ended: Sequence[Ended],
+    accounting: Mapping[str, list[AcctRow]] | None = None,
+    causes: Mapping[str, str] | None = None,
+) -> None:
+    """Make and keep the account of each ended job that has none yet (or one of an
+    older format). `accounting`: sacct rows a caller has; the others' are asked in one
+    sacct call (none where accounting is off: the run folder's times then stand).
+    `causes`: those just judged, not yet in the records."""
+    from stoker.launcher.job_account import ACCOUNTS_KEY, JobAccount, make_account
+
+    todo = []
+    for item in ended:
+        if item.state not in TERMINAL_STATES:
+            continue
+        kept = item.target.record.extra.get(ACCOUNTS_KEY, {})
+        data = kept.get(item.target.job_id) if isinstance(kept, dict) else None
+        if JobAccount.from_json(data) is None:
+            todo.append(item)
+    if not todo:
+        return
+    rows = dict(accounting or {})
+    missing = [i.target.job_id for i in todo
+               if i.target.record.backend == "slurm" and i.target.job_id not in rows]  # fmt: skip
+    if missing:
+        with contextlib.suppress(SlurmError):  # accounting off: the run folder's times
+            rows.update(query_accounting(missing))
+    changes: dict[str, dict[tuple[str, ...], object]] = {}
+    for item in todo:
+        target = item.target
+        cause = (causes or {}).get(target.job_id) or _kept_cause(target)
+        account = make_account(target, item.state, rows.get(target.job_id, []), cause)
+        changes.setdefault(target.record.job_id, {})[(ACCOUNTS_KEY, target.job_id)] = (
+            account.to_json()
+        )
+    ledger.set_extra(changes)
 
 
 def end_mlflow_runs(ledger: Ledger, ended: Sequence[Ended], *, now: float | None = None) -> None:
@@ -131,10 +197,14 @@ def end_mlflow_runs(ledger: Ledger, ended: Sequence[Ended], *, now: float | None
 
 
 def settle(
-    ledger: Ledger, ended: Sequence[Ended], known: Mapping[str, str] | None = None
+    ledger: Ledger,
+    ended: Sequence[Ended],
+    known: Mapping[str, Diagnosis] | None = None,
+    accounting: Mapping[str, list[AcctRow]] | None = None,
 ) -> dict[str, str]:
-    """Both of the above for the jobs in an end state; returns the reasons."""
+    """The above for the jobs in an end state; returns the reasons."""
     ended = [e for e in ended if e.state in TERMINAL_STATES]
-    reasons = ended_reasons(ledger, ended, known)
+    reasons, causes = _reasons_and_causes(ledger, ended, known)
+    keep_accounts(ledger, ended, accounting, causes)
     end_mlflow_runs(ledger, ended)
     return reasons

@@ -264,7 +264,7 @@ class Ledger:
             f"reopen job {job_id} in the job ledger",
             lambda conn: conn.execute(
                 "UPDATE jobs SET final_state = NULL, extra = json_remove(extra, '$.reasons', "
-                "'$.mlflow_ended') "
+                "'$.causes', '$.accounts', '$.mlflow_ended') "
                 "WHERE job_id = ?",
                 (job_id,),
             ),

@@ -134,7 +134,7 @@ def run_here(
         from stoker.launcher.job_end import Ended, ended_reasons
         from stoker.launcher.ledger import Ledger
 
-        ended_reasons(Ledger(), [Ended(target, state)], {target.job_id: diagnosis.summary})
+        ended_reasons(Ledger(), [Ended(target, state)], {target.job_id: diagnosis})
     result = RunResult(
         submitted.job_id,
         submitted.run_id,

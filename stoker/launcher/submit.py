@@ -13,6 +13,7 @@ things, one step per call.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import hashlib
 import importlib.util
 import shutil
@@ -452,6 +453,7 @@ def _record_in_ledger(
         array_size=request.array_size,
         extra={
             "command": list(map(str, request.command)),
+            "user": getpass.getuser(),
             **({"child_run_ids": runs.task_run_ids} if request.is_array else {}),
             **({"code_sha256": code.sha256} if code.sha256 else {}),
         },
