@@ -2,7 +2,7 @@
 by cause from its time account and sacct's attempt times, the nodes its failures
 implicate, the sums by user, partition and experiment, and the three outputs (the
 terminal and JSON, Prometheus' text format checked by promtool, the HTML report
-checked in headless Chromium). The cluster's own mix of jobs: test_insights_cluster.py."""
+checked in headless Chromium). The cluster's own mix of jobs: test_cluster_mix.py."""
 
 from __future__ import annotations
 
