@@ -24,6 +24,9 @@ def insights(
     ),
     partition: str | None = typer.Option(None, "--partition", "-p", help="Only this partition."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON document."),
+    per_job: bool = typer.Option(
+        False, "--per-job", help="With --json: every job's account too (`jobs`)."
+    ),
     html: Path | None = typer.Option(
         None, "--html", help="Also write a self-contained HTML report with charts here."
     ),
@@ -65,7 +68,7 @@ def insights(
         write_prometheus(report, prometheus)
         note(f"wrote {prometheus}")
     if as_json:
-        print_json(report.to_json())
+        print_json(report.to_json(per_job=per_job))
         return
     if not report.accounts:
         note("no ended jobs in this window; `--since all` looks at every job in the ledger")

@@ -19,8 +19,9 @@ from typing import Any
 from stoker.errors import StokerError
 from stoker.job_time import CAUSES
 from stoker.launcher.job_account import ACCOUNTS_KEY, JobAccount
+from stoker.launcher.job_end import Ended, keep_accounts
 from stoker.launcher.ledger import JobRecord, Ledger
-from stoker.launcher.targets import Target, targets_of
+from stoker.launcher.targets import targets_of
 
 NODE_INCIDENTS = 2
 """A node implicated in this many incidents (over all the jobs) is reported."""
@@ -179,7 +180,9 @@ class Report:
     daily: list[dict[str, Any]]  # {"day", "resource", "allocated_hours", ...}
     accounts: list[JobAccount]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, *, per_job: bool = False) -> dict[str, Any]:
+        """The report; `per_job` adds every job's account (`jobs`), else its count."""
+
         def groups(table: dict[tuple[str, str], Totals], name: str) -> list[dict[str, Any]]:
             return [
                 {name: key, "resource": resource, **totals.to_json()}
@@ -202,7 +205,8 @@ class Report:
             "mfu": self.mfu.to_json(),
             "samples_per_s": self.samples_per_s.to_json(),
             "daily": self.daily,
-            "jobs": [a.to_json() for a in self.accounts],
+            "job_count": len(self.accounts),
+            **({"jobs": [a.to_json() for a in self.accounts]} if per_job else {}),
         }
 
 
@@ -326,18 +330,21 @@ def settle_unfinished(ledger: Ledger, records: Sequence[JobRecord], now: float) 
     return notes
 
 
-def kept_accounts(records: Iterable[JobRecord]) -> list[JobAccount]:
-    """The accounts kept in these records (one per job or array task that ended)."""
-    found = []
+def kept_accounts(records: Iterable[JobRecord]) -> tuple[list[JobAccount], list[Ended]]:
+    """The accounts kept in these records (one per job or array task that ended), and
+    the ended jobs (or tasks) that have none yet."""
+    found: list[JobAccount] = []
+    stale: list[Ended] = []
     for record in records:
         kept = record.extra.get(ACCOUNTS_KEY)
-        if not isinstance(kept, dict):
-            continue
+        kept = kept if isinstance(kept, dict) else {}
         for target in targets_of(record):
             account = JobAccount.from_json(kept.get(target.job_id))
             if account is not None:
                 found.append(account)
-    return found
+            elif record.final_state:
+                stale.append(Ended(target, record.final_state, judge=False))
+    return found, stale
 
 
 def collect(
@@ -351,31 +358,22 @@ def collect(
 ) -> tuple[Report, list[str]]:
     """The report over the ledger's jobs in the window, and notes on what could not be
     asked. Accounts missing for jobs seen ended before accounts were kept are made."""
-    from stoker.launcher.job_end import Ended, keep_accounts
-
     now = time.time() if now is None else now
     records = select_records(ledger, since=since, all_users=all_users, now=now)
-    notes = settle_unfinished(ledger, records, now) if settle else []
-    ids = {r.job_id for r in records}
-    records = [r for r in ledger.list() if r.job_id in ids]
-    # Ended before this version kept accounts: made now, once.
-    stale = [
-        Ended(t, r.final_state, judge=False)
-        for r in records
-        if r.final_state
-        for t in _without_account(r)
-    ]
-    if stale:
+    notes: list[str] = []
+    if settle and any(r.final_state is None for r in records):
+        notes = settle_unfinished(ledger, records, now)
+        records = _reread(ledger, records)
+    accounts, stale = kept_accounts(records)
+    if stale:  # ended before this version kept accounts: made now, once
         keep_accounts(ledger, stale)
-        records = [r for r in ledger.list() if r.job_id in ids]
-    accounts = kept_accounts(records)
+        accounts, _ = kept_accounts(_reread(ledger, records))
     if partition is not None:
         accounts = [a for a in accounts if a.partition == partition]
     filters = {"user": None if all_users else getpass.getuser(), "partition": partition}
     return summarise(accounts, since=since, until=now, filters=filters), notes
 
 
-def _without_account(record: JobRecord) -> list[Target]:
-    kept = record.extra.get(ACCOUNTS_KEY)
-    kept = kept if isinstance(kept, dict) else {}
-    return [t for t in targets_of(record) if JobAccount.from_json(kept.get(t.job_id)) is None]
+def _reread(ledger: Ledger, records: Sequence[JobRecord]) -> list[JobRecord]:
+    ids = {r.job_id for r in records}
+    return [r for r in ledger.list() if r.job_id in ids]

@@ -107,7 +107,7 @@ def test_insights_match_the_injected_troubles(
     assert states[requeued["job_id"]] != "COMPLETED", run_story(requeued_dir)
 
     prom = tmp_path / "insights.prom"
-    result = stoker("insights", "--since", "1h", "--json", "--prometheus", str(prom),
+    result = stoker("insights", "--since", "1h", "--json", "--per-job", "--prometheus", str(prom),
                     timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)

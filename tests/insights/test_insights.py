@@ -170,13 +170,15 @@ def test_cli_terminal_json_prometheus_and_html(
     monkeypatch.setenv("LOGNAME", "alice")  # getpass.getuser(): whose jobs are "mine"
     text = stoker("insights", "--since", "all").stdout
     assert "Lost hours by cause" in text and "redone" in text
-    mine = json.loads(stoker("insights", "--since", "all", "--json").stdout)
+    mine = json.loads(stoker("insights", "--since", "all", "--json", "--per-job").stdout)
     assert [j["job_id"] for j in mine["jobs"]] == ["local-1"]  # bob's is not mine
     assert mine["totals"]["GPU"]["jobs"] == 1 and mine["by_partition"][0]["partition"] == "local"
     prom, html = tmp_path / "insights.prom", tmp_path / "report.html"
     outputs = ("--prometheus", str(prom), "--html", str(html))
-    everyone = json.loads(stoker("insights", "--since", "all", "--all-users", "--json",
-                                 *outputs).stdout)  # fmt: skip
+    everyone = json.loads(
+        stoker("insights", "--since", "all", "--all-users", "--json", *outputs).stdout
+    )
+    assert "jobs" not in everyone and everyone["job_count"] == 2
     assert everyone["totals"]["GPU"]["jobs"] == 2 and everyone["failures"][0]["jobs"] == 1
     # n2 was implicated in both jobs (killed task, straggler): named, with the fix.
     assert everyone["nodes"][0]["node"] == "n2" and everyone["nodes"][0]["incidents"] == 4
