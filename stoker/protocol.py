@@ -65,6 +65,11 @@ STACK_HEADER = "stoker: Python stacks of rank"
 # Where each start's time went (stoker/runtime/time_account.py writes, global rank 0):
 # <run>/accounting/r<restart>.jsonl, read into a job's time account (goodput).
 ACCOUNTING_DIR = "accounting"
+# PyTorch's flight recorder (its recent collectives, per rank): each rank writes
+# <run>/flight/r<restart>/rank-<R>.json (torch's JSON dump) when the hang watchdog fails
+# the job or its collective loses a peer; `stoker why` reads them.
+FLIGHT_DIR = "flight"
+FLIGHT_FILE = "rank-{rank}.json"
 EXIT_HANG = 124  # as timeout(1) exits
 
 # progress.json (ENV_PROGRESS_FILE) carries the last log window's slowest rank; a rank

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.protocol import EXIT_FILE, EXIT_HANG, HANG_FILE, HEARTBEAT_DIR, STACK_HEADER
+from stoker.runtime import flight_recorder
 
 WARMUP_FACTOR = 3
 """A rank's first step in a process may take this many times train.hang_timeout_s before
@@ -256,6 +257,7 @@ class Heartbeat:
         native = py_spy_dump(os.getpid())
         if native is not None:
             print(f"{PY_SPY_HEADER} {self.rank}:\n{native}", file=sys.stderr, flush=True)
+        flight_recorder.dump(self.rank)  # the collectives each rank reached
         (self.folder / f"dumped-{self.rank}").touch()
 
 

@@ -47,7 +47,7 @@ from stoker.protocol import (
     EXIT_PEER_LOST,
     EXIT_REQUEUE,
 )
-from stoker.runtime import dist_env, rendezvous
+from stoker.runtime import dist_env, flight_recorder, rendezvous
 from stoker.runtime.data_lineage import record_data_sets
 from stoker.runtime.dist_env import DistEnv
 from stoker.runtime.heartbeat import (
@@ -377,6 +377,7 @@ class Run:
             if code == EXIT_PEER_LOST:
                 print(f"stoker: rank {self.rank}: a collective lost a peer; exit "
                       f"{EXIT_PEER_LOST}", file=err, flush=True)  # fmt: skip
+                flight_recorder.dump(self.rank)
         err.flush()
         self._end(code, "FAILED")
         sys.stdout.flush()

@@ -33,6 +33,7 @@ from torch._C._distributed_c10d import TCPStore
 
 from stoker.errors import StokerError
 from stoker.protocol import expand_nodelist
+from stoker.runtime import flight_recorder
 from stoker.runtime.dist_env import DistEnv
 from stoker.runtime.stragglers import node_name
 
@@ -134,6 +135,7 @@ def join(
         ) from exc
     # The store's timeout becomes the collectives' (it also bounds gloo's connections).
     store.set_timeout(datetime.timedelta(seconds=collective_timeout_s))
+    flight_recorder.configure(os.environ, cuda=device.type == "cuda")  # read at the next line
     torch.distributed.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
         store=store,

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from stoker.config import load_frozen
     from stoker.kernels import KernelBackendError
     from stoker.protocol import ENV_RESTART, ENV_RUN_DIR, EXIT_HANG, EXIT_PEER_LOST
-    from stoker.runtime import dist_env, rendezvous
+    from stoker.runtime import dist_env, flight_recorder, rendezvous
     from stoker.runtime.data_lineage import record_lineage
     from stoker.runtime.heartbeat import announce_exit, hang_reported, interval_for, silent_ranks
     from stoker.runtime.rank_tracking import open_tracking
@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"stoker: rank {env.rank}: a collective lost a peer (killed, frozen, or its "
                   f"node lost; train.collective_timeout_s={cfg.train.collective_timeout_s:g}); "
                   f"exit {EXIT_PEER_LOST}", file=sys.stderr, flush=True)  # fmt: skip
+            flight_recorder.dump(env.rank)
             return ending(EXIT_PEER_LOST, frozen_peers())
         ending(1)  # Python's exit status for the exception raised on
         raise

@@ -3,7 +3,8 @@ cluster, with the real runtime:
 
     killed    a task SIGKILLed on node X after a checkpoint: restarted without X,
               resumed, completed
-    hang      pinned to X (job.exclude): its data never comes; the watchdog fails it
+    hang      two ranks pinned to X (job.exclude): rank 1's data never comes; the
+              watchdog fails the job, the ranks' flight recorders name rank 1
     straggler two nodes, X among them: X's rank waits for its data in four steps
     stall     every rank waits DATA_STALL_S for one batch, then completes
     requeued  `scontrol requeue` after a checkpoint; after its second start, a time
@@ -50,12 +51,12 @@ SLACK_S = 4.0  # "a few seconds": clocks, log-step granularity, a loaded 2-core 
 
 
 def _wrapped(tmp_path: Path, name: str, plan: dict[str, Any], *, steps: int, nodes: int,
-             exclude: str | None = None, **train: Any) -> dict:  # fmt: skip
+             exclude: str | None = None, tasks: int = 1, **train: Any) -> dict:  # fmt: skip
     folder = tmp_path / name
     folder.mkdir()
     job = {"name": name, "max_restarts": 0, **({"exclude": exclude} if exclude else {})}
     exp = synth_experiment(folder, job, {"steps": steps, "log_every": 2, **train})
-    return submit_json("--nodes", str(nodes), "--ntasks-per-node", "1", "--time", "10",
+    return submit_json("--nodes", str(nodes), "--ntasks-per-node", str(tasks), "--time", "10",
                        str(exp), "--", sys.executable, str(MIX_RANK), json.dumps(plan),
                        cwd=folder)  # fmt: skip
 
@@ -78,7 +79,7 @@ def test_insights_match_the_injected_troubles(
     kill_task(killed["job_id"], x, pid)
 
     # 2. The rest at once: the hang and the straggler on X, the stall and the requeue anywhere.
-    hang = _wrapped(tmp_path, "hang", {"hang": [0, 3]}, steps=200, nodes=1,
+    hang = _wrapped(tmp_path, "hang", {"hang": [1, 3]}, steps=200, nodes=1, tasks=2,
                     exclude=",".join(_others(names, x)), hang_timeout_s=HANG_TIMEOUT_S)  # fmt: skip
     pair = sorted([x, _others(names, x)[0]])
     straggler = _wrapped(tmp_path, "straggler", {"slow": [pair.index(x), SLOW_S, 3, 7]},
@@ -128,10 +129,15 @@ def test_insights_match_the_injected_troubles(
     k = jobs[killed["job_id"]]
     assert k["starts"] == 2 and {"node": x, "kind": "killed task", "restart": 0} in k["nodes"]
     assert lost_s(killed, "redone") > 0
-    # The hang: the stall until the watchdog's detection, HANG_TIMEOUT_S and a few seconds.
+    # The hang: the stall until the watchdog's detection, HANG_TIMEOUT_S and a few
+    # seconds, on each of its two ranks; the flight recorder names the rank behind.
     h = jobs[hang["job_id"]]
     assert h["cause"] == "hung" and {"node": x, "kind": "hang", "restart": 0} in h["nodes"]
-    assert HANG_TIMEOUT_S - 1 <= lost_s(hang, "hang") <= HANG_TIMEOUT_S + SLACK_S + 5
+    assert HANG_TIMEOUT_S - 1 <= lost_s(hang, "hang") / 2 <= HANG_TIMEOUT_S + SLACK_S + 5
+    evidence = json.loads(stoker("why", hang["job_id"], "--json").stdout)["evidence"]
+    recorded = [line for line in evidence if line.startswith("flight recorder")]
+    assert recorded and "rank 1 fell behind" in recorded[0] and "ranks 0 wait" in recorded[0], (
+        evidence)  # fmt: skip
     # The straggler: X named for its two slow windows (rank 0's data wait is not its).
     s = jobs[straggler["job_id"]]
     assert {"node": x, "kind": "straggler", "restart": None} in s["nodes"], s["nodes"]

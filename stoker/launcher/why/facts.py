@@ -39,6 +39,7 @@ from stoker.launcher.slurm_query import (
     query_steps,
 )
 from stoker.launcher.targets import Target
+from stoker.launcher.why.collectives import Laggard, find_laggard, read_traces
 from stoker.launcher.why.tracebacks import first_failure, parse_task_failures
 from stoker.protocol import HANG_FILE, HEARTBEAT_DIR
 
@@ -77,6 +78,7 @@ class JobFacts:
     local_ranks: dict[int, int | None] = field(default_factory=dict)
     supervisor_died: bool = False
     hang: dict[str, Any] | None = None  # the watchdog's hang.json of that restart
+    laggard: Laggard | None = None  # from the ranks' flight-recorder dumps of that restart
     notes: list[str] = field(default_factory=list)  # what could not be asked
 
 
@@ -123,6 +125,7 @@ def read_run_logs(facts: JobFacts, run: RunDir, failing_hint: int | None = None)
     facts.restart_started = _restart_started(run, facts.restart)
     facts.stop_grace_s = _stop_grace(run)
     facts.hang = _hang_report(run, facts.restart)
+    facts.laggard = find_laggard(read_traces(run.path, facts.restart))
     hung = facts.hang.get("rank") if facts.hang else None
     if isinstance(hung, int) and hung in logs and hung != hint:
         facts.rank_logs[hung] = _read_tail(logs[hung], FAILING_RANK_TAIL_BYTES)
