@@ -82,6 +82,8 @@ class JobAccount:
     mfu: float | None
     samples_per_s: float | None
     nodes: list[NodeBlame] = field(default_factory=list)
+    last_step: int | None = None
+    """The last step any start logged."""
     format: int = FORMAT
 
     @property
@@ -90,6 +92,22 @@ class JobAccount:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    def metrics(self) -> dict[str, float]:
+        """As the runtime logs a job's time account at its end (stoker.job_time's
+        `system/goodput/...`, in rank-hours), for a run the runtime could not log it to."""
+        rank_h = 1 / self.per_rank if self.per_rank else 0.0
+        out = {
+            "system/goodput/allocated_rank_hours": self.allocated_h * rank_h,
+            "system/goodput/productive_rank_hours": self.productive_h * rank_h,
+            "system/goodput/queue_after_requeue_s": self.queue_after_requeue_h * 3600,
+            "system/goodput/starts": float(self.starts),
+        }
+        if self.goodput is not None:
+            out["system/goodput/goodput"] = self.goodput
+        for cause, hours in self.lost_h.items():
+            out[f"system/goodput/lost_{cause}_rank_hours"] = hours * rank_h
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> JobAccount | None:
@@ -231,6 +249,9 @@ def make_account(
         mfu=_finite(account.mfu),
         samples_per_s=_finite(account.samples_per_s),
         nodes=node_blames(run, rows, [s.restart for s in account.starts], account.stragglers()),
+        last_step=max(
+            (s.last_step for s in account.starts if s.last_step is not None), default=None
+        ),
     )
 
 

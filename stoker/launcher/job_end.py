@@ -28,6 +28,7 @@ from stoker.launcher.slurm_query import TERMINAL_STATES, AcctRow, query_accounti
 from stoker.launcher.targets import Target
 
 if TYPE_CHECKING:
+    from stoker.launcher.job_account import JobAccount
     from stoker.launcher.why import Diagnosis
 
 REASON_WIDTH = 72
@@ -136,7 +137,28 @@ def keep_accounts(
         changes.setdefault(target.record.job_id, {})[(ACCOUNTS_KEY, target.job_id)] = (
             account.to_json()
         )
+        if item.state != "COMPLETED" and item.judge:
+            _log_account(target, account)
     ledger.set_extra(changes)
+
+
+def _log_account(target: Target, account: JobAccount) -> None:
+    """The account of a job that did not complete, on its MLflow run (the runtime logs
+    it itself only at a finished job's end), with the tag `stoker.goodput`."""
+    run_id, uri = target.mlflow_run_id, target.record.tracking_uri
+    if not run_id or not uri:
+        return
+    from stoker.tracking.ended_run_metrics import log_to_ended_run
+    from stoker.tracking.store import resolve_tracking_uri
+
+    tags = {"stoker.goodput": f"{account.goodput:.3f}"} if account.goodput is not None else {}
+    try:
+        log_to_ended_run(resolve_tracking_uri(uri), run_id, account.metrics(), tags,
+                         account.last_step or 0)  # fmt: skip
+    except StokerError as exc:
+        first = str(exc).splitlines()[0]
+        print(f"stoker: could not log job {target.job_id}'s time account to MLflow: {first}",
+              file=sys.stderr)  # fmt: skip
 
 
 def end_mlflow_runs(ledger: Ledger, ended: Sequence[Ended], *, now: float | None = None) -> None:

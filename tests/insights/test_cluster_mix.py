@@ -32,6 +32,7 @@ from tests.faults.training_jobs import (
     TINY,
     committed_steps,
     kill_task,
+    mlflow_client,
     rank_pid,
     starts,
     synth_experiment,
@@ -134,6 +135,11 @@ def test_insights_match_the_injected_troubles(
     h = jobs[hang["job_id"]]
     assert h["cause"] == "hung" and {"node": x, "kind": "hang", "restart": 0} in h["nodes"]
     assert HANG_TIMEOUT_S - 1 <= lost_s(hang, "hang") / 2 <= HANG_TIMEOUT_S + SLACK_S + 5
+    # Its run holds its time account, logged by the launcher that saw it fail.
+    hang_run = mlflow_client().get_run(hang["run_id"])
+    assert hang_run.data.tags["stoker.goodput"] == f"{h['productive_h'] / h['allocated_h']:.3f}"
+    assert hang_run.data.metrics["system/goodput/lost_hang_rank_hours"] == pytest.approx(
+        h["lost_h"]["hang"])  # fmt: skip
     evidence = json.loads(stoker("why", hang["job_id"], "--json").stdout)["evidence"]
     recorded = [line for line in evidence if line.startswith("flight recorder")]
     assert recorded and "rank 1 fell behind" in recorded[0] and "ranks 0 wait" in recorded[0], (
