@@ -51,3 +51,20 @@ def test_ranks_that_agree_name_no_one_and_nothing_outside_a_job(tmp_path: Path) 
     assert environ["TORCH_FR_BUFFER_SIZE"] == "50"  # the job's own value is kept
     assert environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert environ["TORCH_FR_DUMP_TEMP_FILE"].startswith(str(tmp_path / "flight" / "r2"))
+
+
+def test_why_shows_the_flight_recorders_verdict_beside_the_watchdogs() -> None:
+    from stoker.launcher.why import JobFacts, judge
+    from stoker.launcher.why.collectives import Laggard
+    from stoker.protocol import EXIT_HANG
+
+    hang = {"rank": 1, "host": "n2", "phase": "data", "step": 3, "stalled_s": 31.0,
+            "gone": False, "message": "rank 1 (n2) stalled in phase 'data' at step 3"}  # fmt: skip
+    laggard = Laggard([1], "default_pg", 56, "gloo:all_reduce", [0], 57, "gloo:all_gather")
+    facts = JobFacts(job_id="7", state="FAILED", exit_code=EXIT_HANG, hang=hang, restart=1,
+                     laggard=laggard)  # fmt: skip
+    diagnosis = judge(facts)
+    assert diagnosis.cause == "hung"
+    assert ("flight recorder (flight/r1/): rank 1 fell behind in process group default_pg: "
+            "ranks 0 wait in collective #57 (gloo:all_gather), which rank 1 never entered "
+            "(last: #56 gloo:all_reduce)") in diagnosis.evidence  # fmt: skip
