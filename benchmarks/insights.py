@@ -33,12 +33,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.machine import machine_info
+from benchmarks.status import timed
 from stoker.job_time import CAUSES
 from stoker.launcher import slurm_cli
 from stoker.launcher.insights import SACCT_BATCH, collect
@@ -117,15 +117,6 @@ def write_run_folders(runs: Path, count: int, now: float) -> None:
         lines.append({"kind": "end", "at": began + 2040, "step": 2000, "status": "FINISHED",
                       "checkpoint_s": 3.0, "sample_s": 0.0})  # fmt: skip
         (run / "accounting" / "r0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-
-
-def timed(fn: Callable[[], Any], repeats: int) -> list[float]:
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return samples
 
 
 def submit_short_jobs(count: int) -> list[str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,24 +46,21 @@ def headless_page(width: int = 1440, height: int = 900) -> Iterator[Any]:
 
 
 def install() -> int:
+    from tests.apt_install import apt_install
+
     if any(shutil.which(name) for name in NAMES):
         print("browser: chromium is installed")
         return 0
-    apt = shutil.which("apt-get")
-    if apt is None or os.geteuid() != 0:
-        print("browser: no chromium, and no apt-get run as root to install it", file=sys.stderr)
+    if apt_install("browser", ["chromium"]):
         return 1
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in ([apt, "update"], [apt, "install", "-y", "--no-install-recommends", "chromium"]):
-        result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            print(f"browser: {' '.join(command)} failed:\n{result.stderr[-2000:]}", file=sys.stderr)
-            return 1
     print(f"browser: installed {chromium_path()}")
     return 0
 
 
 if __name__ == "__main__":
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: `tests`
     if sys.argv[1:] != ["install"]:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
