@@ -57,10 +57,14 @@ class Totals:
     failed_jobs: int = 0
     failed_h: float = 0.0
     """Hours allocated to jobs that did not complete."""
+    unaccounted_h: float = 0.0
+    """Hours of jobs whose command kept no time account (JobAccount.accounted)."""
 
     def add(self, account: JobAccount) -> None:
         self.jobs += 1
         self.allocated_h += account.allocated_h
+        if not account.accounted:
+            self.unaccounted_h += account.allocated_h
         self.productive_h += account.productive_h
         for cause in CAUSES:
             self.lost_h[cause] += account.lost_h.get(cause, 0.0)
@@ -71,7 +75,9 @@ class Totals:
 
     @property
     def goodput(self) -> float | None:
-        return self.productive_h / self.allocated_h if self.allocated_h > 0 else None
+        """Productive over allocated hours, of the jobs that kept an account."""
+        accounted = self.allocated_h - self.unaccounted_h
+        return self.productive_h / accounted if accounted > 1e-12 else None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -83,6 +89,7 @@ class Totals:
             "queue_after_requeue_hours": self.queue_after_requeue_h,
             "failed_jobs": self.failed_jobs,
             "failed_job_hours": self.failed_h,
+            "unaccounted_hours": self.unaccounted_h,
         }
 
 

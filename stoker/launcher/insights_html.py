@@ -172,6 +172,8 @@ def render(report: Report) -> str:
         )
         rows = [[c, f"{totals.lost_h[c]:.3g}"] for c in causes]
         rows.append(["queue after requeue (wall h)", f"{totals.queue_after_requeue_h:.3g}"])
+        if totals.unaccounted_h > 0:
+            rows.append(["not accounted (own commands)", f"{totals.unaccounted_h:.3g}"])
         out.append(f'<div class="chart">{chart}{_table(["cause", "hours"], rows)}</div>')
     failures = sorted(report.failures.items(), key=lambda item: -item[1])
     out.append("<h2>Failures by class</h2>")

@@ -65,6 +65,11 @@ def lines(report: Report) -> Iterator[str]:
         [({"resource": r, "cause": c}, t.lost_h[c] * 3600) for r, t in totals for c in CAUSES],
     )
     yield from gauge(
+        "unaccounted_seconds",
+        "Resource-seconds of jobs whose command kept no time account (left out of goodput).",
+        [({"resource": r}, t.unaccounted_h * 3600) for r, t in totals],
+    )
+    yield from gauge(
         "queue_after_requeue_seconds",
         "Wall seconds requeued jobs waited to start again.",
         [({"resource": r}, t.queue_after_requeue_h * 3600) for r, t in totals],

@@ -27,7 +27,7 @@ from typing import Any
 from stoker.job_time import CAUSES, job_time
 from stoker.launcher.slurm_query import AcctRow
 from stoker.launcher.targets import Target
-from stoker.protocol import HANG_FILE, HEARTBEAT_DIR, expand_nodelist
+from stoker.protocol import HANG_FILE, HEARTBEAT_DIR, expand_nodelist, runs_the_runtime
 
 ACCOUNTS_KEY = "accounts"
 """The ledger's `extra` key of the accounts, by job (or array task) id."""
@@ -84,11 +84,16 @@ class JobAccount:
     nodes: list[NodeBlame] = field(default_factory=list)
     last_step: int | None = None
     """The last step any start logged."""
+    accounted: bool = True
+    """False for a job whose command kept no time account (a user's own command or loop,
+    not the stoker runtime): its hours are allocated, their use unknown."""
     format: int = FORMAT
 
     @property
     def goodput(self) -> float | None:
-        return self.productive_h / self.allocated_h if self.allocated_h > 0 else None
+        if not self.accounted or self.allocated_h <= 0:
+            return None
+        return self.productive_h / self.allocated_h
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -227,6 +232,12 @@ def make_account(
     last = rows[-1] if rows else None
     to_h = per_rank / 3600
     lost = account.lost_rank_s()
+    command = target.record.extra.get("command")
+    accounted = any(s.start_step is not None for s in account.starts) or (
+        isinstance(command, list) and runs_the_runtime([str(c) for c in command])
+    )
+    if not accounted:  # no account lines, and no runtime that would have written them
+        lost = dict.fromkeys(CAUSES, 0.0)
     return JobAccount(
         job_id=target.job_id,
         name=target.record.name,
@@ -242,7 +253,7 @@ def make_account(
         resource=resource,
         per_rank=per_rank,
         allocated_h=account.allocated_rank_s * to_h,
-        productive_h=account.productive_rank_s * to_h,
+        productive_h=account.productive_rank_s * to_h if accounted else 0.0,
         lost_h={c: lost[c] * to_h for c in CAUSES},
         queue_after_requeue_h=account.queue_after_requeue / 3600,
         starts=len(account.starts),
@@ -252,6 +263,7 @@ def make_account(
         last_step=max(
             (s.last_step for s in account.starts if s.last_step is not None), default=None
         ),
+        accounted=accounted,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -95,6 +96,26 @@ def test_a_jobs_account_joins_its_run_folder_and_sacct(tmp_path: Path) -> None:
     # Kept in the ledger as JSON and read back the same.
     assert JobAccount.from_json(json.loads(json.dumps(account.to_json()))) == account
     assert JobAccount.from_json({**account.to_json(), "format": 0}) is None
+
+
+def test_a_command_that_kept_no_account_is_left_out_of_goodput(tmp_path: Path) -> None:
+    """A user's own command (not the stoker runtime) writes no time account: its hours
+    count as allocated, not as lost, and goodput is that of the jobs that kept one."""
+    run = tmp_path / "own"
+    run.mkdir()
+    (run / "attempts").write_text("1000 restart=0 job=9 nodes=n1\n")
+    record = _record(run, "9")
+    record.extra["command"] = ["python", "my_train.py"]
+    rows = [_row("9", "COMPLETED", 1000, 1360, "n1")]
+    own = make_account(Target(record), "COMPLETED", rows, None)
+    assert not own.accounted and own.goodput is None and own.allocated_h == pytest.approx(0.1)
+    assert own.productive_h == 0 and sum(own.lost_h.values()) == 0
+    record.extra["command"] = [sys.executable, "-m", "stoker.runtime.train"]
+    runtime = make_account(Target(record), "COMPLETED", rows, None)
+    assert runtime.accounted and runtime.lost_h["startup"] == pytest.approx(0.1)  # it never began
+    report = summarise([own, _account("1", hours=1.0, productive=0.5)])
+    gpu, cpu = report.totals["GPU"], report.totals["CPU"]
+    assert gpu.goodput == 0.5 and cpu.goodput is None and cpu.unaccounted_h == pytest.approx(0.1)
 
 
 def _account(job: str, *, state: str = "COMPLETED", cause: str | None = None, user: str = "a",
