@@ -47,7 +47,7 @@ pytestmark = pytest.mark.slurm
 MIX_RANK = Path(__file__).with_name("mix_rank.py")
 HANG_TIMEOUT_S = 20  # train.hang_timeout_s of the hang job
 DATA_STALL_S = 8.0
-SLOW_S = 1.5  # the straggler's wait per step, steps 3-6 (two log windows of 2)
+SLOW_S = 1.5  # the straggler's wait per step, steps 3-6: two of its three log windows
 SLACK_S = 4.0  # "a few seconds": clocks, log-step granularity, a loaded 2-core VM
 
 
@@ -84,7 +84,7 @@ def test_insights_match_the_injected_troubles(
                     exclude=",".join(_others(names, x)), hang_timeout_s=HANG_TIMEOUT_S)  # fmt: skip
     pair = sorted([x, _others(names, x)[0]])
     straggler = _wrapped(tmp_path, "straggler", {"slow": [pair.index(x), SLOW_S, 3, 7]},
-                         steps=8, nodes=2, exclude=_others(names, x)[1])  # fmt: skip
+                         steps=6, nodes=2, exclude=_others(names, x)[1])  # fmt: skip
     stall = _wrapped(tmp_path, "stall", {"data_stall": [4, DATA_STALL_S]}, steps=8, nodes=1)
     requeued = submit_json(TINY, *FAST, "train.steps=2000", "train.log_every=5",
                            "checkpoint.every=5", "job.max_requeues=1", "job.stop_grace=60",
@@ -120,7 +120,9 @@ def test_insights_match_the_injected_troubles(
     for job in jobs.values():
         rank_h = job["allocated_h"]  # CPU jobs of one CPU per rank: rank-hours
         assert job["resource"] == "CPU" and job["per_rank"] == 1.0
-        assert job["productive_h"] + sum(job["lost_h"].values()) == pytest.approx(rank_h)
+        # Every second of the allocation to one cause (sacct's times are whole seconds).
+        accounted = job["productive_h"] + sum(job["lost_h"].values())
+        assert accounted == pytest.approx(rank_h, abs=2 * 2 / 3600), job
         assert job["partition"] == slurm_cluster.partition and job["starts"] >= 1
 
     def lost_s(job: dict, cause: str) -> float:
