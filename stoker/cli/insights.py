@@ -81,7 +81,7 @@ def insights(
 
 
 def _hours(value: float) -> str:
-    return f"{value:.2f}" if value < 100 else f"{value:.0f}"
+    return f"{value:.3g}" if value < 1000 else f"{value:.0f}"
 
 
 def _percent(value: float | None) -> str:
