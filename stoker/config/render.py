@@ -62,6 +62,7 @@ def render_profile_template() -> str:
         "partition": "gpu",
         "account": "my-project",
         "qos": "normal",
+        "exclude": "gpu[017,042]",
         "container": "/shared/images/pytorch.sqsh",
         "setup": "[module load cuda/12.4]",
         "template": "pyxis",

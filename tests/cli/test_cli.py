@@ -45,6 +45,7 @@ def test_help_lists_the_commands_in_workflow_order() -> None:
         "cancel",
         "requeue",
         "sample",
+        "insights",
         "doctor",
         "config",
         "data",
