@@ -77,6 +77,7 @@ def test_insights_match_the_injected_troubles(
     killed_dir = Path(killed["run_dir"])
     wait_for(lambda: max(committed_steps(killed_dir), default=0) >= 10, 300, "step-10 committed")
     pid, x = rank_pid(killed_dir, 0, 0)
+    killed_at = time.time()
     kill_task(killed["job_id"], x, pid)
 
     # 2. The rest at once: the hang and the straggler on X, the stall and the requeue anywhere.
@@ -128,10 +129,14 @@ def test_insights_match_the_injected_troubles(
     def lost_s(job: dict, cause: str) -> float:
         return jobs[job["job_id"]]["lost_h"][cause] * 3600
 
-    # The killed job: two starts, its killed node named; the steps after step-10 redone.
+    # The killed job: two starts, its killed node named; what its first start did after
+    # its last logged window until the kill is lost (redone, or after its last step).
     k = jobs[killed["job_id"]]
     assert k["starts"] == 2 and {"node": x, "kind": "killed task", "restart": 0} in k["nodes"]
-    assert lost_s(killed, "redone") > 0
+    windows = [line for line in read_lines(killed_dir / "accounting" / "r0.jsonl")
+               if line["kind"] == "window"]  # fmt: skip
+    tail_s = killed_at - windows[-1]["at"]
+    assert lost_s(killed, "redone") + lost_s(killed, "after_last_step") >= tail_s - 1
     # The hang: the stall until the watchdog's detection, HANG_TIMEOUT_S and a few
     # seconds, on each of its two ranks; the flight recorder names the rank behind.
     h = jobs[hang["job_id"]]
