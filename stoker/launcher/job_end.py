@@ -227,6 +227,8 @@ def settle(
     """The above for the jobs in an end state; returns the reasons."""
     ended = [e for e in ended if e.state in TERMINAL_STATES]
     reasons, causes = _reasons_and_causes(ledger, ended, known)
-    keep_accounts(ledger, ended, accounting, causes)
+    # Only those seen ending now: a state kept in the ledger costs no SLURM call (the
+    # accounts of jobs ended before accounts were kept are made by `stoker insights`).
+    keep_accounts(ledger, [e for e in ended if e.judge], accounting, causes)
     end_mlflow_runs(ledger, ended)
     return reasons
