@@ -131,8 +131,11 @@ def _read_config(run: Path) -> dict[str, Any]:
     """The frozen config's `job` and `tracking` sections (yaml only: no validation)."""
     import yaml
 
+    # libyaml's loader where PyYAML has it: a status that sees 150 jobs end reads 150
+    # configs, ~40 ms each in pure Python on a loaded login node, ~4 ms in C.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        data = yaml.safe_load((run / "config.yaml").read_text())
+        data = yaml.load((run / "config.yaml").read_text(), Loader=loader)
     except (OSError, yaml.YAMLError):
         return {}
     return data if isinstance(data, dict) else {}

@@ -106,11 +106,16 @@ def keep_accounts(
     ended: Sequence[Ended],
     accounting: Mapping[str, list[AcctRow]] | None = None,
     causes: Mapping[str, str] | None = None,
+    *,
+    asked: bool = False,
 ) -> None:
     """Make and keep the account of each ended job that has none yet (or one of an
     older format). `accounting`: sacct rows a caller has; the others' are asked in one
     sacct call (none where accounting is off: the run folder's times then stand).
-    `causes`: those just judged, not yet in the records."""
+    `asked`: the caller's `accounting` is its one sacct answer (None: sacct failed), so
+    SLURM is not asked again; a job it has no rows for yet (slurmdbd lags the end by a
+    moment) is left for a later `stoker insights` rather than accounted without its
+    allocation times. `causes`: those just judged, not yet in the records."""
     from stoker.launcher.job_account import ACCOUNTS_KEY, JobAccount, make_account
 
     todo = []
@@ -126,7 +131,9 @@ def keep_accounts(
     rows = dict(accounting or {})
     missing = [i.target.job_id for i in todo
                if i.target.record.backend == "slurm" and i.target.job_id not in rows]  # fmt: skip
-    if missing:
+    if asked and accounting is not None:
+        todo = [i for i in todo if i.target.job_id not in missing]
+    elif missing and not asked:
         with contextlib.suppress(SlurmError):  # accounting off: the run folder's times
             rows.update(query_accounting(missing))
     changes: dict[str, dict[tuple[str, ...], object]] = {}
@@ -223,12 +230,15 @@ def settle(
     ended: Sequence[Ended],
     known: Mapping[str, Diagnosis] | None = None,
     accounting: Mapping[str, list[AcctRow]] | None = None,
+    *,
+    asked: bool = False,
 ) -> dict[str, str]:
-    """The above for the jobs in an end state; returns the reasons."""
+    """The above for the jobs in an end state; returns the reasons. `accounting` and
+    `asked`: as for `keep_accounts`."""
     ended = [e for e in ended if e.state in TERMINAL_STATES]
     reasons, causes = _reasons_and_causes(ledger, ended, known)
     # Only those seen ending now: a state kept in the ledger costs no SLURM call (the
     # accounts of jobs ended before accounts were kept are made by `stoker insights`).
-    keep_accounts(ledger, [e for e in ended if e.judge], accounting, causes)
+    keep_accounts(ledger, [e for e in ended if e.judge], accounting, causes, asked=asked)
     end_mlflow_runs(ledger, ended)
     return reasons

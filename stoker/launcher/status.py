@@ -198,7 +198,7 @@ def collect_status(
         Ended(t, row.state, judge=row.source != "ledger")
         for t, row in zip(targets, rows, strict=True)
     ]
-    reasons = settle(ledger, ended, accounting=accounting)
+    reasons = settle(ledger, ended, accounting=accounting, asked=bool(to_query))
     for row in rows:
         row.reason = reasons.get(row.job_id, row.reason)
     return StatusReport(rows=rows, notes=notes)

@@ -118,6 +118,38 @@ def test_a_command_that_kept_no_account_is_left_out_of_goodput(tmp_path: Path) -
     assert gpu.goodput == 0.5 and cpu.goodput is None and cpu.unaccounted_h == pytest.approx(0.1)
 
 
+def test_status_asks_sacct_once_and_leaves_a_job_it_has_no_rows_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`stoker status` makes the accounts of the jobs it sees end from its one sacct
+    answer: a job slurmdbd has not recorded yet is left for `insights`, not accounted
+    without its allocation times and not asked about in a second sacct call."""
+    from stoker.launcher import job_end
+
+    asked: list[list[str]] = []
+    monkeypatch.setattr(job_end, "query_accounting", lambda ids: asked.append(ids) or {})
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    rows = requeued_gpu_job(tmp_path / "run7")
+    (tmp_path / "run8").mkdir()
+    seen, unseen = _record(tmp_path / "run7", "7"), _record(tmp_path / "run8", "8")
+    ledger.add(seen)
+    ledger.add(unseen)
+    ended = [job_end.Ended(Target(r), "COMPLETED") for r in (seen, unseen)]
+    job_end.keep_accounts(ledger, ended, {"7": rows}, asked=True)
+    kept = {r.job_id: r.extra.get("accounts", {}) for r in ledger.list()}
+    assert asked == [] and list(kept["7"]) == ["7"] and kept["8"] == {}
+    # sacct failed (None): the run folder's times stand, still with no second call.
+    job_end.keep_accounts(ledger, [ended[1]], None, asked=True)
+    again = ledger.get("8")
+    assert again is not None and asked == [] and list(again.extra["accounts"]) == ["8"]
+    # A caller without an answer (insights, why) asks for the ones it lacks, once.
+    ledger.reopen("8")
+    reopened = ledger.get("8")
+    assert reopened is not None and "accounts" not in reopened.extra
+    job_end.keep_accounts(ledger, [job_end.Ended(Target(reopened), "FAILED")])
+    assert asked == [["8"]]
+
+
 def _account(job: str, *, state: str = "COMPLETED", cause: str | None = None, user: str = "a",
              nodes: list[NodeBlame] | None = None, mfu: float | None = None,
              hours: float = 1.0, productive: float = 0.5) -> JobAccount:  # fmt: skip
