@@ -39,6 +39,7 @@ LEAVES = (
     "stoker.model",
     "stoker.import_path",
     "stoker.job_time",
+    "stoker.gpus",
 )
 # Whose module-level imports must stay light (login nodes, `--help`, `import stoker`).
 LOGIN_NODE = (

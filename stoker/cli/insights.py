@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
+    from stoker.cli.output import Section
     from stoker.launcher.insights import Report, Totals
-
-Section = tuple[str, list[str], list[list[str]]]
 
 
 def insights(
@@ -49,7 +48,7 @@ def insights(
 
     Example: stoker insights --since 7d --html report.html
     """
-    from stoker.cli.output import note, out, print_json
+    from stoker.cli.output import note, print_json, print_sections
     from stoker.launcher.insights import collect, parse_since
     from stoker.launcher.ledger import Ledger
 
@@ -73,11 +72,7 @@ def insights(
     if not report.accounts:
         note("no ended jobs in this window; `--since all` looks at every job in the ledger")
         return
-    sections = _sections(report)
-    if out().is_terminal:
-        _print_rich(sections)
-    else:
-        _print_plain(sections)
+    print_sections(_sections(report))
 
 
 def _hours(value: float) -> str:
@@ -177,32 +172,3 @@ def _sections(report: Report) -> list[Section]:
         )
     )
     return sections
-
-
-def _print_rich(sections: list[Section]) -> None:
-    from rich.table import Table
-
-    from stoker.cli.output import out
-
-    for title, columns, rows in sections:
-        if not rows:
-            continue
-        table = Table(title=title, title_justify="left")
-        for column in columns:
-            table.add_column(column, overflow="fold")
-        for row in rows:
-            table.add_row(*row)
-        out().print(table)
-
-
-def _print_plain(sections: list[Section]) -> None:
-    import sys
-
-    for title, columns, rows in sections:
-        if not rows:
-            continue
-        widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
-        sys.stdout.write(f"\n{title}\n")
-        for row in [columns, *rows]:
-            cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
-            sys.stdout.write("  ".join(cells).rstrip() + "\n")

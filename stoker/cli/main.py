@@ -18,6 +18,7 @@ from stoker.cli import doctor as doctor_cmd
 from stoker.cli import init as init_cmd
 from stoker.cli import insights as insights_cmd
 from stoker.cli import logs as logs_cmd
+from stoker.cli import plan as plan_cmd
 from stoker.cli import run as run_cmd
 from stoker.cli import sample as sample_cmd
 from stoker.cli import status as status_cmd
@@ -78,6 +79,7 @@ app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(ckpt_cmd.app, name="ckpt")
 app.command("sample")(sample_cmd.sample)
 app.command("insights")(insights_cmd.insights)
+app.command("plan")(plan_cmd.plan)
 app.command("doctor")(doctor_cmd.doctor)
 
 

@@ -41,3 +41,34 @@ def print_error(exc: BaseException) -> None:
     from rich.markup import escape
 
     err().print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+
+
+Section = tuple[str, list[str], list[list[str]]]
+"""A titled table: its title, its column names, its rows of cells."""
+
+
+def print_sections(sections: list[Section]) -> None:
+    """Titled tables on stdout: rich tables on a terminal, aligned plain text otherwise.
+    A section without rows is left out."""
+    if out().is_terminal:
+        from rich.table import Table
+        from rich.text import Text
+
+        for title, columns, rows in sections:
+            if not rows:
+                continue
+            table = Table(title=title, title_justify="left")
+            for column in columns:
+                table.add_column(column, overflow="fold")
+            for row in rows:
+                table.add_row(*(Text(cell) for cell in row))  # values, never markup
+            out().print(table)
+        return
+    for title, columns, rows in sections:
+        if not rows:
+            continue
+        widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+        sys.stdout.write(f"\n{title}\n")
+        for row in [columns, *rows]:
+            cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+            sys.stdout.write("  ".join(cells).rstrip() + "\n")

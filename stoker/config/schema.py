@@ -397,6 +397,10 @@ class TrainConfig(Section):
     """Recompute activations in backward to save memory."""
     compile: bool = False
     """torch.compile each transformer block."""
+    sharding: Literal["node", "all"] = "node"
+    """FSDP2 shards the weights over one node's ranks (HSDP: replicated across nodes) or all."""
+    measure_memory: bool = False
+    """CPU runs: trace each batch shape's second step for its peak memory (GPU runs always do)."""
     log_every: Annotated[int, Field(ge=1)] = 10
     """Log metrics every this many steps."""
     eval_every: Annotated[int, Field(ge=0)] = 0

@@ -33,7 +33,7 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
         return x
     try:
         return x.view(-1, x.shape[-1])
-    except RuntimeError:
+    except (RuntimeError, ValueError):  # fake tensors (a plan's trace) raise ValueError
         return x.reshape(-1, x.shape[-1]).contiguous()
 
 

@@ -141,14 +141,17 @@ def all_gather_flat(output: torch.Tensor, tensor: torch.Tensor) -> None:
     gather(output, tensor)
 
 
-def data_parallel_mesh(env: DistEnv, device: torch.device) -> DeviceMesh | None:
-    """("shard",) over all ranks on one node; ("replicate", "shard") = (nodes,
-    ranks per node) across nodes (HSDP). None for one process."""
+def data_parallel_mesh(
+    env: DistEnv, device: torch.device, sharding: str = "node"
+) -> DeviceMesh | None:
+    """("shard",) over all ranks on one node, or with `sharding` "all" (train.sharding)
+    over all ranks of every node; ("replicate", "shard") = (nodes, ranks per node)
+    across nodes (HSDP). None for one process."""
     if not env.distributed:
         return None
     from torch.distributed.device_mesh import init_device_mesh
 
-    if env.num_nodes > 1:
+    if env.num_nodes > 1 and sharding == "node":
         return init_device_mesh(
             device.type,
             (env.num_nodes, env.local_world_size),

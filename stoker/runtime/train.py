@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                 if r != env.rank]  # fmt: skip
 
     try:
-        mesh = dist_env.data_parallel_mesh(env, device)
+        mesh = dist_env.data_parallel_mesh(env, device, cfg.train.sharding)
         trainer = Trainer(
             cfg,
             env,

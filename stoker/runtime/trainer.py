@@ -60,6 +60,7 @@ from stoker.runtime.optim import build_optimizer, build_scheduler
 from stoker.runtime.parallelize import parallelize
 from stoker.runtime.precision import resolve_precision
 from stoker.runtime.progress import Progress
+from stoker.runtime.step_memory import StepMemory, local_bytes
 from stoker.runtime.step_watch import StepWatch
 from stoker.runtime.stop_request import StopRequest
 from stoker.runtime.stragglers import Slowest, node_name
@@ -177,6 +178,11 @@ class Trainer:
         self.sampler = TrainSampler(cfg, self.env, run_dir=self.run_dir, sink=self.sink,
                                     ema=self.ema, autocast=self.autocast)  # fmt: skip
         self.sampler.check(self.model)
+        ema_bytes = local_bytes(self.ema.shadow.values()) if self.ema else 0
+        self.step_memory = StepMemory(
+            self.run_dir, self.device, enabled=self.env.is_main,
+            trace_cpu=cfg.train.measure_memory, ema_bytes=ema_bytes,
+        )  # fmt: skip
         # This start's time account (time_account.py), on global rank 0.
         restart = int(os.environ.get(ENV_RESTART) or 0)
         self.account = StartAccount(self.run_dir, restart=restart, enabled=self.env.is_main)
@@ -328,28 +334,30 @@ class Trainer:
                 with watch.phase("data"):
                     micro = [next(batches) for _ in range(accum)]
                 watch.lap("data")
-                loss_sum = self._forward_backward(micro, watch, window)
-                grad_norm = self._clip_grad_norm(params, max_norm)
-                nonfinite, stop_wanted = self._agree(loss_sum, grad_norm, watch)  # host sync
-                watch.lap("fwd_bwd")
-                if nonfinite:
-                    bad_in_row += 1
-                    window.skipped_steps += 1
-                    self._skip(step + 1, bad_in_row)
-                else:
-                    bad_in_row = 0
-                    with watch.phase("optimizer"):
-                        self.optimizer.step()
-                        self.scheduler.step()
-                        if self.ema is not None:
-                            self.ema.update()
-                    window.add_good_step(loss_sum, grad_norm)
-                self.optimizer.zero_grad(set_to_none=True)
+                with self.step_memory.measure(micro, self.model, self.optimizer):
+                    loss_sum = self._forward_backward(micro, watch, window)
+                    grad_norm = self._clip_grad_norm(params, max_norm)
+                    nonfinite, stop_wanted = self._agree(loss_sum, grad_norm, watch)  # host sync
+                    watch.lap("fwd_bwd")
+                    if nonfinite:
+                        bad_in_row += 1
+                        window.skipped_steps += 1
+                        self._skip(step + 1, bad_in_row)
+                    else:
+                        bad_in_row = 0
+                        with watch.phase("optimizer"):
+                            self.optimizer.step()
+                            self.scheduler.step()
+                            if self.ema is not None:
+                                self.ema.update()
+                        window.add_good_step(loss_sum, grad_norm)
+                    self.optimizer.zero_grad(set_to_none=True)
                 step += 1
                 window.add_step(watch.end(step))
                 if step % cfg.train.log_every == 0 or step == total or stop_wanted:
                     watch.beat("log")
                     logged = self._log(step, window, progress)
+                    self.step_memory.write(env.world_size, self.precision.value)
                     self._account(account, step, window, logged)
                     window = Window()
                 if self.sampler.due(step):

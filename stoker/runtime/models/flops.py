@@ -37,16 +37,12 @@ from __future__ import annotations
 
 import torch
 
-# Dense (not 2:4 sparse) bf16 tensor-core peaks from the vendors' data sheets,
-# matched against torch.cuda.get_device_name, most specific first.
-PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
-    ("H100 NVL", 835e12),
-    ("H100 PCIe", 756e12),
-    ("H100", 989e12),  # SXM5
-    ("H200", 989e12),
-    ("GH200", 989e12),
-    ("A100", 312e12),
-    ("L40S", 362e12),
+from stoker.gpus import KNOWN_GPUS, gpu_spec
+
+# Dense (not 2:4 sparse) bf16 tensor-core peaks from the vendors' data sheets, by the
+# name torch.cuda.get_device_name gives, most specific first (stoker/gpus.py's table).
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = tuple(
+    (key, spec.bf16_flops) for key, spec in KNOWN_GPUS
 )
 
 
@@ -76,11 +72,9 @@ def mfu(flops_per_s: float, peak_flops: float) -> float:
 
 def peak_flops_of_name(name: str) -> float | None:
     """Dense bf16 peak of a GPU by its name (e.g. 'NVIDIA H100 80GB HBM3'), or
-    None when the name is not in PEAK_BF16_FLOPS."""
-    for key, peak in PEAK_BF16_FLOPS:
-        if key.lower() in name.lower():
-            return peak
-    return None
+    None when the name is not in stoker/gpus.py's table."""
+    spec = gpu_spec(name)
+    return spec.bf16_flops if spec is not None else None
 
 
 def peak_flops(device: torch.device | str) -> float | None:

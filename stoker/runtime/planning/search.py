@@ -1,0 +1,252 @@
+"""The candidates of a plan, and the search for the fastest that fits.
+
+A candidate is a layout (FSDP2 over every rank, or HSDP: sharded within a node and
+replicated across nodes), an activation-checkpointing mode, a precision and a gradient
+accumulation; its micro-batch in each bucket follows from the experiment's global batch
+(data.batch_size, or each bucket's): global / (ranks x accumulation). The global batch
+is kept: it is an optimisation setting, not a memory one.
+
+Every candidate is timed (timing.py: no trace needed). They are then visited fastest
+first, each traced in each bucket at its own micro-batch (trace.py); the first that
+fits is chosen, and a slower one is not traced (its memory cannot change the choice)
+unless `trace_all`. Each candidate keeps why it was not chosen.
+
+Fits: traced peak x (1 + ALLOCATOR_SLACK) + the fixed allowances of a GPU (CUDA
+context, NCCL) <= the GPU's memory x (1 - margin).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from stoker.gpus import GPUSpec
+from stoker.runtime.planning.timing import INTER_NODE_BYTES_S, StepWork, step_time
+from stoker.runtime.planning.trace import ModelFacts, Traced, TraceSpec
+
+GIB = 1024**3
+ALLOCATOR_SLACK = 0.10
+"""The CUDA caching allocator reserves more than it hands out (fragmentation)."""
+CUDA_CONTEXT_BYTES = int(0.75 * GIB)
+"""The CUDA context and torch's kernels' images, outside the allocator."""
+NCCL_BYTES = int(0.5 * GIB)
+"""NCCL's buffers per communicator (HSDP has two), outside the allocator."""
+MODES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the job would run."""
+
+    nodes: int
+    ranks_per_node: int
+    gpu: GPUSpec | None
+    """None: a CPU target (memory only; its times are relative)."""
+    memory_bytes: int
+    """Per rank: the GPU's memory, or what a CPU rank may use."""
+    source: str
+    """Where these facts came from (a partition, flags, the profile)."""
+    inter_node_bytes_s: float = INTER_NODE_BYTES_S
+    margin: float = 0.05
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One shape the steps come in: a bucket (index) or the data's one shape (None)."""
+
+    bucket: int | None
+    label: str
+    global_batch: int
+
+
+@dataclass
+class Candidate:
+    shard: int
+    replicate: int
+    activation_checkpointing: str
+    precision: str
+    grad_accum: int
+    micro_batches: list[int]
+    """Per Batch, the rows of one rank's micro-batch."""
+    step_s: list[float] = field(default_factory=list)
+    peak: list[int | None] = field(default_factory=list)
+    parts: list[dict[str, int]] = field(default_factory=list)
+    status: str = "not traced"
+    reason: str = ""
+
+    @property
+    def layout(self) -> str:
+        return "fsdp" if self.replicate == 1 else "hsdp"
+
+    @property
+    def sharding(self) -> str:
+        return "all" if self.replicate == 1 else "node"
+
+    @property
+    def mean_step_s(self) -> float:
+        return sum(self.step_s) / len(self.step_s)
+
+    def describe(self) -> str:
+        where = (f"FSDP over {self.shard}" if self.replicate == 1
+                 else f"HSDP {self.replicate}x{self.shard}")  # fmt: skip
+        micro = "/".join(str(m) for m in self.micro_batches)
+        return (f"{where}, AC {self.activation_checkpointing}, {self.precision}, "
+                f"micro-batch {micro} x {self.grad_accum}")  # fmt: skip
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_candidates(target: Target, batches: list[Batch], facts: ModelFacts,
+                         precisions: list[str]) -> list[Candidate]:  # fmt: skip
+    world = target.world
+    per_rank = [b.global_batch // world for b in batches]
+    common = math.gcd(*per_rank)
+    layouts = [(world, 1)]
+    if target.nodes > 1:
+        layouts.append((target.ranks_per_node, target.nodes))
+    modes = MODES if facts.blocks else ("none",)
+    out = []
+    for shard, replicate in layouts:
+        for mode in modes:
+            for precision in precisions:
+                for accum in divisors(common):
+                    micro = [rows // accum for rows in per_rank]
+                    out.append(Candidate(shard, replicate, mode, precision, accum, micro))
+    return out
+
+
+def time_candidates(candidates: list[Candidate], target: Target, facts: ModelFacts) -> None:
+    for c in candidates:
+        c.step_s = []
+        for rows, flops in zip(c.micro_batches, facts.flops_per_sample, strict=True):
+            work = StepWork(flops=flops * rows * c.grad_accum, params=facts.params,
+                            shard=c.shard, replicate=c.replicate, accum=c.grad_accum,
+                            activation_checkpointing=c.activation_checkpointing,
+                            precision=c.precision)  # fmt: skip
+            gpu = target.gpu or _CPU
+            c.step_s.append(
+                step_time(work, gpu, target.ranks_per_node, target.inter_node_bytes_s).seconds
+            )
+
+
+# A CPU target's times only rank its candidates: one FLOP/s figure for both precisions.
+_CPU = GPUSpec("cpu", 0, 1e12, 1e12, 50e9, 10e9)
+
+
+def need_bytes(peak: int, target: Target, replicate: int) -> int:
+    """What a traced peak needs of the device, with the allowances of a GPU."""
+    if target.gpu is None:
+        return peak
+    communicators = 2 if replicate > 1 else 1
+    return int(peak * (1 + ALLOCATOR_SLACK)) + CUDA_CONTEXT_BYTES + communicators * NCCL_BYTES
+
+
+def usable_bytes(target: Target) -> int:
+    return int(target.memory_bytes * (1 - target.margin))
+
+
+Tracer = Callable[[list[TraceSpec]], list[Traced]]
+"""Traces several specs (in parallel where it can), in order."""
+
+
+class Memory:
+    """Peaks of candidates, traced once per distinct trace and reused."""
+
+    def __init__(self, target: Target, batches: list[Batch], tracer: Tracer) -> None:
+        self.target, self.batches, self.tracer = target, batches, tracer
+        self.cache: dict[TraceSpec, Traced] = {}
+        self.traces = 0
+
+    def spec(self, c: Candidate, index: int, rows: int) -> TraceSpec:
+        return TraceSpec(world=self.target.world, shard=c.shard,
+                         activation_checkpointing=c.activation_checkpointing,
+                         precision=c.precision, micro_batch=rows,
+                         micro_batches=min(c.grad_accum, 2),
+                         bucket=self.batches[index].bucket,
+                         gpu=self.target.gpu is not None)  # fmt: skip
+
+    def estimate(self, c: Candidate) -> None:
+        """Fill c.peak and c.parts: one trace per bucket at its micro-batch (a fake
+        tensor costs the same at any size: the micro-batch costs the trace nothing)."""
+        specs = [self.spec(c, index, rows) for index, rows in enumerate(c.micro_batches)]
+        todo = list(dict.fromkeys(s for s in specs if s not in self.cache))
+        if todo:
+            self.cache.update(zip(todo, self.tracer(todo), strict=True))
+            self.traces += len(todo)
+        c.peak = [self.cache[s].peak for s in specs]
+        c.parts = [dict(self.cache[s].parts) for s in specs]
+
+
+def _fits(c: Candidate, target: Target) -> tuple[bool, int, int]:
+    """(fits, the worst bucket's need, its index)."""
+    needs = [need_bytes(p or 0, target, c.replicate) for p in c.peak]
+    worst = max(range(len(needs)), key=lambda i: needs[i])
+    return needs[worst] <= usable_bytes(target), needs[worst], worst
+
+
+def search(candidates: list[Candidate], target: Target, batches: list[Batch],
+           tracer: Tracer, *, trace_all: bool = False) -> tuple[Candidate | None, int]:  # fmt: skip
+    """Visit fastest first; set each candidate's status and reason. The chosen one, and
+    how many traces it took."""
+    memory = Memory(target, batches, tracer)
+    chosen: Candidate | None = None
+    usable = usable_bytes(target)
+    for c in sorted(candidates, key=lambda c: c.mean_step_s):
+        if chosen is not None and not trace_all:
+            c.status = "slower"
+            c.reason = (f"{c.mean_step_s / chosen.mean_step_s:.2f}x the chosen step time; "
+                        "not traced (its memory cannot change the choice)")  # fmt: skip
+            continue
+        memory.estimate(c)
+        fits, need, worst = _fits(c, target)
+        where = f" in {batches[worst].label}" if len(batches) > 1 else ""
+        if not fits:
+            c.status = "too big"
+            c.reason = (f"needs {size_text(need)}{where} > {size_text(usable)} usable "
+                        f"({_biggest(c.parts[worst])})")  # fmt: skip
+        elif chosen is None:
+            c.status, c.reason = "chosen", f"the fastest that fits: {size_text(need)}{where}"
+            chosen = c
+        else:
+            c.status = "fits"
+            ratio = c.mean_step_s / chosen.mean_step_s
+            c.reason = f"fits ({size_text(need)}{where}) but {ratio:.2f}x the chosen step time"
+    return chosen, memory.traces
+
+
+def _biggest(parts: dict[str, int]) -> str:
+    top = sorted(parts.items(), key=lambda kv: -kv[1])[:2]
+    return ", ".join(f"{name} {size_text(size)}" for name, size in top)
+
+
+def size_text(value: int | None) -> str:
+    """1.5 GiB, 89 MiB; - for None."""
+    if value is None:
+        return "-"
+    if abs(value) >= GIB:
+        return f"{value / GIB:.1f} GiB"
+    return f"{value / 2**20:.0f} MiB"
+
+
+def as_dict(c: Candidate, batches: list[Batch]) -> dict[str, Any]:
+    return {
+        "layout": c.layout, "shard": c.shard, "replicate": c.replicate,
+        "activation_checkpointing": c.activation_checkpointing, "precision": c.precision,
+        "grad_accum": c.grad_accum, "status": c.status, "reason": c.reason,
+        "step_s": round(c.mean_step_s, 6),
+        "buckets": [
+            {"bucket": b.label, "global_batch": b.global_batch, "micro_batch": m,
+             "step_s": round(s, 6), "peak_bytes": p, "parts": parts}
+            for b, m, s, p, parts in zip(batches, c.micro_batches, c.step_s,
+                                         c.peak or [None] * len(batches),
+                                         c.parts or [{}] * len(batches), strict=True)
+        ],
+    }  # fmt: skip

@@ -1,0 +1,91 @@
+"""`stoker plan` as a user runs it: a plan written as an experiment file, trained for
+real on two CPU ranks, and the run measured against its plan with `--calibrate`; the
+1b preset planned for a node of 8 x H100 80GB, each rejected candidate explained; the
+errors a user meets first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from stoker.config import resolve_config
+from tests.clirun import stoker
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "examples" / "tiny.yaml")
+
+
+def test_plan_write_run_and_calibrate_on_two_cpu_ranks(tmp_path: Path) -> None:
+    planned = tmp_path / "planned.yaml"
+    result = stoker("plan", TINY, "data.batch_size=4", "--json", "--write", str(planned),
+                    timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["target"]["world"] == 2 and plan["target"]["gpu"] == "cpu"
+    chosen = plan["chosen"]
+    assert chosen["status"] == "chosen" and chosen["buckets"][0]["peak_bytes"] > 0
+    cfg = resolve_config(planned, use_profile=False).config
+    assert cfg.train.grad_accum == chosen["grad_accum"]
+    assert cfg.train.activation_checkpointing == chosen["activation_checkpointing"]
+    assert cfg.job.ntasks_per_node == 2 and cfg.data.batch_size == 4
+    run = stoker("run", str(planned), "train.steps=3", "train.log_every=1",
+                 "train.measure_memory=true", "--json", timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    done = json.loads(run.stdout.strip().splitlines()[-1])
+    for which in (done["run_dir"], done["job_id"]):  # a run folder or a ledger job id
+        calibrated = stoker("plan", "--calibrate", which, "--json", timeout=600)
+        assert calibrated.returncode == 0, calibrated.stderr
+        report = json.loads(calibrated.stdout)
+        (shape,) = report["shapes"]
+        assert shape["source"] == "memory tracker" and shape["measured_step_s"] > 0
+        # The trainer's own step (noise, metrics, the ranks' agreement) against the plan.
+        assert abs(shape["memory_error"]) < 0.10, shape
+    text = stoker("plan", "--calibrate", done["run_dir"], timeout=600).stdout
+    assert "PEAK RUN" in text and "ERROR" in text
+
+
+def test_the_1b_preset_on_eight_h100s_is_chosen_and_explained() -> None:
+    result = stoker("plan", str(ROOT / "examples" / "plan-1b.yaml"), "--gpus-per-node", "8",
+                    "--gpu", "H100", "--json", timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["target"]["gpu"] == "H100 SXM" and plan["target"]["world"] == 8
+    chosen = plan["chosen"]
+    assert chosen is not None and chosen["precision"] == "bf16"
+    usable = plan["target"]["usable_bytes"]
+    # Every bucket gets its micro-batch; the chosen one fits each with its allowances.
+    assert [b["micro_batch"] for b in chosen["buckets"]] == [
+        128 // 8 // chosen["grad_accum"], 64 // 8 // chosen["grad_accum"],
+        32 // 8 // chosen["grad_accum"]]  # fmt: skip
+    assert all(0 < b["peak_bytes"] < usable for b in chosen["buckets"])
+    others = [c for c in plan["candidates"] if c["status"] != "chosen"]
+    assert len(others) == len(plan["candidates"]) - 1 and all(c["reason"] for c in others)
+    # Ranked before the chosen one (as fast or faster): each too big, naming the bucket
+    # that does not fit and what fills it. After it: slower, said by how much.
+    statuses = [c["status"] for c in plan["candidates"]]
+    at = statuses.index("chosen")
+    before, after = plan["candidates"][:at], plan["candidates"][at + 1 :]
+    assert before and all(c["status"] == "too big" and "bucket" in c["reason"]
+                          and "activations" in c["reason"] for c in before)  # fmt: skip
+    assert all(c["status"] == "slower" and "x the chosen step time" in c["reason"]
+               for c in after)  # fmt: skip
+    settings = plan["settings"]
+    assert settings["train.precision"] == "bf16" and settings["job.gpus_per_node"] == 8
+
+
+def test_errors_name_the_value_and_the_fix(tmp_path: Path) -> None:
+    no_type = stoker("plan", TINY, "--gpus-per-node", "8")
+    assert no_type.returncode != 0
+    assert "GPU type is not known" in no_type.stderr and "--gpu" in no_type.stderr
+    unknown = stoker("plan", TINY, "--gpus-per-node", "8", "--gpu", "Voodoo5")
+    assert "'Voodoo5' is not in stoker's table" in unknown.stderr
+    odd = stoker("plan", TINY, "data.batch_size=6", "--gpus-per-node", "4", "--gpu", "H100")
+    assert odd.returncode != 0
+    assert "data.batch_size: a global batch of 6 does not split over 4 ranks" in odd.stderr
+    assert "use a multiple of 4" in odd.stderr
+    empty = tmp_path / "run"
+    empty.mkdir()
+    nothing = stoker("plan", "--calibrate", str(empty))
+    assert nothing.returncode != 0 and "has no measured-steps.json" in nothing.stderr
+    missing = stoker("plan", "--calibrate", "no-such-job")
+    assert "neither a run folder nor a job in the ledger" in missing.stderr
