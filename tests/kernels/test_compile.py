@@ -110,3 +110,22 @@ def _opcheck_cases(device: torch.device) -> list[tuple[object, tuple]]:
 def test_custom_ops_pass_opcheck(device):
     for op, args in _opcheck_cases(device):
         torch.library.opcheck(op, args)
+
+
+def test_the_custom_ops_take_fake_inputs_that_no_view_can_flatten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`stoker plan` runs the Triton kernels' fake implementations on fake tensors: a
+    norm of q after a transpose ([B, S, H, D] with strides no 2-D view takes) must be
+    copied, as a real tensor's is, not refused by the fake tensor's view."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from stoker.kernels import rms_norm, use_backend
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # "triton" resolves on CPU tensors
+    with FakeTensorMode(), use_backend("triton"):
+        x = torch.empty(2, 16, 8, 32).transpose(1, 2)  # [2, 8, 16, 32], not viewable as rows
+        weight = torch.ones(32, requires_grad=True)
+        y = rms_norm(x, weight, 1e-6)
+        y.sum().backward()
+        assert y.shape == x.shape and weight.grad is not None

@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
 
 from stoker.config import resolve_config
 from tests.clirun import stoker
+
+if TYPE_CHECKING:
+    from tests.cluster.localslurm import ClusterSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "examples" / "tiny.yaml")
@@ -89,3 +95,22 @@ def test_errors_name_the_value_and_the_fix(tmp_path: Path) -> None:
     assert nothing.returncode != 0 and "has no measured-steps.json" in nothing.stderr
     missing = stoker("plan", "--calibrate", "no-such-job")
     assert "neither a run folder nor a job in the ledger" in missing.stderr
+
+
+@pytest.mark.slurm
+def test_a_partitions_gpus_come_from_sinfo(slurm_cluster: ClusterSettings) -> None:
+    """The local cluster's partition: 3 nodes with GRES gpu:4 (no type: --gpu says it)."""
+    partition = slurm_cluster.partition
+    no_type = stoker("plan", TINY, "--partition", partition)
+    assert no_type.returncode != 0
+    assert f"partition {partition} (sinfo)" in no_type.stderr and "--gpu" in no_type.stderr
+    result = stoker("plan", TINY, "data.batch_size=8", "--partition", partition, "--gpu", "H100",
+                    "--nodes", "2", "--json", timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    target = plan["target"]
+    assert (target["ranks_per_node"], target["world"]) == (4, 8)
+    assert target["source"].startswith(f"partition {partition} (sinfo)")
+    # Two nodes: FSDP over all 8 ranks and HSDP (2 nodes x 4) are both candidates.
+    assert {c["layout"] for c in plan["candidates"]} == {"fsdp", "hsdp"}
+    assert plan["settings"]["train.sharding"] in ("all", "node")

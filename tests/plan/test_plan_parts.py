@@ -100,7 +100,7 @@ def test_the_search_chooses_the_fastest_that_fits_and_says_why_of_each() -> None
     assert len(candidates) == 2 * 3 * 4
     time_candidates(candidates, target, facts)
     seen, tracer = _fake_tracer({"none": 4 * GIB, "selective": 2 * GIB, "full": GIB})
-    chosen, traces = search(candidates, target, batches, tracer)  # type: ignore[arg-type]
+    chosen, traces = search(candidates, target, batches, tracer, facts.flops_per_sample)  # type: ignore[arg-type]
     assert chosen is not None and traces == len(seen)
     # No accumulation at micro-batch 8 needs 33 GiB with none, 17 with selective:
     # the fastest that fits.
@@ -115,7 +115,14 @@ def test_the_search_chooses_the_fastest_that_fits_and_says_why_of_each() -> None
     candidates = enumerate_candidates(target, batches, facts, ["fp32"])
     time_candidates(candidates, target, facts)
     _, tracer = _fake_tracer({"none": 4 * GIB, "selective": 2 * GIB, "full": GIB})
-    search(candidates, target, batches, tracer, trace_all=True)  # type: ignore[arg-type]
+    search(
+        candidates,
+        target,
+        batches,
+        tracer,
+        facts.flops_per_sample,  # type: ignore[arg-type]
+        trace_all=True,
+    )
     assert all(c.peak for c in candidates) and {"fits", "chosen"} <= {c.status for c in candidates}
 
 

@@ -94,3 +94,21 @@ def test_a_collective_that_lost_its_peer_is_told_from_a_bug(tmp_path: Path, how:
             raise StokerError("saving step-10 failed") from cause
     except StokerError as chained:
         assert lost_peer(chained)
+
+
+def test_train_sharding_chooses_hsdp_or_fsdp_over_every_node() -> None:
+    """train.sharding=node (the default) on two nodes of two ranks: a (replicate 2,
+    shard 2) mesh; all: one shard dimension of 4. On a fake process group of 4."""
+    code = (
+        "import torch, torch.distributed as dist\n"
+        "from torch.testing._internal.distributed.fake_pg import FakeStore\n"
+        "from stoker.runtime.dist_env import DistEnv, data_parallel_mesh\n"
+        "dist.init_process_group('fake', store=FakeStore(), rank=0, world_size=4)\n"
+        "env = DistEnv(0, 4, 0, 2, 0, 2, 'torchrun')\n"
+        "cpu = torch.device('cpu')\n"
+        "node, every = data_parallel_mesh(env, cpu), data_parallel_mesh(env, cpu, 'all')\n"
+        "print(node.mesh_dim_names, tuple(node.shape), every.mesh_dim_names, tuple(every.shape))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout  # fmt: skip
+    assert out.split("\n")[0] == "('replicate', 'shard') (2, 2) ('shard',) (4,)"

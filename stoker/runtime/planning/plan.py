@@ -101,11 +101,12 @@ def make_plan(cfg: Any, target: Target, *, trace_all: bool = False) -> Plan:
                 fix=f"use a multiple of {target.world}, or plan for another number of nodes",
             )
     precisions = _precisions(cfg, target)
-    with tracer_for(cfg, len(batches)) as tracer:  # workers start while facts are traced
+    with tracer_for(cfg, len(batches)) as (tracer, width):  # workers start meanwhile
         facts = trace.model_facts(cfg, [b.bucket for b in batches])
         candidates = enumerate_candidates(target, batches, facts, precisions)
         time_candidates(candidates, target, facts)
-        chosen, traces = search(candidates, target, batches, tracer, trace_all=trace_all)
+        chosen, traces = search(candidates, target, batches, tracer, facts.flops_per_sample,
+                                width=width, trace_all=trace_all)  # fmt: skip
     candidates.sort(key=lambda c: c.mean_step_s)
     return Plan(target, batches, facts, candidates, chosen, traces,
                 time.perf_counter() - began)  # fmt: skip

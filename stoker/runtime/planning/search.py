@@ -76,6 +76,7 @@ class Candidate:
     """Per Batch, the rows of one rank's micro-batch."""
     step_s: list[float] = field(default_factory=list)
     peak: list[int | None] = field(default_factory=list)
+    """Per Batch; None for a bucket not traced (another one did not fit)."""
     parts: list[dict[str, int]] = field(default_factory=list)
     status: str = "not traced"
     reason: str = ""
@@ -160,8 +161,10 @@ Tracer = Callable[[list[TraceSpec]], list[Traced]]
 class Memory:
     """Peaks of candidates, traced once per distinct trace and reused."""
 
-    def __init__(self, target: Target, batches: list[Batch], tracer: Tracer) -> None:
+    def __init__(self, target: Target, batches: list[Batch], tracer: Tracer,
+                 flops: tuple[float, ...], width: int) -> None:  # fmt: skip
         self.target, self.batches, self.tracer = target, batches, tracer
+        self.flops, self.width = flops, width
         self.cache: dict[TraceSpec, Traced] = {}
         self.traces = 0
 
@@ -173,30 +176,42 @@ class Memory:
                          bucket=self.batches[index].bucket,
                          gpu=self.target.gpu is not None)  # fmt: skip
 
-    def estimate(self, c: Candidate) -> None:
+    def estimate(self, c: Candidate, *, every: bool = False) -> None:
         """Fill c.peak and c.parts: one trace per bucket at its micro-batch (a fake
-        tensor costs the same at any size: the micro-batch costs the trace nothing)."""
+        tensor costs the same at any size: the micro-batch costs the trace nothing).
+        The buckets likely to need most (micro-batch x FLOPs per sample) are traced
+        first, `width` at a time; once one does not fit the rest are not traced (None),
+        unless `every`."""
         specs = [self.spec(c, index, rows) for index, rows in enumerate(c.micro_batches)]
-        todo = list(dict.fromkeys(s for s in specs if s not in self.cache))
-        if todo:
-            self.cache.update(zip(todo, self.tracer(todo), strict=True))
-            self.traces += len(todo)
-        c.peak = [self.cache[s].peak for s in specs]
-        c.parts = [dict(self.cache[s].parts) for s in specs]
+        order = sorted(range(len(specs)), key=lambda i: -c.micro_batches[i] * self.flops[i])
+        c.peak = [None] * len(specs)
+        c.parts = [{} for _ in specs]
+        for start in range(0, len(order), self.width):
+            chunk = order[start : start + self.width]
+            todo = list(dict.fromkeys(specs[i] for i in chunk if specs[i] not in self.cache))
+            if todo:
+                self.cache.update(zip(todo, self.tracer(todo), strict=True))
+                self.traces += len(todo)
+            for i in chunk:
+                c.peak[i] = self.cache[specs[i]].peak
+                c.parts[i] = dict(self.cache[specs[i]].parts)
+            if not every and not _fits(c, self.target)[0]:
+                return
 
 
 def _fits(c: Candidate, target: Target) -> tuple[bool, int, int]:
     """(fits, the worst bucket's need, its index)."""
-    needs = [need_bytes(p or 0, target, c.replicate) for p in c.peak]
+    needs = [need_bytes(p, target, c.replicate) if p is not None else 0 for p in c.peak]
     worst = max(range(len(needs)), key=lambda i: needs[i])
     return needs[worst] <= usable_bytes(target), needs[worst], worst
 
 
-def search(candidates: list[Candidate], target: Target, batches: list[Batch],
-           tracer: Tracer, *, trace_all: bool = False) -> tuple[Candidate | None, int]:  # fmt: skip
+def search(candidates: list[Candidate], target: Target, batches: list[Batch], tracer: Tracer,
+           flops: tuple[float, ...], *, width: int = 1,
+           trace_all: bool = False) -> tuple[Candidate | None, int]:  # fmt: skip
     """Visit fastest first; set each candidate's status and reason. The chosen one, and
     how many traces it took."""
-    memory = Memory(target, batches, tracer)
+    memory = Memory(target, batches, tracer, flops, width)
     chosen: Candidate | None = None
     usable = usable_bytes(target)
     for c in sorted(candidates, key=lambda c: c.mean_step_s):
@@ -205,7 +220,7 @@ def search(candidates: list[Candidate], target: Target, batches: list[Batch],
             c.reason = (f"{c.mean_step_s / chosen.mean_step_s:.2f}x the chosen step time; "
                         "not traced (its memory cannot change the choice)")  # fmt: skip
             continue
-        memory.estimate(c)
+        memory.estimate(c, every=trace_all)
         fits, need, worst = _fits(c, target)
         where = f" in {batches[worst].label}" if len(batches) > 1 else ""
         if not fits:

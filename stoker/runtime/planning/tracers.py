@@ -45,8 +45,15 @@ def _ready() -> bool:
     return True
 
 
+WORKERS_ENV = "STOKER_PLAN_WORKERS"
+"""Caps the processes (1: trace in this one), e.g. to compare in benchmarks/plan.py."""
+
+
 def worker_count(buckets: int) -> int:
     """Processes worth starting: one per bucket, no more than the cores we may use."""
+    cap = os.environ.get(WORKERS_ENV, "").strip()
+    if cap.isdigit() and int(cap) >= 1:
+        buckets = min(buckets, int(cap))
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -55,10 +62,10 @@ def worker_count(buckets: int) -> int:
 
 
 @contextmanager
-def tracer_for(cfg: Any, buckets: int) -> Iterator[Any]:
-    """A tracer (search.Tracer) for `cfg`: in this process for one bucket or one core,
-    else over a pool of spawned workers (spawn: no fork of a process holding torch
-    threads and a process group)."""
+def tracer_for(cfg: Any, buckets: int) -> Iterator[tuple[Any, int]]:
+    """A tracer (search.Tracer) for `cfg` and how many traces it runs at once: in this
+    process for one bucket or one core, else over a pool of spawned workers (spawn: no
+    fork of a process holding torch threads and a process group)."""
     workers = worker_count(buckets)
     if workers == 1:
 
@@ -66,7 +73,7 @@ def tracer_for(cfg: Any, buckets: int) -> Iterator[Any]:
             return [trace.trace_step(cfg, spec) for spec in specs]
 
         try:
-            yield here
+            yield here, 1
         finally:
             trace.close()
         return
@@ -88,6 +95,6 @@ def tracer_for(cfg: Any, buckets: int) -> Iterator[Any]:
                 out.append(got)
             return out
 
-        yield pooled
+        yield pooled, workers
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
