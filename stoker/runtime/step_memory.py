@@ -10,7 +10,7 @@ memory and step time, kept by global rank 0 in `<run>/measured-steps.json` for
   of each shape runs under PyTorch's FSDP memory tracker (the first makes AdamW's
   states), which counts every tensor the rank holds; it slows that one step.
 - The step time is the wall time from the first forward to zero_grad, without the data
-  wait; the median over the shape's steps after its first.
+  wait; the median over the shape's steps after its first, the traced one left out.
 
 The file is rewritten atomically at every log step, so a run killed later keeps it.
 """
@@ -63,16 +63,16 @@ class StepMemory:
         seen = self._times.setdefault(name, [])
         entry = self.shapes.setdefault(name, {"micro_batch": _rows(micro[0]),
                                               "micro_batches": len(micro)})  # fmt: skip
-        # The tracker follows FSDP2's modules: a one-process run (no FSDP) is not traced.
-        trace = self.trace_cpu and len(seen) == 1 and "peak_bytes" not in entry and _fsdp(model)
+        trace = self.trace_cpu and len(seen) == 1 and "peak_bytes" not in entry
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         began = time.perf_counter()
         with tracked(model, optimizer, micro) if trace else _nothing() as peak:
             yield
         took = time.perf_counter() - began
-        seen.append(took)
-        del seen[:-_KEEP_TIMES]
+        if not trace:  # the tracker slows its step several times over: not a step time
+            seen.append(took)
+            del seen[:-_KEEP_TIMES]
         if trace:
             snapshot = peak()
             entry["peak_bytes"] = int(snapshot["Total"]) + self.ema_bytes
@@ -108,14 +108,20 @@ def read_measured(run_dir: Path) -> dict[str, Any] | None:
 
 @contextmanager
 def tracked(model: Any, optimizer: Any, inputs: Iterable[Any]) -> Iterator[Callable[[], Any]]:
-    """PyTorch's FSDP memory tracker around a step of several micro-batches: its per-module
-    stats are cleared before each forward after the first (it refuses a second call of
-    the root otherwise), its global peak kept. Yields a function giving the peak
-    snapshot ({reference type: bytes, "Total": bytes})."""
+    """PyTorch's memory tracker (its FSDP one for an FSDP2 model) around a step of several
+    micro-batches: its per-module stats are cleared before each forward after the first
+    (it refuses a second call of the root otherwise), its global peak kept. Yields a
+    function giving the peak snapshot ({reference type: bytes, "Total": bytes})."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
 
-    tracker = FSDPMemTracker(model, optimizer)
-    tracker.track_inputs(tuple(inputs))
+    tracker: MemTracker
+    if _fsdp(model):
+        tracker = FSDPMemTracker(model, optimizer)
+        tracker.track_inputs(tuple(inputs))
+    else:
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer, *_tensors(inputs))
     calls = [0]
 
     def again(module: Any, _args: Any) -> None:
@@ -140,6 +146,18 @@ def local_bytes(tensors: Iterable[torch.Tensor]) -> int:
         local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
         total += int(local.numel() * local.element_size())
     return total
+
+
+def _tensors(inputs: Iterable[Any]) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    for value in inputs:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, Mapping):
+            found += _tensors(value.values())
+        elif isinstance(value, (list, tuple)):
+            found += _tensors(value)
+    return found
 
 
 def _fsdp(model: Any) -> bool:

@@ -71,3 +71,36 @@ def test_a_plan_for_more_ranks_shards_more(size: str) -> None:
         parts[ranks] = plan.chosen.parts[0]
     for name in ("optimizer",):
         assert parts[4][name] == pytest.approx(parts[2][name] / 2, rel=0.05), name
+
+
+def test_one_rank_is_traced_as_the_runtime_runs_it_without_fsdp() -> None:
+    """One rank: the runtime wraps nothing (no mesh), and neither does the trace; the
+    real step in this process, under PyTorch's MemTracker, peaks where the plan says."""
+    import torch
+
+    from stoker.runtime.models import build_model
+    from stoker.runtime.optim import build_optimizer
+    from stoker.runtime.parallelize import apply_activation_checkpointing
+    from stoker.runtime.planning.trace import TraceSpec, close, trace_step, train_step
+    from stoker.runtime.step_memory import tracked
+    from tests.plan.measure_rank import real_batch
+
+    for mode in ("none", "full"):
+        overrides = ["data.batch_size=2", "train.precision=fp32",
+                     f"train.activation_checkpointing={mode}"]  # fmt: skip
+        cfg = resolve_config(None, overrides, use_profile=False).config
+        try:
+            planned = trace_step(cfg, TraceSpec(1, 1, mode, "fp32", 2, 2, None, False)).peak
+        finally:
+            close()
+        torch.manual_seed(0)
+        model = build_model(cfg.model, cfg.data)
+        apply_activation_checkpointing(model, mode)
+        optimizer = build_optimizer(model, cfg.optim, torch.device("cpu"))
+        params = [p for p in model.parameters() if p.requires_grad]
+        micro = [real_batch(cfg, 2) for _ in range(2)]
+        train_step(model, optimizer, micro, params, cfg.optim.grad_clip, False)
+        with tracked(model, optimizer, micro) as peak:
+            train_step(model, optimizer, micro, params, cfg.optim.grad_clip, False)
+        measured = int(peak()["Total"])
+        assert abs(planned - measured) / measured < TOLERANCE, (mode, planned, measured)

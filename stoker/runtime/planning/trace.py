@@ -72,6 +72,11 @@ _PARTS = {
     "All Gather": "buffers",
     "Reduce Scatter": "buffers",
     "Buffer": "buffers",
+    # MemTracker's, for one rank without FSDP:
+    "Parameter": "params",
+    "Gradient": "gradients",
+    "Optstate": "optimizer",
+    "Other": "buffers",
 }
 
 
@@ -158,7 +163,8 @@ def trace_step(cfg: Any, spec: TraceSpec) -> Traced:
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model, cfg.data)
         apply_activation_checkpointing(model, spec.activation_checkpointing)
-        apply_fsdp(model, mesh, bf16_params=bf16 and spec.gpu)
+        if spec.world > 1:  # one rank: the runtime wraps nothing (no mesh)
+            apply_fsdp(model, mesh, bf16_params=bf16 and spec.gpu)
         optimizer = build_optimizer(model, cfg.optim, cpu)
         params = [p for p in model.parameters() if p.requires_grad]
         # The first foreach AdamW step on parameters of these shapes is a miss of
