@@ -65,6 +65,7 @@ def _root(
 app.command("init")(init_cmd.init)
 app.command("run")(run_cmd.run)
 app.command("check")(check_cmd.check)
+app.command("plan")(plan_cmd.plan)
 app.add_typer(config_cmd.app, name="config")
 app.command("submit")(submit_cmd.submit)
 app.command("sweep")(sweep_cmd.sweep)
@@ -79,7 +80,6 @@ app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(ckpt_cmd.app, name="ckpt")
 app.command("sample")(sample_cmd.sample)
 app.command("insights")(insights_cmd.insights)
-app.command("plan")(plan_cmd.plan)
 app.command("doctor")(doctor_cmd.doctor)
 
 

@@ -36,6 +36,7 @@ def test_help_lists_the_commands_in_workflow_order() -> None:
         "init",
         "run",
         "check",
+        "plan",
         "submit",
         "sweep",
         "status",

@@ -13,32 +13,13 @@ import torch
 import torch.distributed as dist
 
 
-def real_batch(cfg: Any, rows: int) -> dict[str, Any]:
-    from stoker.runtime.models import data_shapes
-    from stoker.runtime.preflight import meta_batch
-
-    out: dict[str, Any] = {}
-    for key, value in meta_batch(data_shapes(cfg.data), rows).items():
-        if not isinstance(value, torch.Tensor):
-            out[key] = value
-        elif value.dtype == torch.uint8:
-            out[key] = torch.randint(0, 256, value.shape, dtype=torch.uint8)
-        elif value.dtype == torch.bool:
-            out[key] = torch.ones(value.shape, dtype=torch.bool)
-        elif value.dtype.is_floating_point:
-            out[key] = torch.rand(value.shape) * 2 - 1
-        else:
-            out[key] = torch.zeros(value.shape, dtype=value.dtype)
-    return out
-
-
 def measure(cfg: Any, shard: int, micro_batch: int, accum: int) -> int:
     from torch.distributed.device_mesh import init_device_mesh
 
     from stoker.runtime.models import build_model
     from stoker.runtime.optim import build_optimizer
     from stoker.runtime.parallelize import apply_activation_checkpointing, apply_fsdp
-    from stoker.runtime.planning.trace import train_step
+    from stoker.runtime.planning.trace import random_batch, train_step
     from stoker.runtime.step_memory import tracked
 
     mesh = init_device_mesh("cpu", (shard,), mesh_dim_names=("shard",))
@@ -48,7 +29,7 @@ def measure(cfg: Any, shard: int, micro_batch: int, accum: int) -> int:
     apply_fsdp(model, mesh, bf16_params=False)
     optimizer = build_optimizer(model, cfg.optim, torch.device("cpu"))
     params = [p for p in model.parameters() if p.requires_grad]
-    micro = [real_batch(cfg, micro_batch) for _ in range(min(accum, 2))]
+    micro = [random_batch(cfg, micro_batch) for _ in range(min(accum, 2))]
     train_step(model, optimizer, micro, params, cfg.optim.grad_clip, False)  # AdamW's states
     with tracked(model, optimizer, micro) as peak:
         train_step(model, optimizer, micro, params, cfg.optim.grad_clip, False)

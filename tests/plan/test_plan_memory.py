@@ -81,9 +81,14 @@ def test_one_rank_is_traced_as_the_runtime_runs_it_without_fsdp() -> None:
     from stoker.runtime.models import build_model
     from stoker.runtime.optim import build_optimizer
     from stoker.runtime.parallelize import apply_activation_checkpointing
-    from stoker.runtime.planning.trace import TraceSpec, close, trace_step, train_step
+    from stoker.runtime.planning.trace import (
+        TraceSpec,
+        close,
+        random_batch,
+        trace_step,
+        train_step,
+    )
     from stoker.runtime.step_memory import tracked
-    from tests.plan.measure_rank import real_batch
 
     for mode in ("none", "full"):
         overrides = ["data.batch_size=2", "train.precision=fp32",
@@ -98,7 +103,7 @@ def test_one_rank_is_traced_as_the_runtime_runs_it_without_fsdp() -> None:
         apply_activation_checkpointing(model, mode)
         optimizer = build_optimizer(model, cfg.optim, torch.device("cpu"))
         params = [p for p in model.parameters() if p.requires_grad]
-        micro = [real_batch(cfg, 2) for _ in range(2)]
+        micro = [random_batch(cfg, 2) for _ in range(2)]
         train_step(model, optimizer, micro, params, cfg.optim.grad_clip, False)
         with tracked(model, optimizer, micro) as peak:
             train_step(model, optimizer, micro, params, cfg.optim.grad_clip, False)

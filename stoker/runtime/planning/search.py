@@ -94,7 +94,8 @@ class Candidate:
         return sum(self.step_s) / len(self.step_s)
 
     def describe(self) -> str:
-        where = (f"FSDP over {self.shard}" if self.replicate == 1
+        where = ("one rank" if self.shard * self.replicate == 1
+                 else f"FSDP over {self.shard}" if self.replicate == 1
                  else f"HSDP {self.replicate}x{self.shard}")  # fmt: skip
         micro = "/".join(str(m) for m in self.micro_batches)
         return (f"{where}, AC {self.activation_checkpointing}, {self.precision}, "

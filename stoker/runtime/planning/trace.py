@@ -140,6 +140,32 @@ def fake_batch(cfg: Any, rows: int, bucket: int | None) -> dict[str, Any]:
     return out
 
 
+def random_batch(
+    cfg: Any, rows: int, device: torch.device | str = "cpu", bucket: int | None = None
+) -> dict[str, Any]:
+    """A batch of the loader's shapes with real values on `device`: random uint8 video,
+    audio in [-1, 1], every row valid. What a plan's candidate is measured on for real
+    (tests/plan, benchmarks/plan_measured.py)."""
+    from stoker.runtime.models import data_shapes
+    from stoker.runtime.preflight import meta_batch
+
+    shapes = data_shapes(cfg.data)
+    clip = shapes.buckets[bucket] if bucket is not None else None
+    out: dict[str, Any] = {}
+    for key, value in meta_batch(shapes, rows, clip).items():
+        if not isinstance(value, torch.Tensor):
+            out[key] = value
+        elif value.dtype == torch.uint8:
+            out[key] = torch.randint(0, 256, value.shape, dtype=torch.uint8, device=device)
+        elif value.dtype == torch.bool:
+            out[key] = torch.ones(value.shape, dtype=torch.bool, device=device)
+        elif value.dtype.is_floating_point:
+            out[key] = torch.rand(value.shape, device=device) * 2 - 1
+        else:
+            out[key] = torch.zeros(value.shape, dtype=value.dtype, device=device)
+    return out
+
+
 def trace_step(cfg: Any, spec: TraceSpec) -> Traced:
     """The peak memory of one rank in one training step of `cfg` as `spec` runs it."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -170,7 +196,7 @@ def trace_step(cfg: Any, spec: TraceSpec) -> Traced:
         # The first foreach AdamW step on parameters of these shapes is a miss of
         # FakeTensorMode's cache, and the tracker then counts 4-5x the states: take
         # that step untracked once per shapes in this process; later, make the states.
-        shapes = (cfg.model.model_dump_json(), cfg.data.model_dump_json(), spec.world, spec.shard)
+        shapes = (repr(cfg.model), repr(cfg.data), spec.world, spec.shard)
         prime_optimizer(optimizer, step=shapes not in _PRIMED)
         _PRIMED.add(shapes)
         ema_bytes = local_bytes(params) if cfg.train.ema_decay is not None else 0
@@ -224,10 +250,11 @@ def train_step(
     AdamW; zero_grad."""
     from stoker.runtime.models import contract
 
+    device_type = params[0].device.type if params else "cpu"  # fake tensors: cpu
     for index, batch in enumerate(micro):
         if hasattr(model, "set_requires_gradient_sync"):
             model.set_requires_gradient_sync(index == len(micro) - 1)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
             loss, _ = contract.loss_and_metrics(model, batch)
         (loss / len(micro)).backward()  # type: ignore[no-untyped-call]
     torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else float("inf"))
