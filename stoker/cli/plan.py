@@ -132,6 +132,7 @@ def make_target(cfg: ExperimentConfig, *, partition: str | None, nodes: int | No
     per_node = gpus_per_node if gpus_per_node is not None else job.gpus_per_node
     gpu_name = gpu
     node_memory_mb: int | None = None
+    partition_nodes: int | None = None
     if partition is not None or (gpus_per_node is None and gpu is None and job.partition):
         from stoker.launcher.partition_facts import partition_facts
 
@@ -140,7 +141,13 @@ def make_target(cfg: ExperimentConfig, *, partition: str | None, nodes: int | No
         per_node = gpus_per_node if gpus_per_node is not None else facts.gpus_per_node
         gpu_name = gpu or facts.gpu_type
         node_memory_mb = facts.node_memory_mb
+        partition_nodes = facts.nodes
     node_count = nodes or job.nodes
+    if partition_nodes is not None and node_count > partition_nodes:
+        raise StokerError(
+            f"{node_count} nodes asked (--nodes or job.nodes) but {source} has {partition_nodes}",
+            fix=f"plan for at most {partition_nodes} nodes, or for another partition",
+        )
     inter = inter_node_gbps * 1e9 / 8 if inter_node_gbps else INTER_NODE_BYTES_S
     if gpus_per_node is not None or gpu is not None:
         source = f"{source} and flags" if partition else "the flags"
@@ -159,14 +166,12 @@ def make_target(cfg: ExperimentConfig, *, partition: str | None, nodes: int | No
             "of those, --gpu-memory",
         )
     spec = gpu_spec(gpu_name)
-    if spec is None:
-        if gpu_memory is None:
-            raise StokerError(
-                f"GPU {gpu_name!r} is not in stoker's table ({', '.join(known_gpu_names())})",
-                fix="give --gpu with one of those whose figures are close, and --gpu-memory",
-            )
-        spec = gpu_spec("H100")
-        assert spec is not None
+    if spec is None:  # no silent stand-in: its FLOP/s and bandwidths time the candidates
+        raise StokerError(
+            f"GPU {gpu_name!r} is not in stoker's table ({', '.join(known_gpu_names())})",
+            fix="give --gpu with the one whose figures are closest, and --gpu-memory with "
+            "this GPU's memory",
+        )
     if gpu_memory is not None:
         spec = spec.with_memory(parse_memory(gpu_memory) / GIB)
     where = f"{source}: {node_count} x {per_node} {spec.name} ({spec.memory_gib:g} GiB)"

@@ -83,8 +83,9 @@ def test_errors_name_the_value_and_the_fix(tmp_path: Path) -> None:
     no_type = stoker("plan", TINY, "--gpus-per-node", "8")
     assert no_type.returncode != 0
     assert "GPU type is not known" in no_type.stderr and "--gpu" in no_type.stderr
-    unknown = stoker("plan", TINY, "--gpus-per-node", "8", "--gpu", "Voodoo5")
-    assert "'Voodoo5' is not in stoker's table" in unknown.stderr
+    for memory in ([], ["--gpu-memory", "32GB"]):  # no stand-in GPU's figures, either way
+        unknown = stoker("plan", TINY, "--gpus-per-node", "8", "--gpu", "Voodoo5", *memory)
+        assert unknown.returncode != 0 and "'Voodoo5' is not in stoker's table" in unknown.stderr
     odd = stoker("plan", TINY, "data.batch_size=6", "--gpus-per-node", "4", "--gpu", "H100")
     assert odd.returncode != 0
     assert "data.batch_size: a global batch of 6 does not split over 4 ranks" in odd.stderr
@@ -111,6 +112,10 @@ def test_a_partitions_gpus_come_from_sinfo(slurm_cluster: ClusterSettings) -> No
     target = plan["target"]
     assert (target["ranks_per_node"], target["world"]) == (4, 8)
     assert target["source"].startswith(f"partition {partition} (sinfo)")
+    too_many = stoker("plan", TINY, "--partition", partition, "--gpu", "H100", "--nodes", "9")
+    assert too_many.returncode != 0
+    assert f"9 nodes asked (--nodes or job.nodes) but partition {partition} (sinfo) has 3" in (
+        too_many.stderr)  # fmt: skip
     # Two nodes: FSDP over all 8 ranks and HSDP (2 nodes x 4) are both candidates.
     assert {c["layout"] for c in plan["candidates"]} == {"fsdp", "hsdp"}
     assert plan["settings"]["train.sharding"] in ("all", "node")
