@@ -226,10 +226,12 @@ def _say_choice(result: Plan) -> None:
 def write_planned(path: Path, experiment: Path | None, overrides: list[str],
                   settings: dict[str, Any]) -> None:  # fmt: skip
     """The experiment file with the command line's overrides and the plan's settings
-    set in it; checked to resolve before it is kept."""
+    set in it. Written beside `path` first and checked to resolve: a file that would not
+    is never left at `path` (nor one there replaced)."""
+    import os
+
     import yaml
 
-    from stoker.atomic_write import write_text_atomic
     from stoker.config import resolve_config
     from stoker.config.overrides import parse_override
 
@@ -246,9 +248,13 @@ def write_planned(path: Path, experiment: Path | None, overrides: list[str],
         node[key[-1]] = value
     header = (f"# Planned by `stoker plan`{f' from {experiment}' if experiment else ''}: "
               + " ".join(f"{k}={v}" for k, v in settings.items()) + "\n")  # fmt: skip
-    text = header + yaml.safe_dump(data, sort_keys=False)
-    write_text_atomic(path, text)
-    resolve_config(path, use_profile=False)  # a ConfigError here names the file
+    staged = path.with_name(f".{path.name}.planned")
+    staged.write_text(header + yaml.safe_dump(data, sort_keys=False))
+    try:
+        resolve_config(staged, use_profile=False)  # a ConfigError names the values
+        os.replace(staged, path)
+    finally:
+        staged.unlink(missing_ok=True)
 
 
 def _calibrate(run: str, *, as_json: bool) -> None:

@@ -139,3 +139,10 @@ def test_write_keeps_the_experiment_and_sets_the_plan(tmp_path: Path) -> None:
     assert (cfg.model.size, cfg.data.batch_size, cfg.train.steps) == ("tiny", 8, 50)
     assert (cfg.job.gpus_per_node, cfg.train.grad_accum) == (8, 2)
     assert cfg.train.activation_checkpointing == "selective"
+    # A plan the schema refuses is never written, and the file there stays as it was.
+    from stoker.config import ConfigError
+
+    with pytest.raises(ConfigError):
+        write_planned(out, experiment, [], {"train.grad_accum": 0})
+    assert out.read_text() == text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp.yaml", "planned.yaml"]
