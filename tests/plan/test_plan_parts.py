@@ -102,8 +102,9 @@ def test_the_search_chooses_the_fastest_that_fits_and_says_why_of_each() -> None
     seen, tracer = _fake_tracer({"none": 4 * GIB, "selective": 2 * GIB, "full": GIB})
     chosen, traces = search(candidates, target, batches, tracer, facts.flops_per_sample)  # type: ignore[arg-type]
     assert chosen is not None and traces == len(seen)
-    # No accumulation at micro-batch 8 needs 33 GiB with none, 17 with selective:
-    # the fastest that fits.
+    # Micro-batch 8 with none needs 33 GiB; with accumulation 2 (micro-batch 4), 17 GiB
+    # and no recompute: faster than selective at 8 (also 17 GiB), so chosen.
+    assert (chosen.activation_checkpointing, chosen.grad_accum) == ("none", 2)
     statuses = {c.status for c in candidates}
     assert statuses == {"chosen", "too big", "slower"}
     too_big = [c for c in candidates if c.status == "too big"]

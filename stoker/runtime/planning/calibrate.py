@@ -6,6 +6,7 @@ run had: reserved over allocated, and the device's use beyond the allocator's.""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,7 +120,7 @@ def calibrate(run_dir: Path) -> Calibration:
     shard = per_node if cfg.train.sharding == "node" and target.nodes > 1 else world
     precision = str(measured.get("precision", "fp32"))
     batches = plan_batches(cfg)
-    names = {shape_name(trace.fake_batch(cfg, 1, b.bucket)): b for b in batches}
+    names = {shape_name(trace.random_batch(cfg, 1, bucket=b.bucket)): b for b in batches}
     facts = trace.model_facts(cfg, [b.bucket for b in batches])
     flops = dict(zip([b.bucket for b in batches], facts.flops_per_sample, strict=True))
     checks: list[ShapeCheck] = []
@@ -134,8 +135,7 @@ def calibrate(run_dir: Path) -> Calibration:
             traced = trace.trace_step(cfg, spec_)
             candidate = Candidate(shard, world // shard, spec_.activation_checkpointing,
                                   precision, count, [spec_.micro_batch])  # fmt: skip
-            one = facts.__class__(facts.params, facts.blocks, (flops[batch.bucket],),
-                                  facts.flops_source)  # fmt: skip
+            one = dataclasses.replace(facts, flops_per_sample=(flops[batch.bucket],))
             time_candidates([candidate], target, one)
             checks.append(ShapeCheck(name, spec_.micro_batch, count, entry.get("peak_bytes"),
                                      traced.peak, entry.get("step_s"), candidate.step_s[0],

@@ -118,52 +118,33 @@ def _kernels_for(cfg: Any, gpu: bool) -> Iterator[None]:
             os.environ["TRITON_INTERPRET"] = saved
 
 
-def fake_batch(cfg: Any, rows: int, bucket: int | None) -> dict[str, Any]:
-    """A batch of the loader's shapes (runtime/preflight.py's meta batch) as fake
-    tensors of the current FakeTensorMode."""
-    from stoker.runtime.models import data_shapes
-    from stoker.runtime.preflight import meta_batch
-
-    shapes = data_shapes(cfg.data)
-    clip = shapes.buckets[bucket] if bucket is not None else None
-    batch = meta_batch(shapes, rows, clip)
-
-    def real(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return torch.empty(value.shape, dtype=value.dtype)
-        if isinstance(value, dict):
-            return {k: real(v) for k, v in value.items()}
-        return value
-
-    out = {key: real(value) for key, value in batch.items()}
-    out["valid"] = torch.ones(rows, dtype=torch.bool)
-    return out
-
-
 def random_batch(
     cfg: Any, rows: int, device: torch.device | str = "cpu", bucket: int | None = None
 ) -> dict[str, Any]:
-    """A batch of the loader's shapes with real values on `device`: random uint8 video,
-    audio in [-1, 1], every row valid. What a plan's candidate is measured on for real
-    (tests/plan, benchmarks/plan_measured.py)."""
+    """A batch of the loader's shapes (runtime/preflight.py's meta batch, bucket
+    `bucket`) with values: random uint8 video, audio in [-1, 1], every row valid. Fake
+    tensors under a FakeTensorMode (a plan's trace), real ones on `device` otherwise (a
+    candidate measured for real: tests/plan, benchmarks/plan_measured.py)."""
     from stoker.runtime.models import data_shapes
     from stoker.runtime.preflight import meta_batch
 
     shapes = data_shapes(cfg.data)
     clip = shapes.buckets[bucket] if bucket is not None else None
-    out: dict[str, Any] = {}
-    for key, value in meta_batch(shapes, rows, clip).items():
+
+    def filled(value: Any) -> Any:
+        if isinstance(value, dict):  # latents, a .safetensors member
+            return {k: filled(v) for k, v in value.items()}
         if not isinstance(value, torch.Tensor):
-            out[key] = value
-        elif value.dtype == torch.uint8:
-            out[key] = torch.randint(0, 256, value.shape, dtype=torch.uint8, device=device)
-        elif value.dtype == torch.bool:
-            out[key] = torch.ones(value.shape, dtype=torch.bool, device=device)
-        elif value.dtype.is_floating_point:
-            out[key] = torch.rand(value.shape, device=device) * 2 - 1
-        else:
-            out[key] = torch.zeros(value.shape, dtype=value.dtype, device=device)
-    return out
+            return value
+        if value.dtype == torch.uint8:
+            return torch.randint(0, 256, value.shape, dtype=torch.uint8, device=device)
+        if value.dtype == torch.bool:
+            return torch.ones(value.shape, dtype=torch.bool, device=device)
+        if value.dtype.is_floating_point:
+            return (torch.rand(value.shape, device=device) * 2 - 1).to(value.dtype)
+        return torch.zeros(value.shape, dtype=value.dtype, device=device)
+
+    return {key: filled(value) for key, value in meta_batch(shapes, rows, clip).items()}
 
 
 def trace_step(cfg: Any, spec: TraceSpec) -> Traced:
@@ -200,7 +181,10 @@ def trace_step(cfg: Any, spec: TraceSpec) -> Traced:
         prime_optimizer(optimizer, step=shapes not in _PRIMED)
         _PRIMED.add(shapes)
         ema_bytes = local_bytes(params) if cfg.train.ema_decay is not None else 0
-        micro = [fake_batch(cfg, spec.micro_batch, spec.bucket) for _ in range(spec.micro_batches)]
+        micro = [
+            random_batch(cfg, spec.micro_batch, bucket=spec.bucket)
+            for _ in range(spec.micro_batches)
+        ]
         with tracked(model, optimizer, micro) as peak:
             train_step(model, optimizer, micro, params, cfg.optim.grad_clip, bf16)
         snapshot = peak()
@@ -289,7 +273,7 @@ def model_facts(cfg: Any, buckets: list[int | None]) -> ModelFacts:
         flops: list[float] = []
         source = "the model's flops_per_sample"
         for bucket in buckets:
-            batch = fake_batch(cfg, 1, bucket)
+            batch = random_batch(cfg, 1, bucket=bucket)
             said = contract.flops_per_sample(model, batch)
             if said is None:
                 source = "PyTorch's FLOP counter"
