@@ -237,10 +237,17 @@ def test_buckets_are_kept_and_the_loader_streams_latents_by_them(tmp_path: Path)
     assert seen == {"64x64x1s": (8, 8, 16, 16), "32x64x1s": (8, 8, 8, 16)}
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (none on this machine)")
 def test_an_encode_on_a_gpu_reports_its_utilisation_and_matches_the_cpu(
-    source: Path, tmp_path: Path
+    request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
+    # The source clips are written and decoded with PyAV and soundfile, which the GPU
+    # machine may lack (scripts/gpu-check blocks them): skip there, before `source`
+    # (module-scoped, so set up ahead of any test fixture) tries to make the clips.
+    pytest.importorskip("av", reason="makes and decodes the source clips (PyAV not installed)")
+    pytest.importorskip("soundfile", reason="makes the source clips' audio (not installed)")
+    source: Path = request.getfixturevalue("source")
     from safetensors.torch import load
 
     cpu, gpu = tmp_path / "cpu", tmp_path / "gpu"

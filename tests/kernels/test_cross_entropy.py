@@ -302,6 +302,7 @@ def test_compiles_fullgraph(reduction, device):
     torch.testing.assert_close(got_x.grad, want_x.grad)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="no GPU here: this test measures CUDA memory")
 def test_no_fp32_logits_sized_tensor(device):
     """The forward allocates [N] floats; the backward one [N, V] gradient in

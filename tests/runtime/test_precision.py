@@ -47,6 +47,7 @@ def test_cpu_detection_matches_the_cpu_flags() -> None:
     assert precision.native_bf16(CPU) == has
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU here: checks CUDA bf16 detection")
 def test_gpus_since_ampere_have_native_bf16() -> None:
     major, _ = torch.cuda.get_device_capability()

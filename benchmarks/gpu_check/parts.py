@@ -1,0 +1,52 @@
+"""The parts of the GPU check, in priority order, with their deadlines.
+
+Deadlines are seconds on one H100 (docs/kernels.md, "The GPU check", has the
+arithmetic behind each): they add up, with the start-up, to at most 8 minutes, so
+that the device call's `timeout_s=540` leaves room. A dry run (`--dry-run`, on the
+CPU at tiny shapes) has its own deadlines, for the suite's loaded 2-core VM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    letter: str
+    module: str
+    """Module path; it has `main(out_dir, *, dry_run)`."""
+    deadline_s: int
+    """On one H100."""
+    dry_run_deadline_s: int
+    what: str
+
+
+_HERE = "benchmarks.gpu_check."
+START_UP_S = 15
+"""Reading the environment and installing the carried wheels, before the first part."""
+
+PARTS: tuple[Part, ...] = (
+    Part("kernels", "a", _HERE + "kernels_part", 120, 40, "Triton kernels vs eager and torch.compile"),
+    Part("plan", "b", _HERE + "plan_part", 50, 30, "the planner's peak and step time vs measured"),
+    Part("step", "c", _HERE + "step_part", 120, 40, "the 1b av_dit step: MFU, tokens/s, peak memory"),
+    Part("tests", "d", _HERE + "tests_part", 75, 60, "the suite's GPU-only tests and the kernel tests"),
+    Part("sample", "e", _HERE + "sample_part", 30, 30, "sampling steps of the 1b; data encode"),
+    Part("run", "f", _HERE + "run_part", 40, 60, "the tiny experiment through the runtime on cuda"),
+    Part("more_steps", "g", _HERE + "more_steps_part", 30, 30, "the 1b audio_ar step; a latent batch"),
+)
+
+TOTAL_DEADLINE_S = START_UP_S + sum(p.deadline_s for p in PARTS)
+BUDGET_S = 480
+"""8 minutes: the device call runs with timeout_s=540."""
+
+assert TOTAL_DEADLINE_S <= BUDGET_S, TOTAL_DEADLINE_S
+
+
+def part_named(name: str) -> Part:
+    for part in PARTS:
+        if name in (part.name, part.letter):
+            return part
+    known = ", ".join(f"{p.letter} ({p.name})" for p in PARTS)
+    raise ValueError(f"no part {name!r} in the GPU check; parts: {known}")
