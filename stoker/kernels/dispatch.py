@@ -31,10 +31,25 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
     if x.dim() == 2:
         return x
-    try:
+    if rows_view_exists(x):
         return x.view(-1, x.shape[-1])
-    except (RuntimeError, ValueError):  # fake tensors (a plan's trace) raise ValueError
-        return x.reshape(-1, x.shape[-1]).contiguous()
+    return x.reshape(-1, x.shape[-1]).contiguous()
+
+
+def rows_view_exists(x: torch.Tensor) -> bool:
+    """Whether the leading dims of `x` flatten into one without a copy: each one's
+    stride is the next one's stride times its size (dims of size 1 aside). Decided
+    from the strides, not by trying `view`: under torch.compile a failed view is an
+    exception dynamo cannot trace (q and k unbound from one qkv tensor, the 1b
+    av_dit compiled with the kernels on an H200, 2026-11-27)."""
+    expected = None
+    for size, stride in reversed(list(zip(x.shape[:-1], x.stride()[:-1], strict=True))):
+        if size == 1:
+            continue
+        if expected is not None and stride != expected:
+            return False
+        expected = stride * size
+    return True
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

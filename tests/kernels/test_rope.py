@@ -102,7 +102,7 @@ def test_custom_ops_and_compile(device):
                 seen.update(str(n.target) for n in sub.graph.nodes if "stoker" in str(n.target))
         return gm.forward
 
-    module = rope.RoPE(24, max_len=8, backend="triton")
+    module = rope.RoPE(24, max_len=8, backend="triton").to(device)
     compiled = torch.compile(module, fullgraph=True, backend=record)
     results = []
     for fn in (compiled, module):
