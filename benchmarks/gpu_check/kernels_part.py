@@ -73,13 +73,15 @@ def _outputs_and_grads(
     diff = [o for o in outs if o.requires_grad]
     if upstream is None:
         upstream = [torch.randn_like(o, dtype=torch.float32) for o in diff]
-    grads = torch.autograd.grad(diff, leaves, [g.to(o.dtype) for g, o in zip(upstream, diff)])
+    grads = torch.autograd.grad(
+        diff, leaves, [g.to(o.dtype) for g, o in zip(upstream, diff, strict=True)]
+    )
     return [o.detach() for o in outs], [g.detach() for g in grads], upstream
 
 
 def _relative(got: Sequence[torch.Tensor], ref: Sequence[torch.Tensor]) -> float:
     worst = 0.0
-    for g, r in zip(got, ref):
+    for g, r in zip(got, ref, strict=True):
         r64 = r.double()
         scale = float(r64.norm()) or 1.0
         error = float((g.double() - r64).norm()) / scale
@@ -196,8 +198,15 @@ def bench_all(out_dir: Path, *, dry_run: bool) -> None:
     device = torch.device("cpu" if dry_run else "cuda")
     timer = Timer(device, warmup=1 if dry_run else 5, reps=3 if dry_run else 30)
     copy_gbps = copy_bandwidth_gbps(timer, (16 << 20) if dry_run else (1 << 30))
-    result.set(copy_gbps=round(copy_gbps, 1), timing={"warmup": timer.warmup, "reps": timer.reps,
-               "statistic": "median", "l2_flushed": device.type == "cuda"})  # fmt: skip
+    result.set(
+        copy_gbps=round(copy_gbps, 1),
+        timing={
+            "warmup": timer.warmup,
+            "reps": timer.reps,
+            "statistic": "median",
+            "l2_flushed": device.type == "cuda",
+        },
+    )
     print(f"copy bandwidth {copy_gbps:.0f} GB/s", flush=True)
     dtype = torch.float32 if dry_run else torch.bfloat16
     for label, rows_n in (("batch", BATCH_ROWS), ("bucket", BUCKET_ROWS)):
@@ -215,7 +224,8 @@ def bench_all(out_dir: Path, *, dry_run: bool) -> None:
                 result.add_row(row)
                 done.append(row)
                 print(
-                    f"{label:<6} {row['kernel']:<19} {row['mode']:<8} stoker {row['ms']['stoker']:.4f} ms "
+                    f"{label:<6} {row['kernel']:<19} {row['mode']:<8} "
+                    f"stoker {row['ms']['stoker']:.4f} ms "
                     f"{row['pct_copy_bw']:5.1f}% copy  speed-up {row['speedup']}  "
                     f"error {row['error']['stoker_fwd']:.2g}/{row['error']['stoker_bwd']:.2g} "
                     f"(eager {row['error']['eager_fwd']:.2g}/{row['error']['eager_bwd']:.2g})",
@@ -224,6 +234,11 @@ def bench_all(out_dir: Path, *, dry_run: bool) -> None:
         if not dry_run:
             hold_targets(result, done, main_shape=label == "batch")
     worst = max(max(r["error"]["stoker_fwd"], r["error"]["stoker_bwd"]) for r in result.doc["rows"])
-    result.set(summary={**result.doc["summary"], "rows": len(result.doc["rows"]),
-                        "max error vs fp64": f"{worst:.2g}"})  # fmt: skip
+    result.set(
+        summary={
+            **result.doc["summary"],
+            "rows": len(result.doc["rows"]),
+            "max error vs fp64": f"{worst:.2g}",
+        }
+    )
     result.finish()

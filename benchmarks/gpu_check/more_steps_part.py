@@ -24,10 +24,14 @@ def latent_step(result: PartResult, *, dry_run: bool) -> None:
     size, rows = ("tiny", 2) if dry_run else ("1b", 8)
     cfg = resolve_config(
         None,
-        [f"model.size={size}", "data.modalities=[latent]", f"data.batch_size={rows}",
-         f"train.precision={'fp32' if dry_run else 'bf16'}"],
+        [
+            f"model.size={size}",
+            "data.modalities=[latent]",
+            f"data.batch_size={rows}",
+            f"train.precision={'fp32' if dry_run else 'bf16'}",
+        ],
         use_profile=False,
-    ).config  # fmt: skip
+    ).config
     torch.manual_seed(0)
     model = build_model(cfg.model, cfg.data).to(device)
     optimizer = build_optimizer(model, cfg.optim, device)
@@ -44,8 +48,14 @@ def latent_step(result: PartResult, *, dry_run: bool) -> None:
         if step:
             times.append(time.perf_counter() - began)
     shapes = {k: list(v.shape) for k, v in batch["latent"].items()} if "latent" in batch else {}
-    row: dict[str, Any] = {"arch": "av_dit", "setup": "latent", "size": size, "batch_size": rows,
-                           "latent_shapes": shapes, "step_ms": round(1e3 * statistics.median(times), 3)}  # fmt: skip
+    row: dict[str, Any] = {
+        "arch": "av_dit",
+        "setup": "latent",
+        "size": size,
+        "batch_size": rows,
+        "latent_shapes": shapes,
+        "step_ms": round(1e3 * statistics.median(times), 3),
+    }
     if device.type == "cuda":
         row["peak_memory_gb"] = round(torch.cuda.max_memory_allocated(device) / 1e9, 2)
     result.add_row(row)
@@ -55,10 +65,20 @@ def latent_step(result: PartResult, *, dry_run: bool) -> None:
 def main(out_dir: Path, *, dry_run: bool) -> None:
     result = PartResult(out_dir, "more_steps", dry_run=dry_run)
     variants = ("stoker",) if dry_run else ("stoker", "reference")
-    rows = run_steps(result, "audio_ar", dry_run=dry_run, variants=variants, batch_size=2,
-                     label="audio_ar", steps=2 if dry_run else 6, warmup=1 if dry_run else 2,
-                     checkpointing="none")  # fmt: skip
-    summary = {f"audio_ar {r['variant']} MFU": f"{100 * r['mfu']:.1f}%" for r in rows if r.get("mfu")}
+    rows = run_steps(
+        result,
+        "audio_ar",
+        dry_run=dry_run,
+        variants=variants,
+        batch_size=2,
+        label="audio_ar",
+        steps=2 if dry_run else 6,
+        warmup=1 if dry_run else 2,
+        checkpointing="none",
+    )
+    summary = {
+        f"audio_ar {r['variant']} MFU": f"{100 * r['mfu']:.1f}%" for r in rows if r.get("mfu")
+    }
     result.set(summary=summary)
     latent_step(result, dry_run=dry_run)
     latent = result.doc["rows"][-1]

@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--prepare",
         action="store_true",
-        help=f"download the wheels the GPU machine lacks into {wheels.WHEEL_DIR_NAME}/ and size the upload",
+        help=f"download the wheels the GPU machine lacks into {wheels.WHEEL_DIR_NAME}/ "
+        "and size the upload",
     )
     args = parser.parse_args(argv)
     if args.prepare:

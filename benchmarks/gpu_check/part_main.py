@@ -8,7 +8,6 @@ import importlib
 from pathlib import Path
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("module", help="the part's module (parts.py)")

@@ -28,13 +28,26 @@ START_UP_S = 15
 """Reading the environment and installing the carried wheels, before the first part."""
 
 PARTS: tuple[Part, ...] = (
-    Part("kernels", "a", _HERE + "kernels_part", 120, 40, "Triton kernels vs eager and torch.compile"),
+    Part(
+        "kernels", "a", _HERE + "kernels_part", 75, 40, "Triton kernels vs eager and torch.compile"
+    ),
     Part("plan", "b", _HERE + "plan_part", 50, 30, "the planner's peak and step time vs measured"),
-    Part("step", "c", _HERE + "step_part", 120, 40, "the 1b av_dit step: MFU, tokens/s, peak memory"),
-    Part("tests", "d", _HERE + "tests_part", 75, 60, "the suite's GPU-only tests and the kernel tests"),
+    Part(
+        "step", "c", _HERE + "step_part", 70, 40, "the 1b av_dit step: MFU, tokens/s, peak memory"
+    ),
+    Part(
+        "tests",
+        "d",
+        _HERE + "tests_part",
+        125,
+        60,
+        "the suite's GPU-only tests and the kernel tests",
+    ),
     Part("sample", "e", _HERE + "sample_part", 30, 30, "sampling steps of the 1b; data encode"),
-    Part("run", "f", _HERE + "run_part", 40, 60, "the tiny experiment through the runtime on cuda"),
-    Part("more_steps", "g", _HERE + "more_steps_part", 30, 30, "the 1b audio_ar step; a latent batch"),
+    Part("run", "f", _HERE + "run_part", 55, 60, "the tiny experiment through the runtime on cuda"),
+    Part(
+        "more_steps", "g", _HERE + "more_steps_part", 50, 30, "the 1b audio_ar step; a latent batch"
+    ),
 )
 
 TOTAL_DEADLINE_S = START_UP_S + sum(p.deadline_s for p in PARTS)

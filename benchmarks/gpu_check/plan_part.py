@@ -34,10 +34,20 @@ STEPS = 6
 
 def overrides(dry_run: bool) -> list[str]:
     if dry_run:
-        return ["model.size=tiny", "data.batch_size=2", "data.resolution=[64,64]",
-                "data.clip_seconds=1.0", "train.precision=fp32"]  # fmt: skip
-    return ["model.size=1b", "data.batch_size=8", "data.resolution=[256,256]",
-            "data.clip_seconds=2.0", "train.precision=bf16"]  # fmt: skip
+        return [
+            "model.size=tiny",
+            "data.batch_size=2",
+            "data.resolution=[64,64]",
+            "data.clip_seconds=1.0",
+            "train.precision=fp32",
+        ]
+    return [
+        "model.size=1b",
+        "data.batch_size=8",
+        "data.resolution=[256,256]",
+        "data.clip_seconds=2.0",
+        "train.precision=bf16",
+    ]
 
 
 def measure(cfg: Any, c: Candidate, device: torch.device, steps: int) -> dict[str, Any]:
@@ -68,8 +78,11 @@ def measure(cfg: Any, c: Candidate, device: torch.device, steps: int) -> dict[st
     if cuda:
         # What the driver shows in use beyond the allocator's reserve: the CUDA context,
         # cuBLAS workspaces and Triton's modules.
-        out.update(reserved_peak=reserved, driver_used=driver_used,
-                   outside_allocator=driver_used - torch.cuda.memory_reserved(device))  # fmt: skip
+        out.update(
+            reserved_peak=reserved,
+            driver_used=driver_used,
+            outside_allocator=driver_used - torch.cuda.memory_reserved(device),
+        )
     del model, optimizer, micro
     return out
 
@@ -86,21 +99,34 @@ def main(out_dir: Path, *, dry_run: bool) -> None:
         if spec is None:
             raise SystemExit(f"{name} is not in stoker/gpus.py's table: add it")
         memory = min(PLANNED_MEMORY_GIB, torch.cuda.mem_get_info(device)[1] / GIB)
-        target = Target(1, 1, spec.with_memory(memory), int(memory * GIB), f"{name} as {memory:.0f} GiB")
+        target = Target(
+            1, 1, spec.with_memory(memory), int(memory * GIB), f"{name} as {memory:.0f} GiB"
+        )
     began = time.perf_counter()
     plan = make_plan(cfg, target)
     plan_s = time.perf_counter() - began
     chosen = plan.chosen
     if chosen is None:
         raise SystemExit(f"the plan chose nothing for {target.source}: {plan.to_json()}")
-    print(f"planned in {plan_s:.1f} s: {chosen.describe()}, peak {chosen.peak[0] / GIB:.2f} GiB, "
-          f"step {chosen.mean_step_s:.3f} s", flush=True)  # fmt: skip
-    result.set(overrides=overrides(dry_run), plan_seconds=round(plan_s, 1),
-               chosen=chosen.describe(), plan=plan.to_json())  # fmt: skip
+    print(
+        f"planned in {plan_s:.1f} s: {chosen.describe()}, peak {chosen.peak[0] / GIB:.2f} GiB, "
+        f"step {chosen.mean_step_s:.3f} s",
+        flush=True,
+    )
+    result.set(
+        overrides=overrides(dry_run),
+        plan_seconds=round(plan_s, 1),
+        chosen=chosen.describe(),
+        plan=plan.to_json(),
+    )
     got = measure(cfg, chosen, device, 2 if dry_run else STEPS)
     planned_peak = chosen.peak[0]
     assert planned_peak is not None
-    memory_error = (planned_peak - got["allocated_peak"]) / got["allocated_peak"] if got["allocated_peak"] else None
+    memory_error = (
+        (planned_peak - got["allocated_peak"]) / got["allocated_peak"]
+        if got["allocated_peak"]
+        else None
+    )
     step_error = (chosen.mean_step_s - got["step_s"]) / got["step_s"]
     row: dict[str, Any] = {
         "candidate": chosen.describe(),
@@ -123,11 +149,19 @@ def main(out_dir: Path, *, dry_run: bool) -> None:
         row["measured_need_bytes"] = got["driver_used"]
     result.add_row(row)
     print(row, flush=True)
-    summary = {"chosen": chosen.describe(), "step s planned/measured":
-               f"{chosen.mean_step_s:.3f}/{got['step_s']:.3f}"}  # fmt: skip
+    summary = {
+        "chosen": chosen.describe(),
+        "step s planned/measured": f"{chosen.mean_step_s:.3f}/{got['step_s']:.3f}",
+    }
     if memory_error is not None:
-        summary["peak GiB planned/measured"] = f"{planned_peak / GIB:.2f}/{got['allocated_peak'] / GIB:.2f}"
-        result.check("plan peak within 10%", f"|planned - measured| / measured <= {TARGET_MEMORY_ERROR:.0%}",
-                     f"{memory_error:+.1%}", abs(memory_error) <= TARGET_MEMORY_ERROR)  # fmt: skip
+        summary["peak GiB planned/measured"] = (
+            f"{planned_peak / GIB:.2f}/{got['allocated_peak'] / GIB:.2f}"
+        )
+        result.check(
+            "plan peak within 10%",
+            f"|planned - measured| / measured <= {TARGET_MEMORY_ERROR:.0%}",
+            f"{memory_error:+.1%}",
+            abs(memory_error) <= TARGET_MEMORY_ERROR,
+        )
     result.set(summary=summary)
     result.finish()

@@ -40,7 +40,9 @@ class PartResult:
 
     def check(self, name: str, target: str, measured: Any, met: bool | None) -> None:
         """One target against its measurement; `met` None: not measurable here."""
-        self.doc["checks"].append({"name": name, "target": target, "measured": measured, "met": met})
+        self.doc["checks"].append(
+            {"name": name, "target": target, "measured": measured, "met": met}
+        )
         self.write()
 
     def skip(self, what: str, reason: str) -> None:

@@ -55,14 +55,24 @@ def main(out_dir: Path, *, dry_run: bool) -> None:
     seconds = time.perf_counter() - began
     losses = loss_steps(home)
     committed = sorted(p.parent.name for p in home.rglob("COMMIT.json"))
-    row = {"command": " ".join(command[1:]), "exit_code": done.returncode, "seconds": round(seconds, 1),
-           "device": "cpu" if dry_run else torch.cuda.get_device_name(0),
-           "loss_steps": losses, "loss_records": len(losses), "committed": committed}  # fmt: skip
+    row = {
+        "command": " ".join(command[1:]),
+        "exit_code": done.returncode,
+        "seconds": round(seconds, 1),
+        "device": "cpu" if dry_run else torch.cuda.get_device_name(0),
+        "loss_steps": losses,
+        "loss_records": len(losses),
+        "committed": committed,
+    }
     result.add_row(row)
     print(row, flush=True)
     ok = done.returncode == 0 and len(losses) > 0 and bool(committed)
-    result.check("tiny run on the device", "exit 0, losses logged, checkpoint committed",
-                 f"exit {done.returncode}, {len(losses)} loss records, committed {committed}", ok)  # fmt: skip
+    result.check(
+        "tiny run on the device",
+        "exit 0, losses logged, checkpoint committed",
+        f"exit {done.returncode}, {len(losses)} loss records, committed {committed}",
+        ok,
+    )
     result.set(summary={"exit": done.returncode, "s": round(seconds, 1)})
     if not ok:
         raise SystemExit("the tiny run did not train, log and checkpoint: see the log")

@@ -31,8 +31,11 @@ def main(out_dir: Path, *, dry_run: bool) -> None:
     result = PartResult(out_dir, "sample", dry_run=dry_run)
     device = torch.device("cpu" if dry_run else "cuda")
     size = "tiny" if dry_run else "1b"
-    overrides = [f"model.size={size}", "data.resolution=[64,64]" if dry_run else "data.resolution=[256,256]",
-                 "data.clip_seconds=1.0" if dry_run else "data.clip_seconds=2.0"]  # fmt: skip
+    overrides = [
+        f"model.size={size}",
+        "data.resolution=[64,64]" if dry_run else "data.resolution=[256,256]",
+        "data.clip_seconds=1.0" if dry_run else "data.clip_seconds=2.0",
+    ]
     cfg = resolve_config(None, overrides, use_profile=False).config
     torch.manual_seed(0)
     model = build_model(cfg.model, cfg.data).to(device)
@@ -46,19 +49,33 @@ def main(out_dir: Path, *, dry_run: bool) -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - began
-        row = {"what": "av_dit sampling", "size": size, "seeds": len(SEEDS), "steps": steps,
-               "method": "euler", "seconds": round(seconds, 3),
-               "seconds_per_step": round(seconds / steps, 4),
-               "shapes": {k: list(v.shape) for k, v in clips.items()}}  # fmt: skip
+        row = {
+            "what": "av_dit sampling",
+            "size": size,
+            "seeds": len(SEEDS),
+            "steps": steps,
+            "method": "euler",
+            "seconds": round(seconds, 3),
+            "seconds_per_step": round(seconds / steps, 4),
+            "shapes": {k: list(v.shape) for k, v in clips.items()},
+        }
         result.add_row(row)
         print(row, flush=True)
     last = result.doc["rows"][-1]
-    result.set(summary={"1b s/step (4 clips)" if not dry_run else "s/step": last["seconds_per_step"]})
+    result.set(
+        summary={"1b s/step (4 clips)" if not dry_run else "s/step": last["seconds_per_step"]}
+    )
     missing = [m for m in ("av", "soundfile") if not _importable(m)]
     if missing:
-        result.skip("data encode throughput", f"{', '.join(missing)} not installed here: "
-                    "data encode decodes packed media (H.264 and FLAC) with them")  # fmt: skip
+        result.skip(
+            "data encode throughput",
+            f"{', '.join(missing)} not installed here: "
+            "data encode decodes packed media (H.264 and FLAC) with them",
+        )
     else:
-        result.skip("data encode throughput", "measured by benchmarks/loader_latents.py where "
-                    "PyAV is present; not part of this check yet")  # fmt: skip
+        result.skip(
+            "data encode throughput",
+            "measured by benchmarks/loader_latents.py where "
+            "PyAV is present; not part of this check yet",
+        )
     result.finish()

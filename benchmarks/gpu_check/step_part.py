@@ -32,8 +32,18 @@ def planned_checkpointing(out_dir: Path) -> str:
         return "none"
 
 
-def run_steps(result: PartResult, arch: str, *, dry_run: bool, variants: tuple[str, ...],
-              batch_size: int | None, label: str, steps: int, warmup: int, checkpointing: str) -> list[dict[str, Any]]:  # fmt: skip
+def run_steps(
+    result: PartResult,
+    arch: str,
+    *,
+    dry_run: bool,
+    variants: tuple[str, ...],
+    batch_size: int | None,
+    label: str,
+    steps: int,
+    warmup: int,
+    checkpointing: str,
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
 
     def progress(row: dict[str, Any]) -> None:
@@ -66,9 +76,17 @@ def main(out_dir: Path, *, dry_run: bool) -> None:
     result = PartResult(out_dir, "step", dry_run=dry_run)
     checkpointing = "none" if dry_run else planned_checkpointing(out_dir)
     variants = ("stoker", "reference") if dry_run else VARIANTS
-    rows = run_steps(result, "av_dit", dry_run=dry_run, variants=variants, batch_size=8,
-                     label="av_dit", steps=2 if dry_run else 8, warmup=1 if dry_run else 3,
-                     checkpointing=checkpointing)  # fmt: skip
+    rows = run_steps(
+        result,
+        "av_dit",
+        dry_run=dry_run,
+        variants=variants,
+        batch_size=8,
+        label="av_dit",
+        steps=2 if dry_run else 8,
+        warmup=1 if dry_run else 3,
+        checkpointing=checkpointing,
+    )
     by_name = {r["variant"]: r for r in rows}
     summary: dict[str, Any] = {"AC": checkpointing}
     for name in variants:
@@ -77,8 +95,12 @@ def main(out_dir: Path, *, dry_run: bool) -> None:
             summary[f"{name} MFU"] = f"{100 * row['mfu']:.1f}%"
     best = max((r for r in rows if r.get("mfu") is not None), key=lambda r: r["mfu"], default=None)
     if best is not None and not dry_run:
-        result.check("1b step >= 50% MFU", f"MFU >= {TARGET_MFU:.0%} with stoker's kernels",
-                     f"{100 * best['mfu']:.1f}% ({best['variant']}, {best['step_ms']:.0f} ms, "
-                     f"{best['peak_memory_gb']} GB)", best["mfu"] >= TARGET_MFU)  # fmt: skip
+        result.check(
+            "1b step >= 50% MFU",
+            f"MFU >= {TARGET_MFU:.0%} with stoker's kernels",
+            f"{100 * best['mfu']:.1f}% ({best['variant']}, {best['step_ms']:.0f} ms, "
+            f"{best['peak_memory_gb']} GB)",
+            best["mfu"] >= TARGET_MFU,
+        )
     result.set(summary=summary)
     result.finish()

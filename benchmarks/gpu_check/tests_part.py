@@ -23,10 +23,19 @@ _OUTCOME = re.compile(r"\b(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
 
 def run_pytest(result: PartResult, label: str, args: list[str]) -> dict[str, Any]:
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-rs", *args]
-    counts: dict[str, Any] = {"suite": label, "command": " ".join(command[1:]), "passed": 0,
-                              "failed": 0, "skipped": 0, "errors": 0, "failures": []}  # fmt: skip
+    counts: dict[str, Any] = {
+        "suite": label,
+        "command": " ".join(command[1:]),
+        "passed": 0,
+        "failed": 0,
+        "skipped": 0,
+        "errors": 0,
+        "failures": [],
+    }
     result.add_row(counts)
-    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         print(line, end="", flush=True)
@@ -35,8 +44,14 @@ def run_pytest(result: PartResult, label: str, args: list[str]) -> dict[str, Any
         if not found or node is None:
             continue
         outcome = found.group(1)
-        key = {"PASSED": "passed", "XPASS": "passed", "FAILED": "failed", "SKIPPED": "skipped",
-               "XFAIL": "skipped", "ERROR": "errors"}[outcome]  # fmt: skip
+        key = {
+            "PASSED": "passed",
+            "XPASS": "passed",
+            "FAILED": "failed",
+            "SKIPPED": "skipped",
+            "XFAIL": "skipped",
+            "ERROR": "errors",
+        }[outcome]
         counts[key] += 1
         if key in ("failed", "errors"):
             counts["failures"].append(node)
@@ -55,14 +70,20 @@ def main(out_dir: Path, *, dry_run: bool) -> None:
         if importlib.util.find_spec("xdist") is not None and torch.cuda.is_available():
             args = ["-n", "8", *args]  # compiles are CPU work: 16 cores
         suites.append(run_pytest(result, "kernels", args))
-    summary = {s["suite"]: f"{s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped"
-               for s in suites}  # fmt: skip
+    summary = {
+        s["suite"]: f"{s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped"
+        for s in suites
+    }
     result.set(summary=summary)
     for s in suites:
         # pytest exits 0 (all passed or skipped) or 1 (a failure); 5 would be "no test".
         ok = s["exit_code"] == 0 and not s["failed"] and not s["errors"]
-        result.check(f"{s['suite']} tests pass", "no failure, no error",
-                     f"{s['passed']} passed, {s['failed']} failed, {s['errors']} errors", ok)  # fmt: skip
+        result.check(
+            f"{s['suite']} tests pass",
+            "no failure, no error",
+            f"{s['passed']} passed, {s['failed']} failed, {s['errors']} errors",
+            ok,
+        )
     if not all(c["met"] for c in result.doc["checks"]):
         raise SystemExit("a test failed: see the part's log")
     result.finish()

@@ -53,7 +53,8 @@ def test_the_dry_run_passes_every_part_without_the_modules_the_gpu_machine_lacks
 
 
 def test_a_part_past_its_deadline_is_stopped_and_keeps_its_rows(tmp_path: Path) -> None:
-    (tmp_path / "slow_part.py").write_text(textwrap.dedent("""
+    (tmp_path / "slow_part.py").write_text(
+        textwrap.dedent("""
         import time
         from benchmarks.gpu_check.result import PartResult
 
@@ -62,7 +63,8 @@ def test_a_part_past_its_deadline_is_stopped_and_keeps_its_rows(tmp_path: Path) 
             result.add_row({"finished": 1})
             print("row written", flush=True)
             time.sleep(600)
-    """))
+    """)
+    )
     driver = textwrap.dedent(f"""
         import io, json, sys
         from pathlib import Path
