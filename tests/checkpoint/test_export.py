@@ -301,6 +301,15 @@ def test_export_from_and_to_s3(trained: Trained, tmp_path: Path, s3_env: S3Serve
     assert exists.returncode == 2 and f"{out}' exists" in exists.stderr
 
 
+def _with_precision(experiment_yaml: str, precision: str) -> str:
+    """The experiment file's text with train.precision set."""
+    import yaml
+
+    doc = yaml.safe_load(experiment_yaml)
+    doc.setdefault("train", {})["precision"] = precision
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
 def test_stoker_sample_draws_from_a_two_rank_checkpoint_in_one_process(
     trained: Trained, tmp_path: Path
 ) -> None:
@@ -310,13 +319,18 @@ def test_stoker_sample_draws_from_a_two_rank_checkpoint_in_one_process(
     from stoker.runtime.sampling import sample_model
 
     out = tmp_path / "clips"
-    args = ["sample", str(trained.folder), "--config", str(TINY), "--seed", "3", "--seed", "4",
+    # fp32 in both processes: `train.precision: auto` samples in bf16 on a CPU with native
+    # bf16, and this test compares the subprocess's bytes with in-process fp32 sampling.
+    config = tmp_path / "tiny-fp32.yaml"
+    config.write_text(_with_precision(TINY.read_text(), "fp32"))
+    args = ["sample", str(trained.folder), "--config", str(config), "--seed", "3", "--seed", "4",
             "--steps", "2", "--method", "euler", "--device", "cpu"]  # fmt: skip
     result = json.loads(stoker(*args, "--out", str(out), "--json", check=True).stdout)
     assert (result["step"], result["weights"]) == (STEP, "ema")
     assert result["files"] == ["seed-3.mp4", "seed-4.mp4", "contact.png", "samples.json"]
 
-    cfg = resolve_config(TINY, use_profile=False).config
+    cfg = resolve_config(config, use_profile=False).config
+    assert cfg.train.precision == "fp32"
     model = build_model(cfg.model, cfg.data)
     model.load_state_dict({**trained.reference["state"], **trained.reference["ema"]})
     expected = sample_model(model, seeds=[3, 4], steps=2, method="euler")
