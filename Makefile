@@ -23,15 +23,23 @@ ui:
 # tests and the rest side by side: scripts/test-suite; STOKER_TEST_SERIAL=1 for one
 # process), lint,
 # stop the cluster (also when tests fail) and keep pytest's exit status.
-test: install-dev
-	$(CLUSTER) install
-	$(PY) tests/browser.py install
-	$(PY) tests/promtool.py install
-	$(CLUSTER) start
+# Each part's wall time and each test's CPU seconds go to $(COST_DIR); the budget table
+# prints last (tests/cost_report.py; docs/operations.md, "The suite's budget").
+COST_DIR ?= .test-cost
+test:
+	rm -rf $(COST_DIR); mkdir -p $(COST_DIR)
+	@began=$$(date +%s); $(MAKE) --no-print-directory install-dev && \
+	printf 'install\t%s\n' $$(( $$(date +%s) - began )) >>$(COST_DIR)/parts.tsv
+	@began=$$(date +%s); $(CLUSTER) install && $(PY) tests/browser.py install && \
+	$(PY) tests/promtool.py install && $(CLUSTER) start && \
+	printf 'cluster and tools start\t%s\n' $$(( $$(date +%s) - began )) >>$(COST_DIR)/parts.tsv
 	status=0; \
-	STOKER_VENV=$(VENV) scripts/test-suite $(PYTEST_ARGS) || status=$$?; \
+	STOKER_VENV=$(VENV) STOKER_TEST_COST_DIR=$(abspath $(COST_DIR)) scripts/test-suite $(PYTEST_ARGS) || status=$$?; \
+	began=$$(date +%s); \
 	$(MAKE) --no-print-directory lint || status=$$((status ? status : 1)); \
+	printf 'lint\t%s\n' $$(( $$(date +%s) - began )) >>$(COST_DIR)/parts.tsv; \
 	$(CLUSTER) stop || true; \
+	$(PY) tests/cost_report.py $(COST_DIR) || true; \
 	exit $$status
 
 lint:

@@ -14,7 +14,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 # `slurm_cluster`: a real 3-node SLURM cluster (tests/cluster/); `mlflow_server`: a real
 # MLflow tracking server over HTTP (tests/mlflow_server.py).
-pytest_plugins = ["tests.cluster.fixtures", "tests.mlflow_server", "tests.s3_server"]
+# `tests.cpu_cost`: each test's CPU seconds, printed at the end (the suite's budget).
+pytest_plugins = [
+    "tests.cluster.fixtures",
+    "tests.mlflow_server",
+    "tests.s3_server",
+    "tests.cpu_cost",
+]
 
 
 def _uses_cluster(item: pytest.Item) -> bool:

@@ -1,0 +1,46 @@
+"""The suite's budget at the end of `make test`: the wall time of each part (install,
+cluster start, each pytest process, lint) and the tests that cost most CPU, read from
+what scripts/test-suite and tests/cpu_cost.py left in STOKER_TEST_COST_DIR.
+
+    python tests/cost_report.py DIR
+
+`DIR/parts.tsv` has one `label<TAB>seconds` line per part (the Makefile times them);
+`DIR/<process>.json` one document per pytest process (tests/cpu_cost.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+BUDGET_S = 20 * 60
+SHOWN = 20
+
+
+def report(where: Path) -> str:
+    lines = ["", "=== the suite's budget (docs/operations.md) ==="]
+    parts = where / "parts.tsv"
+    total = 0.0
+    if parts.exists():
+        for line in parts.read_text().splitlines():
+            label, _, seconds = line.partition("\t")
+            total += float(seconds)
+            lines.append(f"{label:<28} {float(seconds):8.0f} s")
+        lines.append(f"{'make test':<28} {total:8.0f} s of {BUDGET_S} s")
+    rows = []
+    for path in sorted(where.glob("*.json")):
+        doc = json.loads(path.read_text())
+        lines.append(
+            f"pytest {doc['label']:<21} {doc['wall_s']:8.0f} s wall, {doc['cpu_s']:.0f} CPU-s "
+            f"({doc['tests']} tests, {doc['tests_cpu_s']:.0f} CPU-s in tests)"
+        )
+        rows += doc["rows"]
+    if rows:
+        lines.append("costliest tests (CPU-s of the pytest process and its children, wall s):")
+        for row in sorted(rows, key=lambda r: -r["cpu_s"])[:SHOWN]:
+            lines.append(f"{row['cpu_s']:8.1f} {row['wall_s']:8.1f}  {row['test']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(report(Path(sys.argv[1])))

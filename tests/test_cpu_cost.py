@@ -1,0 +1,53 @@
+"""tests/cpu_cost.py and tests/cost_report.py: each test's CPU seconds, its children's
+included, and the budget table `make test` prints at its end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_a_tests_cpu_counts_the_children_it_waited_for_and_the_report_ranks_it(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "test_sample.py").write_text(
+        textwrap.dedent("""
+        import subprocess, sys
+
+        def test_busy_child():
+            burn = "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.6: pass"
+            subprocess.run([sys.executable, "-c", burn], check=True)
+
+        def test_idle():
+            pass
+    """)
+    )
+    costs = tmp_path / "costs"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.cpu_cost", "-p", "no:cacheprovider",
+         "-q", "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path / "test_sample.py")],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO), "STOKER_TEST_COST_DIR": str(costs),
+             "STOKER_TEST_COST_LABEL": "sample"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "CPU cost" in done.stdout
+    doc = json.loads((costs / "sample.json").read_text())
+    rows = {r["test"].rsplit("::", 1)[1]: r for r in doc["rows"]}
+    assert rows["test_busy_child"]["children_cpu_s"] >= 0.5
+    assert rows["test_idle"]["cpu_s"] < 0.3
+
+    (costs / "parts.tsv").write_text("install\t100\npytest: cluster modules\t700\n")
+    table = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "cost_report.py"), str(costs)],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert "make test" in table and "800 s of 1200 s" in table
+    ranked = table[table.index("costliest") :].splitlines()[1:]
+    assert "test_busy_child" in ranked[0]
