@@ -21,7 +21,8 @@ def test_a_tests_cpu_counts_the_children_it_waited_for_and_the_report_ranks_it(
         import subprocess, sys
 
         def test_busy_child():
-            burn = "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.6: pass"
+            burn = "import time\\nt = time.process_time()\\n" \\
+                "while time.process_time() - t < 0.6: pass"
             subprocess.run([sys.executable, "-c", burn], check=True)
 
         def test_idle():
