@@ -222,7 +222,8 @@ def sweep(
     )
     run_dir = Path(done.run_dir)
     return [
-        Job(f"{done.job_id}_{index}", run_id, run_dir / "tasks" / str(index))
+        # A run id is "" with tracking.uri none (no MLflow runs).
+        Job(f"{done.job_id}_{index}", run_id or None, run_dir / "tasks" / str(index))
         for index, run_id in enumerate(done.child_run_ids)
     ]
 

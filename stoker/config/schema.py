@@ -491,13 +491,21 @@ class TrackingConfig(Section):
     """MLflow."""
 
     uri: str | None = None
-    """MLflow tracking URI; null uses $MLFLOW_TRACKING_URI, else a sqlite store in $STOKER_HOME."""
+    """MLflow URI; null: $MLFLOW_TRACKING_URI or $STOKER_HOME's sqlite; none: metrics.jsonl only."""
     experiment: str = "stoker"
     """MLflow experiment name."""
     run_name: str | None = None
     """MLflow run name; null uses the job name."""
     tags: dict[str, str] = {}
     """Extra tags set on the MLflow run; no secrets."""
+
+    @field_validator("uri")
+    @classmethod
+    def _spell_none(cls, value: str | None) -> str | None:
+        # `None` and `NONE` are no YAML null: they mean what `none` means.
+        if value is not None and value.strip().lower() == "none":
+            return "none"
+        return value
 
     @field_validator("tags")
     @classmethod

@@ -228,6 +228,40 @@ def _metadata(params: _Params, index: int, motion: _Motion) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class ClipArrays:
+    """One synthetic clip as arrays, before any media encoding (no PyAV needed)."""
+
+    video: npt.NDArray[np.uint8]
+    """[T, H, W, 3] RGB frames, frame k at t = k / fps."""
+    audio: npt.NDArray[np.float64]
+    """[N, 2] stereo samples in [-1, 1]."""
+    caption: str
+    metadata: dict[str, Any]
+
+
+def clip_arrays(
+    index: int,
+    *,
+    seconds: float,
+    size: tuple[int, int] = (64, 64),
+    fps: int = 8,
+    sample_rate: int = 16000,
+    seed: int = 0,
+) -> ClipArrays:
+    """Clip `index` of `synth_dataset(..., seed=seed)` with these settings, as the
+    arrays its mp4 and flac encode (stoker/data/synthetic_latents.py encodes them
+    into latents instead). StokerError for settings `synth_dataset` refuses."""
+    params = _check(1, seconds, size, fps, sample_rate, None, 1, seed)
+    motion = _draw(params, index)
+    return ClipArrays(
+        video=np.stack(list(_frames(params, motion))),
+        audio=_waveform(params, motion),
+        caption=_caption(params, motion),
+        metadata=_metadata(params, index, motion),
+    )
+
+
 def _make_sample(params: _Params, index: int) -> SampleToWrite:
     """Clip `index`, encoded and probed: what write_shard takes. Runs in workers."""
     motion = _draw(params, index)

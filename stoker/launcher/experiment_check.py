@@ -191,7 +191,10 @@ def _writable_url(root: str) -> str:
 
 def _check_store(uri: str | None) -> Finding:
     from stoker.launcher.doctor.tracking_store import check_tracking_store
-    from stoker.tracking.store import resolve_tracking_uri
+    from stoker.tracking.store import resolve_tracking_uri, tracking_off
 
+    if tracking_off(uri):
+        return Finding("MLflow", "ok", "tracking.uri is none: no MLflow store; each run "
+                       "writes metrics.jsonl in its run folder")  # fmt: skip
     found = check_tracking_store(resolve_tracking_uri(uri))
     return Finding("MLflow", found.status, found.detail, found.fix)

@@ -28,6 +28,7 @@ def check_launch(resolved: ResolvedConfig, after: str | None) -> None:
     check_eval_data(resolved)
     check_buckets(resolved)
     check_pass_env(resolved)
+    check_no_tracking(resolved)
 
 
 def check_run_root(root: Path) -> None:
@@ -107,6 +108,21 @@ def check_pass_env(resolved: ResolvedConfig) -> None:
             "this environment",
             fix=f"export {missing[0]}=... in this shell before submitting (the job gets it "
             "by name; its value is written nowhere), or remove it from job.pass_env",
+        )
+
+
+def check_no_tracking(resolved: ResolvedConfig) -> None:
+    """tracking.uri none (no MLflow) leaves nothing to register train.register_final in."""
+    from stoker.tracking.store import tracking_off
+
+    cfg = resolved.config
+    if tracking_off(cfg.tracking.uri) and cfg.train.register_final:
+        raise StokerError(
+            f"train.register_final={cfg.train.register_final!r} "
+            f"({resolved.source_of(('train', 'register_final'))}) needs MLflow's model "
+            f"registry, but tracking.uri is none ({resolved.source_of(('tracking', 'uri'))})",
+            fix="set train.register_final=null (register later with `stoker ckpt export "
+            "CKPT OUT --register NAME --tracking-uri URI`), or tracking.uri to a store",
         )
 
 

@@ -67,10 +67,12 @@ def launch_plan(spec: LaunchSpec, job_id: str) -> dict[str, Any]:
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(_free_port()),
             "WORLD_SIZE": str(world),
-            "MLFLOW_TRACKING_URI": spec.tracking_uri,
+            # "" without MLflow (tracking.uri none): no run for the supervisor to end.
             "MLFLOW_RUN_ID": spec.mlflow_run_ids[0],
         }
     )
+    if spec.tracking_uri:
+        base_env["MLFLOW_TRACKING_URI"] = spec.tracking_uri
     # `"$STOKER_CONFIG"` in the training command is shell; here there is no shell.
     argv = [str(run_dir.config) if a == '"$STOKER_CONFIG"' else str(a) for a in spec.command]
     ranks = []

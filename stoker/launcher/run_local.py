@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stoker.errors import StokerError
+from stoker.tracking.store import tracking_off
 
 if TYPE_CHECKING:
     from stoker.launcher.why import Diagnosis
@@ -146,7 +147,8 @@ def run_here(
         diagnosis,
     )
     checkpoints = resolved.config.checkpoint.root or str(run.path / "checkpoints")
-    _say_where(result, submitted.run_link, checkpoints, say)
+    _say_where(result, submitted.run_link, checkpoints, say,
+               tracked=not tracking_off(resolved.config.tracking.uri))  # fmt: skip
     return result
 
 
@@ -179,13 +181,20 @@ def _progress(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _say_where(result: RunResult, link: str | None, checkpoints: str, say: Say) -> None:
+def _say_where(
+    result: RunResult, link: str | None, checkpoints: str, say: Say, *, tracked: bool = True
+) -> None:
     done = f"at step {result.step}, loss {result.loss:.4f}" if result.loss is not None else ""
     if result.diagnosis is None:  # else the diagnosis, printed after, says how it ended
         say(f"job {result.job_id} {result.state.lower()} {done}".rstrip())
     say(f"run folder: {result.run_dir}")
     if result.step:
         say(f"checkpoints: {checkpoints} (`stoker ckpt ls {result.job_id}`)")
+    if not tracked:  # tracking.uri none
+        from stoker.tracking.file_logger import METRICS_FILE
+
+        say(f"metrics: {result.run_dir / METRICS_FILE} (tracking.uri is none: no MLflow)")
+        return
     if link:
         say(f"MLflow: {link}")
     say(f"`{_stoker_command()} ui` opens the MLflow UI on this store (`make ui` in a clone)")

@@ -20,7 +20,9 @@ class LaunchSpec:
     command: Sequence[str]
     workdir: Path
     tracking_uri: str
+    """The MLflow store the job logs into; "" for tracking.uri none (no MLflow)."""
     mlflow_run_ids: Sequence[str]
+    """Each task's MLflow run; "" each for tracking.uri none."""
     parent_run_id: str | None = None
     array_size: int | None = None
     max_parallel: int | None = None

@@ -4,6 +4,8 @@ Order matters, so that a failure loses nothing and leaves nothing half-done:
 validate → run folder → code snapshot → frozen config(s) → MLflow run(s) → render →
 `sbatch --test-only` → `sbatch --parsable` → ledger. A refusal by SLURM marks the
 MLflow run failed and removes the run folder; no job runs from an invalid config.
+With `tracking.uri: none` no MLflow run is made (the job writes metrics.jsonl in its
+run folder instead) and mlflow is not imported.
 
 `submit` checks and freezes what it was given into a `SubmitRequest`, renders the
 script once as a last check (and the answer of a dry run), then `_submit_in` creates
@@ -49,7 +51,7 @@ from stoker.tracking.runs import (
     run_link,
     update_submitted_runs,
 )
-from stoker.tracking.store import TrackingTarget, resolve_tracking_uri
+from stoker.tracking.store import TrackingTarget, resolve_tracking_uri, tracking_off
 
 
 class NotRecordedError(StokerError):
@@ -92,8 +94,9 @@ class SubmitRequest:
     options: SubmitOptions
     runs_root: Path
     """The folder the run folder is made in (checked: SLURM can write logs there)."""
-    tracking: TrackingTarget
-    """The MLflow store the runs are created in, and the job logs into."""
+    tracking: TrackingTarget | None
+    """The MLflow store the runs are created in, and the job logs into; None for
+    tracking.uri none (no runs)."""
     sweep_params: tuple[Mapping[str, str], ...]
     """Each task's swept values, tagged `sweep.<key>` on its run; `{}` for a single job."""
 
@@ -141,15 +144,20 @@ class _Code:
 class _Runs:
     """The MLflow runs made for a job."""
 
-    created: CreatedRun
-    """The job's run: a single job's, or a sweep's parent."""
+    created: CreatedRun | None
+    """The job's run: a single job's, or a sweep's parent; None without MLflow."""
     task_run_ids: list[str]
-    """The run each task logs into (a single job's run, or a sweep's children)."""
+    """The run each task logs into (a single job's run, or a sweep's children); ""
+    for each task without MLflow."""
     parent_run_id: str | None
 
     @property
+    def run_id(self) -> str | None:
+        return self.created.run_id if self.created is not None else None
+
+    @property
     def all_ids(self) -> list[str]:
-        return list(dict.fromkeys([self.created.run_id, *self.task_run_ids]))
+        return [i for i in dict.fromkeys([self.run_id or "", *self.task_run_ids]) if i]
 
 
 # The command line's (and the Python API's) job flags: name -> the job.* key it sets.
@@ -231,7 +239,9 @@ def submit(
     # real one: a template or setup line that fails here leaves no run folder or MLflow run.
     name = request.base.config.job.name
     preview_dir = RunDir(request.runs_root / f"{name}-<time>-<id>")
-    placeholder = ["<MLflow run id, created at submit>"] * len(request.configs)
+    placeholder = ["<MLflow run id, created at submit>" if request.tracking else ""] * len(
+        request.configs
+    )
     preview = _spec(request, preview_dir, options.cwd, placeholder, None)
     script = render_sbatch(preview, explain=options.explain)
     if options.dry_run:
@@ -269,9 +279,13 @@ def _request(
         command=tuple(command),
         options=options,
         runs_root=root,
-        tracking=resolve_tracking_uri(configs[0].config.tracking.uri),
+        tracking=_tracking_target(configs[0].config.tracking.uri),
         sweep_params=tuple(sweep_params or [{}] * len(configs)),
     )
+
+
+def _tracking_target(uri: str | None) -> TrackingTarget | None:
+    return None if tracking_off(uri) else resolve_tracking_uri(uri)
 
 
 def _submit_in(request: SubmitRequest, run_dir: RunDir) -> Submitted:
@@ -290,17 +304,21 @@ def _submit_in(request: SubmitRequest, run_dir: RunDir) -> Submitted:
         job_id = _queue(request, run_dir, spec)
     except BaseException as exc:
         for run_id in runs.all_ids:
+            assert request.tracking is not None  # runs exist only with a store
             # The submit error is the one to show, not a failure to record it.
             with contextlib.suppress(StokerError):
                 mark_run_failed_to_submit(request.tracking, run_id, str(exc))
         raise
     _record_in_ledger(request, run_dir, job_id, cluster, script, runs, code)
     _record_in_runs(request, job_id, script, runs)
+    link = None
+    if request.tracking is not None and runs.created is not None:
+        link = run_link(request.tracking, runs.created.experiment_id, runs.created.run_id)
     return Submitted(
         job_id,
         run_dir.path,
-        runs.created.run_id,
-        run_link(request.tracking, runs.created.experiment_id, runs.created.run_id),
+        runs.run_id,
+        link,
         script,
         tuple(runs.task_run_ids) if request.is_array else (),
         code.notes,
@@ -363,6 +381,8 @@ def _create_runs(request: SubmitRequest, folders: list[RunDir], tags: dict[str, 
     for a job array, a parent run and one child run per task."""
     base = request.base.config
     run_name = base.tracking.run_name or base.job.name
+    if request.tracking is None:  # tracking.uri none
+        return _Runs(None, [""] * len(request.configs), None)
     if not request.is_array:
         created = precreate_run(
             request.tracking,
@@ -411,7 +431,7 @@ def _spec(
         run_dir=run_dir.path,
         command=list(request.command),
         workdir=workdir,
-        tracking_uri=request.tracking.uri,
+        tracking_uri=request.tracking.uri if request.tracking is not None else "",
         mlflow_run_ids=run_ids,
         parent_run_id=parent_run_id,
         array_size=request.array_size,
@@ -448,8 +468,8 @@ def _record_in_ledger(
         run_dir=str(run_dir.path),
         config_digest=request.config_digest,
         template=script.template,
-        mlflow_run_id=runs.created.run_id,
-        tracking_uri=request.tracking.uri,
+        mlflow_run_id=runs.run_id,
+        tracking_uri=request.tracking.uri if request.tracking is not None else None,
         array_size=request.array_size,
         extra={
             "command": list(map(str, request.command)),
@@ -473,6 +493,8 @@ def _record_in_runs(
     request: SubmitRequest, job_id: str, script: RenderedScript, runs: _Runs
 ) -> None:
     """The job id on the MLflow run(s) (each task's on its child), the script as a param."""
+    if request.tracking is None or runs.created is None:
+        return
     updates: dict[str, tuple[dict[str, str], dict[str, str]]] = {
         runs.created.run_id: ({"job.sbatch": script.text}, {"slurm.job_id": job_id})
     }

@@ -9,6 +9,11 @@ memory and GPUs into the same run. Other ranks write nothing.
 
 If the store cannot be reached at start, training goes on: metrics are spooled
 in the run folder (mlflow-spool-<rank>.jsonl) and replayed when it answers.
+
+With `tracking.uri: none` there is no store and no MLflow run: global rank 0 writes
+everything it would log, its node's system metrics included, to
+<run folder>/metrics.jsonl (`FileRunLogger`); other ranks and nodes write nothing,
+and mlflow is never imported.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ from pathlib import Path
 import torch
 
 from stoker.config import ExperimentConfig
+from stoker.protocol import ENV_JOB_ID
 from stoker.runtime.dist_env import DistEnv
 from stoker.runtime.metrics_sink import NullSink
 from stoker.tracking.dataset_inputs import DataSetInput
+from stoker.tracking.file_logger import METRICS_FILE, FileRunLogger
 from stoker.tracking.logger import RunLogger, Status
 from stoker.tracking.runs import config_params, precreate_run
-from stoker.tracking.store import resolve_tracking_uri
+from stoker.tracking.store import resolve_tracking_uri, tracking_off
 from stoker.tracking.system_metrics import SystemSampler
 
 # What the trainer's outcome sets the run to; anything else (REQUEUE) leaves it RUNNING.
@@ -47,12 +54,13 @@ class SystemOnly(NullSink):
 
 
 class Tracking:
-    """The trainer's metrics sink (stoker/runtime/metrics_sink.py): a RunLogger on
-    global rank 0, a `SystemOnly` on other nodes' local rank 0, nothing elsewhere."""
+    """The trainer's metrics sink (stoker/runtime/metrics_sink.py): a RunLogger (or with
+    tracking.uri none a FileRunLogger) on global rank 0, a `SystemOnly` on other nodes'
+    local rank 0, nothing elsewhere."""
 
     def __init__(
         self,
-        logger: RunLogger | SystemOnly | None,
+        logger: RunLogger | FileRunLogger | SystemOnly | None,
         sampler: SystemSampler | None,
         run_id: str | None,
     ) -> None:
@@ -89,7 +97,7 @@ class Tracking:
     def log_dataset_inputs(self, inputs: Sequence[DataSetInput]) -> None:
         """The data sets the run reads, as its MLflow dataset inputs, from global rank 0
         (stoker/runtime/data_lineage.py); other ranks and nodes drop them."""
-        if isinstance(self.logger, RunLogger):
+        if isinstance(self.logger, (RunLogger, FileRunLogger)):
             self.logger.log_dataset_inputs(inputs)
 
     def close(self, status: str | None) -> None:
@@ -120,6 +128,8 @@ def open_tracking(
 ) -> Tracking:
     """This rank's sink, its RunLogger started (raises StokerError for a run that does
     not exist or a store that refuses a run made here; a store down is no error)."""
+    if tracking_off(cfg.tracking.uri):
+        return _file_tracking(env, device, run_dir)
     if not (env.is_main or env.is_node_main):
         return Tracking(None, None, os.environ.get("MLFLOW_RUN_ID"))
     from stoker.config import resolve_config
@@ -149,3 +159,19 @@ def open_tracking(
         return Tracking(SystemOnly(logger), sampler, run_id)
     print(f"MLflow run {run_id} in {target.uri}", file=sys.stderr, flush=True)
     return Tracking(logger, sampler, run_id)
+
+
+def _file_tracking(env: DistEnv, device: torch.device, run_dir: Path) -> Tracking:
+    """tracking.uri none: global rank 0 writes <run folder>/metrics.jsonl, with its
+    node's system metrics; no MLflow run (run_id None), nothing on other ranks."""
+    if not env.is_main:
+        return Tracking(None, None, None)
+    # The job id names the records: a requeued job (same id) continues the same run.
+    logger = FileRunLogger(run_dir / METRICS_FILE, os.environ.get(ENV_JOB_ID) or "local")
+    logger.start()
+    logger.set_tags(_tags(env, device))
+    sampler = SystemSampler(logger, node=os.environ.get("SLURMD_NODENAME") or socket.gethostname())
+    sampler.start()
+    print(f"tracking.uri is none: metrics to {logger.path} (no MLflow)", file=sys.stderr,
+          flush=True)  # fmt: skip
+    return Tracking(logger, sampler, None)

@@ -6,6 +6,11 @@ Where runs go, first match wins:
     $MLFLOW_TRACKING_URI
     sqlite:///<STOKER_HOME>/mlflow/mlflow.db, artifacts in <STOKER_HOME>/mlflow/artifacts
 
+`tracking.uri: none` (NO_TRACKING) means no store at all: no MLflow run is made and
+the job writes its records to a file in its run folder (stoker/tracking/file_logger.py).
+Whoever can work without a store asks `tracking_off` first; `resolve_tracking_uri`
+refuses "none", so that nothing opens a store by mistake.
+
 Two stores are supported: a sqlite file (on a filesystem the compute nodes
 share) and an `mlflow server` over http(s), which many concurrent jobs should
 use. Many `stoker submit` at once on one sqlite file work: the first creates the
@@ -55,6 +60,8 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 TRAINING_KIND = "custom_model_development"
 # Seconds the reachability probe of a server waits when MLFLOW_HTTP_REQUEST_TIMEOUT is unset.
 PROBE_TIMEOUT = 10.0
+# tracking.uri's value for "no MLflow": records go to <run dir>/metrics.jsonl only.
+NO_TRACKING = "none"
 
 _SOURCE_TEXT = {
     "tracking.uri": "tracking.uri in the experiment config",
@@ -101,13 +108,26 @@ def default_target() -> TrackingTarget:
     )
 
 
+def tracking_off(config_uri: str | None) -> bool:
+    """Whether tracking.uri is `none`: no MLflow store, records in the run folder."""
+    return config_uri is not None and config_uri.strip().lower() == NO_TRACKING
+
+
 def resolve_tracking_uri(config_uri: str | None) -> TrackingTarget:
     """The store this submit records into: config value, else $MLFLOW_TRACKING_URI, else
     the default. Relative sqlite paths are made absolute against the current folder.
 
     Raises StokerError for a scheme stoker cannot hand to a job (file store, in-memory
-    sqlite, other databases), naming the value and where it came from.
+    sqlite, other databases), naming the value and where it came from, and for
+    tracking.uri `none` (no store: ask `tracking_off` first).
     """
+    if tracking_off(config_uri):
+        raise StokerError(
+            "tracking.uri is none: this experiment records to no MLflow store (its runs "
+            "write <run folder>/metrics.jsonl instead)",
+            fix="set tracking.uri to a store (sqlite:///PATH/mlflow.db or http://HOST:PORT), "
+            "or null for the default one, to use MLflow",
+        )
     if config_uri is not None and config_uri.strip():
         return _parse_uri(config_uri.strip(), "tracking.uri")
     env_uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()

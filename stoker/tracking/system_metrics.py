@@ -18,11 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stoker.tracking.file_logger import FileRunLogger
 from stoker.tracking.logger import RunLogger
 
 
 class SystemSampler:
-    """Samples this node's CPU, memory and GPUs every `interval_s` into a RunLogger.
+    """Samples this node's CPU, memory and GPUs every `interval_s` into a RunLogger (or
+    the FileRunLogger of tracking.uri none).
 
     Keys: `system/<node>/cpu_percent` (all cores, 0-100), `system/<node>/memory_gb`
     (used: total minus available, 1e9 bytes), and per visible GPU (CUDA_VISIBLE_DEVICES
@@ -39,7 +41,11 @@ class SystemSampler:
     """
 
     def __init__(
-        self, logger: RunLogger, *, interval_s: float = 10.0, node: str | None = None
+        self,
+        logger: RunLogger | FileRunLogger,
+        *,
+        interval_s: float = 10.0,
+        node: str | None = None,
     ) -> None:
         self.logger = logger
         self.interval_s = interval_s

@@ -48,7 +48,10 @@ class ProfileProbe:
     def check_mlflow(self) -> list[Finding]:
         if self.blocked:
             return [not_checked("mlflow", self.blocked, "profile")]
-        from stoker.tracking.store import resolve_tracking_uri
+        from stoker.tracking.store import resolve_tracking_uri, tracking_off
 
+        if tracking_off(self.tracking_uri):
+            detail = "tracking_uri is none: no MLflow store; runs write metrics.jsonl"
+            return [Finding("mlflow", "ok", detail)]
         # The store `stoker submit` would use for an experiment that sets no tracking.uri.
         return [check_tracking_store(resolve_tracking_uri(self.tracking_uri))]

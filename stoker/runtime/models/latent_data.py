@@ -17,29 +17,36 @@ if TYPE_CHECKING:
 
 def latent_data_shapes(data: DataConfig) -> DataShapes:
     """DataShapes of latent data sets: the encode's decode settings in the clip fields,
-    one LatentShape per bucket trained on (data.buckets, else the encoded ones)."""
+    one LatentShape per bucket trained on (data.buckets, else the encoded ones). With
+    data.url null, those of the synthetic latent set (stoker/data/synthetic_latents.py)."""
+    buckets: list[Bucket]
     if not data.sources and data.url is None:
-        raise StokerError(
-            "data.modalities asks for latent, but data.url is null (a synthetic data set "
-            "holds media, not latents)",
-            fix="set data.url to a data set `stoker data encode` wrote",
-        )
-    urls = [s.url for s in data.sources] if data.sources else [str(data.url)]
-    encodings = []
-    for url in urls:
-        encoding = open_dataset(url).manifest.encoding
-        if encoding is None:
-            raise StokerError(
-                f"data set {url!r} holds no latents, but data.modalities asks for latent",
-                fix="point at a data set `stoker data encode` wrote, or drop latent",
-            )
-        encodings.append(encoding)
-    decode = encodings[0].decode
-    buckets: list[Bucket] = resolve_buckets(data) or encoded_buckets(urls, data.batch_size)
+        # The synthetic latent set: its shapes follow from the settings (it may not
+        # exist yet: the model is checked before it is written).
+        from stoker.data.synthetic_latents import synthetic_decode, synthetic_latent_shapes
+
+        urls = ["the synthetic latent set"]
+        found = [{"": synthetic_latent_shapes(data)}]
+        decode = synthetic_decode(data)
+        buckets = []
+    else:
+        urls = [s.url for s in data.sources] if data.sources else [str(data.url)]
+        encodings = []
+        for url in urls:
+            encoding = open_dataset(url).manifest.encoding
+            if encoding is None:
+                raise StokerError(
+                    f"data set {url!r} holds no latents, but data.modalities asks for latent",
+                    fix="point at a data set `stoker data encode` wrote, or drop latent",
+                )
+            encodings.append(encoding)
+        found = [e.shapes for e in encodings]
+        decode = encodings[0].decode
+        buckets = resolve_buckets(data) or encoded_buckets(urls, data.batch_size)
     names: list[str | None] = [b.name for b in buckets] or [None]
     latents = []
     for name in names:
-        shapes = [_shape_of(e.shapes, name, url) for e, url in zip(encodings, urls, strict=True)]
+        shapes = [_shape_of(f, name, url) for f, url in zip(found, urls, strict=True)]
         if any(other != shapes[0] for other in shapes[1:]):
             raise StokerError(
                 f"the latent data sets {urls} hold latents of different shapes in bucket "
