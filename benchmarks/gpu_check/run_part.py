@@ -26,6 +26,7 @@ def overrides(steps: int) -> list[str]:
         "tracking.uri=none",
         "data.modalities=[latent]",
         "data.num_workers=0",
+        "train.sample_every=0",
         f"train.steps={steps}",
         f"checkpoint.every={steps}",
     ]
@@ -45,11 +46,9 @@ def main(out_dir: Path, *, dry_run: bool) -> None:
     result = PartResult(out_dir, "run", dry_run=dry_run)
     home = Path(os.environ["STOKER_HOME"])
     steps = 4 if dry_run else STEPS
-    command = [sys.executable, "-m", "stoker", "run", *overrides(steps)]
-    if not dry_run:
-        command.append("job.gpus_per_node=1")
-    else:
-        command.append("job.ntasks_per_node=1")
+    # One rank, on cuda:0 (job.gpus_per_node=1: as run on an H200, 2026-11-27).
+    one_rank = ["--nproc", "1"] if dry_run else ["job.gpus_per_node=1"]
+    command = [sys.executable, "-m", "stoker", "run", *one_rank, *overrides(steps)]
     began = time.perf_counter()
     done = subprocess.run(command, cwd=REPO, text=True)
     seconds = time.perf_counter() - began
