@@ -44,7 +44,10 @@ def test_a_tests_cpu_counts_the_children_it_waited_for_and_the_report_ranks_it(
     assert rows["test_busy_child"]["children_cpu_s"] >= 0.5
     assert rows["test_idle"]["cpu_s"] < 0.3
 
-    (costs / "parts.tsv").write_text("install\t100\npytest: cluster modules\t700\n")
+    (costs / "parts.tsv").write_text(
+        "install\t100\npytest: cluster modules\t650\tside\npytest: the other modules\t690\tside\n"
+        "pytest: both processes\t700\n"
+    )
     table = subprocess.run(
         [sys.executable, str(REPO / "tests" / "cost_report.py"), str(costs)],
         capture_output=True, text=True, timeout=60, check=True,
