@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -173,6 +174,23 @@ def check(out_dir: Path, *, dry_run: bool, only: list[Part] | None = None) -> in
     # eight files from $OUT, and they must be the results.
     home = Path(tempfile.mkdtemp(prefix="stoker-gpu-check-home-"))
     site = wheels.install_carried()
+    try:
+        return _check_in(out_dir, home, site, began, dry_run=dry_run, only=only)
+    finally:
+        for folder in (home, site):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _check_in(
+    out_dir: Path,
+    home: Path,
+    site: Path | None,
+    began: float,
+    *,
+    dry_run: bool,
+    only: list[Part] | None,
+) -> int:
     env = _child_env(site, dry_run, home)
     facts = _read_environment(env)
     env[ENV_VARIABLE] = json.dumps(facts)
