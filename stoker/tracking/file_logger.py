@@ -49,7 +49,7 @@ from stoker.tracking.limits import (
     check_model_name,
     cut,
 )
-from stoker.tracking.logged_models import checkpoint_model, folder_model
+from stoker.tracking.logged_models import checkpoint_metrics, checkpoint_model, folder_model
 from stoker.tracking.logger import Status
 from stoker.tracking.spool import Record, Spool
 from stoker.tracking.stderr import first_line, warn
@@ -161,14 +161,7 @@ class FileRunLogger:
         URI), as RunLogger.log_checkpoint logs them. Never raises."""
         try:
             step = int(step)
-            values = {
-                "system/checkpoint/bytes": float(int(bytes)),
-                "system/checkpoint/blocking_s": float(blocking_s),
-                "system/checkpoint/background_s": float(background_s),
-            }
-            seconds = float(blocking_s) + float(background_s)
-            if seconds > 0:
-                values["system/checkpoint/bytes_per_s"] = int(bytes) / seconds
+            values = checkpoint_metrics(int(bytes), blocking_s, background_s)
             points = self._log_points(values, step)  # the model's metrics: those written
             self._put({"run": self.run_id, "lm": checkpoint_model(step, uri, int(bytes), points)})
         except Exception as exc:  # a record must never stop training

@@ -58,7 +58,7 @@ from stoker.tracking.limits import (
     check_model_name,
     cut,
 )
-from stoker.tracking.logged_models import checkpoint_model, folder_model
+from stoker.tracking.logged_models import checkpoint_metrics, checkpoint_model, folder_model
 from stoker.tracking.record_queue import RecordQueue
 from stoker.tracking.spool import Spool
 from stoker.tracking.stderr import first_line, warn
@@ -215,14 +215,7 @@ class RunLogger:
         try:
             step = int(step)
             size = int(bytes)
-            values = {
-                "system/checkpoint/bytes": float(size),
-                "system/checkpoint/blocking_s": float(blocking_s),
-                "system/checkpoint/background_s": float(background_s),
-            }
-            seconds = float(blocking_s) + float(background_s)  # the save, start to commit
-            if seconds > 0:
-                values["system/checkpoint/bytes_per_s"] = size / seconds
+            values = checkpoint_metrics(size, blocking_s, background_s)
             stamp = int(time.time() * 1000)
             points = [[key, value, stamp, step] for key, value in values.items()]
             model = checkpoint_model(step, uri, size, points)
