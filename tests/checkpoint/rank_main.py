@@ -140,4 +140,11 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Past the interpreter's finalization, which aborts a rank now and then with
+    # "terminate called without an active exception" after everything above is written
+    # (2 of 3 full runs on 2026-11-27, a gloo thread at exit; the cause is issue [4/8]'s).
+    # These tests judge what the ranks saved and loaded, not how a process ends.
+    os._exit(code)
