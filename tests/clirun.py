@@ -1,12 +1,21 @@
 """Run the installed `stoker` console script as a user would: a real process, real
-stdout/stderr split, real exit code (and a pseudo-terminal when a test needs one)."""
+stdout/stderr split, real exit code (and a pseudo-terminal when a test needs one).
+
+`stoker_text` runs the same entry point (`stoker.cli.main:main`) inside the test process,
+for tests that check only what a command prints and its exit status: a subprocess pays
+the interpreter and the imports again (0.3-4 CPU-seconds; mlflow alone 2-3), which the
+suite's budget cannot afford hundreds of times (docs/operations.md). A test whose point
+is the process itself (its imports, signals, environment, a terminal) uses `stoker`."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import pty
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 STOKER = str(Path(sys.executable).with_name("stoker"))
@@ -63,3 +72,75 @@ def stoker_in_tty(*args: str, env: dict[str, str] | None = None, cwd: Path | Non
     proc.wait(timeout=120)
     os.close(master)
     return b"".join(chunks).decode(errors="replace")
+
+
+def stoker_text(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    check: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """`stoker ARGS` run in this process by the console entry point, as `stoker` would
+    run it: the same argument splitting, error printing and exit status; stdout and
+    stderr captured apart; `env` added to the environment and `cwd` entered for the call
+    only. Leaves the process as it found it (environment, folder, sys.argv)."""
+    from stoker.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with (
+        _environment(env or {}),
+        _folder(cwd),
+        _argv(["stoker", *args]),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
+        try:
+            main()
+        except SystemExit as exc:
+            code = _exit_status(exc.code, err)
+    result = subprocess.CompletedProcess(["stoker", *args], code, out.getvalue(), err.getvalue())
+    if check and code != 0:
+        raise AssertionError(f"stoker {' '.join(args)} exited {code}:\n{result.stderr}")
+    return result
+
+
+def _exit_status(code: object, err: io.StringIO) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    err.write(f"{code}\n")  # sys.exit("message"), as the interpreter prints it
+    return 1
+
+
+@contextlib.contextmanager
+def _environment(extra: dict[str, str]) -> Iterator[None]:
+    saved = dict(os.environ)
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _folder(path: Path | None) -> Iterator[None]:
+    before = os.getcwd()
+    if path is not None:
+        os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+@contextlib.contextmanager
+def _argv(argv: list[str]) -> Iterator[None]:
+    saved = sys.argv
+    sys.argv = argv
+    try:
+        yield
+    finally:
+        sys.argv = saved

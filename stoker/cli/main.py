@@ -89,7 +89,9 @@ def main() -> None:
     from stoker.errors import StokerError
 
     try:
-        app(args=split_argv(sys.argv[1:]))
+        # The name usage lines show: "stoker" however it was started (the console
+        # script, `python -m stoker`, or in a test's process: tests/clirun.py).
+        app(args=split_argv(sys.argv[1:]), prog_name="stoker")
     except StokerError as exc:
         from stoker.cli.output import print_error
 
