@@ -14,9 +14,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 BUDGET_S = 20 * 60
 SHOWN = 20
+
+
+def cost(row: dict[str, Any]) -> float:
+    return float(row["cpu_s"]) + float(row.get("slurm_cpu_s", 0))
 
 
 def report(where: Path) -> str:
@@ -37,13 +42,19 @@ def report(where: Path) -> str:
         doc = json.loads(path.read_text())
         lines.append(
             f"pytest {doc['label']:<21} {doc['wall_s']:8.0f} s wall, {doc['cpu_s']:.0f} CPU-s "
-            f"({doc['tests']} tests, {doc['tests_cpu_s']:.0f} CPU-s in tests)"
+            f"({doc['tests']} tests, {doc['tests_cpu_s']:.0f} CPU-s in tests"
+            + (f", {doc['slurm_cpu_s']:.0f} in its SLURM jobs" if doc.get("slurm_cpu_s") else "")
+            + ")"
         )
         rows += doc["rows"]
     if rows:
-        lines.append("costliest tests (CPU-s of the pytest process and its children, wall s):")
-        for row in sorted(rows, key=lambda r: -r["cpu_s"])[:SHOWN]:
-            lines.append(f"{row['cpu_s']:8.1f} {row['wall_s']:8.1f}  {row['test']}")
+        lines.append(
+            "costliest tests (CPU-s of the pytest process, its children and its SLURM jobs; "
+            "of them SLURM; wall s):"
+        )
+        for row in sorted(rows, key=lambda r: -cost(r))[:SHOWN]:
+            slurm = row.get("slurm_cpu_s", 0)
+            lines.append(f"{cost(row):8.1f} {slurm:6.0f} {row['wall_s']:8.1f}  {row['test']}")
     return "\n".join(lines)
 
 

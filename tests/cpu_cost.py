@@ -6,7 +6,8 @@ wall time alone, says which tests to share a run between.
 At the end pytest prints the total and the costliest tests, and, with
 STOKER_TEST_COST_DIR set (scripts/test-suite sets it), writes `<label>.json` there:
 every test's wall and CPU seconds. A job's ranks on the SLURM cluster run under slurmd,
-not under pytest: their CPU is in `sacct`'s TotalCPU, not here.
+not under pytest: at the end, each SLURM job submitted while a test ran (its setup
+included) adds `sacct`'s TotalCPU of all its steps to that test's `slurm_cpu_s`.
 
 Loaded from tests/conftest.py."""
 
@@ -15,8 +16,11 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,21 +39,37 @@ class CpuCost:
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
         self.began = time.monotonic()
+        self.began_at = time.time()
         self.cpu_began = _cpu()
+        self.slurm_conf: str | None = None  # the cluster's, as a test last saw it
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Iterator[None]:
-        wall, (own, children) = time.monotonic(), _cpu()
+        began_at, wall, (own, children) = time.time(), time.monotonic(), _cpu()
         yield
         own_after, children_after = _cpu()
+        self.slurm_conf = os.environ.get("SLURM_CONF", self.slurm_conf)
         self.rows.append(
             {
                 "test": item.nodeid,
                 "wall_s": round(time.monotonic() - wall, 3),
                 "cpu_s": round(own_after - own + children_after - children, 3),
                 "children_cpu_s": round(children_after - children, 3),
+                "began_at": round(began_at, 3),
+                "ended_at": round(time.time(), 3),
             }
         )
+
+    def add_slurm_cpu(self) -> None:
+        """Each SLURM job's TotalCPU (all its steps) to the test it was submitted in."""
+        if self.slurm_conf is None or shutil.which("sacct") is None:
+            return
+        jobs = slurm_jobs_cpu(self.slurm_conf, self.began_at)
+        for row in self.rows:
+            mine = [cpu for at, cpu in jobs if row["began_at"] <= at <= row["ended_at"]]
+            if mine:
+                row["slurm_cpu_s"] = round(sum(mine), 1)
+                row["slurm_jobs"] = len(mine)
 
     def summary(self) -> dict[str, Any]:
         own, children = _cpu()
@@ -58,27 +78,77 @@ class CpuCost:
             "wall_s": round(time.monotonic() - self.began, 1),
             "cpu_s": round(own + children - sum(self.cpu_began), 1),
             "tests_cpu_s": round(sum(r["cpu_s"] for r in self.rows), 1),
+            "slurm_cpu_s": round(sum(r.get("slurm_cpu_s", 0) for r in self.rows), 1),
             "tests": len(self.rows),
         }
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.rows:
             return
+        self.add_slurm_cpu()
         total = self.summary()
         terminalreporter.section("CPU cost (this process and the children it waited for)")
         terminalreporter.write_line(
             f"{total['tests']} tests: {total['tests_cpu_s']:.0f} CPU-s in tests, "
             f"{total['cpu_s']:.0f} CPU-s in all, {total['wall_s']:.0f} s wall"
+            + (f"; SLURM jobs {total['slurm_cpu_s']:.0f} CPU-s" if total["slurm_cpu_s"] else "")
         )
-        for row in sorted(self.rows, key=lambda r: -r["cpu_s"])[:SHOWN]:
+        for row in sorted(self.rows, key=lambda r: -cost(r))[:SHOWN]:
+            slurm = f" (SLURM {row['slurm_cpu_s']:.1f})" if row.get("slurm_cpu_s") else ""
             terminalreporter.write_line(
-                f"{row['cpu_s']:8.1f} CPU-s {row['wall_s']:8.1f} s  {row['test']}"
+                f"{cost(row):8.1f} CPU-s {row['wall_s']:8.1f} s  {row['test']}{slurm}"
             )
         where = os.environ.get("STOKER_TEST_COST_DIR")
         if where:
             path = Path(where) / f"{total['label']}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({**total, "rows": self.rows}, indent=1) + "\n")
+
+
+def cost(row: dict[str, Any]) -> float:
+    """A test's CPU seconds: its process and children, and its SLURM jobs' ranks."""
+    return float(row["cpu_s"]) + float(row.get("slurm_cpu_s", 0))
+
+
+def slurm_jobs_cpu(slurm_conf: str, since: float) -> list[tuple[float, float]]:
+    """(submit time, TotalCPU seconds of all its steps) of every job submitted since."""
+    start = datetime.fromtimestamp(since - 1).strftime("%Y-%m-%dT%H:%M:%S")
+    listed = subprocess.run(
+        ["sacct", "-a", "-n", "-P", "-S", start, "-o", "JobIDRaw,Submit,TotalCPU"],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "SLURM_CONF": slurm_conf},
+    )  # fmt: skip
+    return parse_sacct(listed.stdout)
+
+
+def parse_sacct(text: str) -> list[tuple[float, float]]:
+    """`sacct -n -P -o JobIDRaw,Submit,TotalCPU` as (job's submit time, its steps' CPU)."""
+    submitted: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    for line in text.splitlines():
+        job_id, submit, total = [*line.split("|"), "", ""][:3]
+        job, _, step = job_id.partition(".")
+        if not step:
+            try:
+                submitted[job] = datetime.fromisoformat(submit).timestamp()
+            except ValueError:
+                continue
+        else:
+            cpu[job] = cpu.get(job, 0.0) + slurm_seconds(total)
+    return [(at, cpu.get(job, 0.0)) for job, at in submitted.items()]
+
+
+def slurm_seconds(text: str) -> float:
+    """sacct's [D-][HH:]MM:SS[.mmm] in seconds ("" or "INVALID": 0)."""
+    days, _, clock = text.strip().rpartition("-")
+    try:
+        parts = [float(p) for p in clock.split(":")]
+    except ValueError:
+        return 0.0
+    seconds = 0.0
+    for part in parts:
+        seconds = seconds * 60 + part
+    return seconds + (int(days) * 86400 if days else 0)
 
 
 def pytest_configure(config: pytest.Config) -> None:

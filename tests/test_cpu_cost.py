@@ -55,3 +55,22 @@ def test_a_tests_cpu_counts_the_children_it_waited_for_and_the_report_ranks_it(
     assert "make test" in table and "800 s of 1200 s" in table
     ranked = table[table.index("costliest") :].splitlines()[1:]
     assert "test_busy_child" in ranked[0]
+
+
+def test_sacct_total_cpu_is_summed_over_a_jobs_steps() -> None:
+    from datetime import datetime
+
+    from tests.cpu_cost import parse_sacct, slurm_seconds
+
+    assert slurm_seconds("00:07.745") == 7.745
+    assert slurm_seconds("01:02:03") == 3723
+    assert slurm_seconds("1-00:00:01") == 86401
+    assert slurm_seconds("") == 0 and slurm_seconds("INVALID") == 0
+    listed = (
+        "2|2026-11-28T12:37:26|00:07.745\n2.batch|2026-11-28T12:37:27|00:00.160\n"
+        "2.0|2026-11-28T12:37:27|00:07.585\n5|2026-11-28T12:39:36|00:00:00\n"
+    )
+    jobs = dict(parse_sacct(listed))
+    submit = datetime.fromisoformat("2026-11-28T12:37:26").timestamp()
+    assert jobs[submit] == 7.745  # the steps', not the allocation line counted again
+    assert jobs[datetime.fromisoformat("2026-11-28T12:39:36").timestamp()] == 0
