@@ -21,7 +21,7 @@ from stoker.launcher.render import render_sbatch
 from stoker.launcher.spec import LaunchSpec
 from stoker.redact import REDACTED, hide_url_passwords, secret_assignments, secret_word
 from stoker.tracking.runs import config_params
-from tests.clirun import stoker
+from tests.clirun import stoker, stoker_text
 from tests.faults.batch_shim import run_batch_script
 from tests.launcher_jobs import submit_json, wait_final, wait_local
 
@@ -130,10 +130,18 @@ REFUSED = {
 }
 
 
+def shown_elsewhere(capfd: pytest.CaptureFixture[str]) -> str:
+    """What reached the process's stdout and stderr (file descriptors 1 and 2) outside the
+    streams a command run in this process (`stoker_text`) writes to: a logging handler or
+    a C library would write there, as it would in a `stoker` process of its own."""
+    captured = capfd.readouterr()
+    return captured.out + captured.err
+
+
 @pytest.mark.parametrize("command", ["submit", "config"])
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_a_literal_secret_is_refused_and_never_echoed(
-    case: str, command: str, tmp_path: Path
+    case: str, command: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     experiment, overrides, profile, says = REFUSED[case]
     secret = a_secret()
@@ -152,36 +160,41 @@ def test_a_literal_secret_is_refused_and_never_echoed(
         argv = ["submit", "--local", *args, "--", "true"]
     else:
         argv = ["config", "show", *args]
-    result = stoker(*argv, cwd=tmp_path, env=env)
+    result = stoker_text(*argv, cwd=tmp_path, env=env)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("error: invalid experiment config")
     for text in says:
         assert text in result.stderr, f"{text!r} not in:\n{result.stderr}"
-    assert secret not in result.stdout + result.stderr
+    assert secret not in result.stdout + result.stderr + shown_elsewhere(capfd)
     assert "Traceback" not in result.stderr
     nothing_created()
 
 
-def test_a_secret_in_a_sweep_axis_is_refused(tmp_path: Path) -> None:
+def test_a_secret_in_a_sweep_axis_is_refused(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     secret = a_secret()
-    result = stoker(
+    result = stoker_text(
         "sweep", "optim.lr=1e-4,3e-4", f"tracking.tags.api_token={secret}", "--", "true",
         cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 2 and "tracking.tags.api_token" in result.stderr
-    assert secret not in result.stdout + result.stderr
+    assert secret not in result.stdout + result.stderr + shown_elsewhere(capfd)
     nothing_created()
 
 
-def test_a_tracking_uri_with_a_password_in_the_environment_is_refused(tmp_path: Path) -> None:
+def test_a_tracking_uri_with_a_password_in_the_environment_is_refused(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     secret = a_secret()
-    result = stoker(
+    result = stoker_text(
         "submit", "--local", "--", "true",
         cwd=tmp_path, env={"MLFLOW_TRACKING_URI": f"https://me:{secret}@mlflow.example"},
     )  # fmt: skip
     assert result.returncode == 2
     assert "https://me:***@mlflow.example" in result.stderr
     assert "MLFLOW_TRACKING_PASSWORD" in result.stderr and secret not in result.stderr
+    assert secret not in shown_elsewhere(capfd)
     nothing_created()
 
 
@@ -189,7 +202,7 @@ def test_pass_env_that_is_not_set_is_refused_before_anything_is_made(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    result = stoker("submit", "--local", "job.pass_env=[HF_TOKEN]", "--", "true", cwd=tmp_path)
+    result = stoker_text("submit", "--local", "job.pass_env=[HF_TOKEN]", "--", "true", cwd=tmp_path)
     assert result.returncode == 2
     assert "job.pass_env (override job.pass_env=[HF_TOKEN]) names HF_TOKEN" in result.stderr
     assert "export HF_TOKEN=" in result.stderr
@@ -220,7 +233,9 @@ def files_holding(folder: Path, secrets: list[str]) -> list[Path]:
     return found
 
 
-def test_a_passed_secret_reaches_the_job_and_is_written_nowhere(tmp_path: Path) -> None:
+def test_a_passed_secret_reaches_the_job_and_is_written_nowhere(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     from mlflow.artifacts import download_artifacts
     from mlflow.tracking import MlflowClient
 
@@ -267,9 +282,9 @@ def test_a_passed_secret_reaches_the_job_and_is_written_nowhere(tmp_path: Path) 
         ["config", "show", str(exp)],
         ["submit", "--explain", str(exp), "--", "true"],
     ):
-        result = stoker(*args, cwd=tmp_path, env=values)
+        result = stoker_text(*args, cwd=tmp_path, env=values)
         assert result.returncode == 0, (args, result.stderr)
-        shown += [result.stdout, result.stderr]
+        shown += [result.stdout, result.stderr, shown_elsewhere(capfd)]
     assert not [text for text in shown if any(s in text for s in secrets)]
 
     # Every file stoker or the job wrote: run folder, ledger, MLflow store and artifacts.
