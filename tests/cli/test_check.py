@@ -1,5 +1,7 @@
 """`stoker check`: an experiment's model, data, checkpoint root and MLflow store,
-checked before anything is queued; one line each, exit 1 when one failed."""
+checked before anything is queued; one line each, exit 1 when one failed. The command
+runs in the test process (`stoker_text`); its own child processes (the model's and the
+transform's import checks) are real."""
 
 from __future__ import annotations
 
@@ -7,14 +9,14 @@ import json
 from pathlib import Path
 
 from stoker.data.synth import synth_dataset
-from tests.clirun import stoker
+from tests.clirun import stoker_text
 from tests.s3_server import S3Server
 
 OWN_MODEL = Path(__file__).resolve().parents[2] / "examples" / "own_model"
 
 
 def _findings(*args: str, cwd: Path | None = None) -> tuple[int, dict[str, dict]]:
-    result = stoker("check", *args, "--json", cwd=cwd, timeout=600)
+    result = stoker_text("check", *args, "--json", cwd=cwd)
     assert result.returncode in (0, 1), result.stderr
     return result.returncode, {f["check"]: f for f in json.loads(result.stdout)}
 
@@ -95,7 +97,7 @@ def test_data_transform_is_imported_as_the_loader_workers_will(tmp_path: Path) -
 
 
 def test_a_config_error_stops_at_once(tmp_path: Path) -> None:
-    result = stoker("check", "train.stepz=5")
+    result = stoker_text("check", "train.stepz=5")
     assert result.returncode == 2
     assert "did you mean train.steps?" in result.stderr
     assert result.stdout == ""
