@@ -17,9 +17,13 @@ import torch
 
 from stoker.data.shard_format import MANIFEST_NAME, parse_index, parse_manifest
 from stoker.data.synth import synth_dataset, synth_media_files
-from tests.clirun import stoker
+from tests.clirun import stoker, stoker_text
 
 TINY = "stoker.data.tiny_encoder:build"
+# The command runs in this process (`stoker_text`: its imports paid once, not per call),
+# its encoder on one torch thread; `--workers 2` runs as a process of its own, whose
+# pool's fork server then ends with it.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -30,16 +34,18 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def encode(src: Path, dst: Path, *args: str, encoder: str = TINY) -> dict[str, Any]:
-    result = stoker("data", "encode", str(src), str(dst), "-e", encoder, "--json", *args,
-                    timeout=600)  # fmt: skip
+def encode(
+    src: Path, dst: Path, *args: str, encoder: str = TINY, in_process: bool = True
+) -> dict[str, Any]:
+    argv = ["data", "encode", str(src), str(dst), "-e", encoder, "--json", *args]
+    result = stoker_text(*argv) if in_process else stoker(*argv, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     summary: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     return summary
 
 
 def refused(src: Path, dst: Path, *args: str, encoder: str = TINY) -> str:
-    result = stoker("data", "encode", str(src), str(dst), "-e", encoder, *args, timeout=600)
+    result = stoker_text("data", "encode", str(src), str(dst), "-e", encoder, *args)
     assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
     return result.stderr
 
@@ -109,7 +115,7 @@ def test_latents_are_the_encoders_output_and_the_manifest_names_encoder_and_sour
     assert caption == member("txt")
 
     # `data inspect` shows the chain: the synthetic source, then this encode.
-    shown = stoker("data", "inspect", str(dst), "--json", check=True).stdout
+    shown = stoker_text("data", "inspect", str(dst), "--json", check=True).stdout
     latents = json.loads(shown)["latents"]
     assert latents["lineage"][0] == f"file://{source} (stoker data synth)"
     assert latents["lineage"][1].startswith(f"{dst} (encoded by {TINY}")
@@ -132,7 +138,7 @@ def test_a_rerun_encodes_only_the_missing_shards_into_the_same_bytes(
     assert files(dst) == before
     # Two processes encode the same bytes as one.
     parallel = tmp_path / "parallel"
-    encode(source, parallel, "--batch-size", "2", "--workers", "2")
+    encode(source, parallel, "--batch-size", "2", "--workers", "2", in_process=False)
     assert files(parallel) == before
 
 
@@ -168,8 +174,8 @@ def test_a_clip_the_encoder_fails_on_is_skipped_and_reported(source: Path, tmp_p
     # The clip that shared its batch was encoded alone, and kept.
     index = parse_index((dst / "shards/shard-000001.index.json").read_bytes(), "dst")
     assert [s.key for s in index.samples] == ["clip-000002"]
-    text = stoker("data", "encode", str(source), str(dst), "-e",
-                  "tests.data.sample_encoders:fails_on_one", timeout=600)  # fmt: skip
+    text = stoker_text("data", "encode", str(source), str(dst), "-e",
+                       "tests.data.sample_encoders:fails_on_one")  # fmt: skip
     assert text.returncode == 0 and f"skipped 1 samples:\n  shards/shard-000001.tar:{FAILS_ON}" in (
         text.stdout
     )
@@ -203,7 +209,7 @@ def test_buckets_are_kept_and_the_loader_streams_latents_by_them(tmp_path: Path)
     media = tmp_path / "media"
     synth_media_files(str(media / "wide"), clips=3, seconds=1.0, size=(32, 64))
     synth_media_files(str(media / "square"), clips=3, seconds=1.0, size=(64, 64), seed=1)
-    stoker("data", "pack", str(media), str(tmp_path / "packed"), check=True, timeout=600)
+    stoker_text("data", "pack", str(media), str(tmp_path / "packed"), "-w", "1", check=True)
     # The training experiment's buckets (their batch sizes do not matter to an encode).
     buckets = "data.buckets=[{resolution: [64, 64], clip_seconds: 1, batch_size: 2}, " \
               "{resolution: [32, 64], clip_seconds: 1, batch_size: 2}]"  # fmt: skip
@@ -214,7 +220,7 @@ def test_buckets_are_kept_and_the_loader_streams_latents_by_them(tmp_path: Path)
         for bucket, tensors in manifest_of(dst).encoding.shapes.items()
     }
     assert shapes == {"64x64x1s": [8, 8, 16, 16], "32x64x1s": [8, 8, 8, 16]}
-    shown = json.loads(stoker("data", "inspect", str(dst), "--json", check=True).stdout)
+    shown = json.loads(stoker_text("data", "inspect", str(dst), "--json", check=True).stdout)
     assert {b: r["samples"] for b, r in shown["latents"]["buckets"].items()} == {
         "64x64x1s": 3, "32x64x1s": 3
     }  # fmt: skip
