@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,19 +16,48 @@ from stoker.launcher.ledger import JobRecord, Ledger
 from stoker.launcher.local_state import LocalState, read_local_state
 from stoker.launcher.rundir import RunDir
 from stoker.launcher.slurm_query import TERMINAL_STATES
-from tests.clirun import stoker
+from tests.clirun import stoker, stoker_text
 
 JOBS = Path(__file__).parent / "jobs"
 FINAL_STATES = TERMINAL_STATES  # the states after which a job has ended for good
 
 
-def submit_json(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> dict:
-    """`stoker submit ... --json`: the parsed last line (the call must succeed)."""
+def submit_json(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    in_process: bool = False,
+) -> dict:
+    """`stoker submit ... --json`: the parsed last line (the call must succeed).
+    `in_process`: run the console entry point in this process (tests/clirun.py's
+    `stoker_text`), for a test whose point is the job, not the submitting process: a
+    `stoker submit` process pays 3-4 CPU-s for its imports (mlflow), this process has
+    them already. Not for `--local`: its supervisor would be this process's child."""
+    if in_process:
+        assert "--local" not in args, "a --local submit runs as a process of its own"
+        result = stoker_text("submit", "--json", *args, cwd=cwd, env=env)
+        assert result.returncode == 0, f"submit failed:\n{result.stderr}\n{result.stdout}"
+        return json.loads(result.stdout.strip().splitlines()[-1])
     # A submit imports mlflow and creates the run: 10-20 s on an idle 2-core VM, and
     # over 120 s seen under the CPU burner plus a loaded suite beside it.
     result = stoker("submit", "--json", *args, cwd=cwd, env=env, timeout=360)
     assert result.returncode == 0, f"submit failed:\n{result.stderr}\n{result.stdout}"
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+# Python's startup installs its KeyboardInterrupt handler only where SIGINT is at its
+# default; a process inherits an ignored SIGINT (a script's background job has one, as
+# pytest may), and then no Ctrl-C reaches it: a flake seen under load, never alone.
+_DEFAULT_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
+def as_a_shell_starts_it(argv: list[str]) -> list[str]:
+    """`argv` started with SIGINT at its default, as a shell starts a foreground job
+    (a Python without its site imports execs it: the same pid, ~20 ms)."""
+    return [sys.executable, "-S", "-c", _DEFAULT_SIGINT, *argv]
 
 
 def scontrol_job(job_id: str) -> dict[str, str]:

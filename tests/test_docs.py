@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from stoker.config.render import render_config_reference
-from tests.clirun import stoker
+from tests.clirun import stoker, stoker_text
 
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
@@ -99,7 +99,7 @@ def test_tour_runs_in_order(tmp_path: Path) -> None:
     for command in TOUR:
         args = shlex.split(command)
         assert args[0] == "stoker"
-        result = stoker(*args[1:], cwd=tmp_path)
+        result = stoker_text(*args[1:], cwd=tmp_path)
         # The README says the typo example exits 2 with a hint; every other command succeeds.
         if "stepz" in command:
             assert result.returncode == 2, command
@@ -150,7 +150,10 @@ def test_jobs_tour_runs_on_the_cluster(slurm_cluster: ClusterSettings, tmp_path:
         assert args[0] == "stoker"
         # `python` in the README is whatever python the user has; here, this venv's.
         args = [sys.executable if a == "python" else a for a in args]
-        result = stoker(*args[1:], cwd=tmp_path)
+        # In this process, but for a --local submit: its supervisor is the submitting
+        # process's child, and outlives it.
+        run = stoker if "--local" in args else stoker_text
+        result = run(*args[1:], cwd=tmp_path)
         assert result.returncode == 0, f"{command}: {result.stderr}"
         if args[1] == "status":
             assert "stoker-tiny" in result.stdout
@@ -170,7 +173,7 @@ def test_data_tour_runs_in_order(tmp_path: Path) -> None:
     for command in DATA_TOUR:
         args = shlex.split(command)
         assert args[0] == "stoker"
-        result = stoker(*args[1:], cwd=tmp_path)
+        result = stoker_text(*args[1:], cwd=tmp_path)
         assert result.returncode == 0, f"{command}: {result.stderr}"
         outputs[args[2]] = result.stdout
     packed = json.loads(outputs["pack"].strip().splitlines()[-1])

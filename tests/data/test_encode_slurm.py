@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from stoker.data.synth import synth_dataset
-from tests.clirun import stoker
+from tests.clirun import stoker_text
 from tests.data.sample_encoders import SLOW_KEYS
 from tests.launcher_jobs import run_story, wait_final, wait_for
 
@@ -40,18 +40,17 @@ def test_an_encode_array_killed_in_one_task_is_finished_by_a_rerun(
     synth_dataset(str(src), clips=8, seconds=1.0, size=(64, 64), samples_per_shard=2)
     encode = ("data", "encode", str(src))
     local = tmp_path / "local"
-    stoker(*encode, str(local), "-e", ENCODER, "--workers", "1", cwd=REPO, check=True,
-           timeout=600)  # fmt: skip
+    stoker_text(*encode, str(local), "-e", ENCODER, "--workers", "1", cwd=REPO, check=True)
 
     dst = tmp_path / "slurm"
     slurm = ("-e", ENCODER, "--slurm", "--partition", slurm_cluster.partition, "--time", "10")
     # Shard 2 (clips 4 and 5) takes ten minutes in this first job only: it is killed then.
-    submitted = stoker(*encode, str(dst), *slurm, "--json", cwd=REPO, timeout=300,
-                       env={SLOW_KEYS: "clip-000004=600"})  # fmt: skip
+    submitted = stoker_text(*encode, str(dst), *slurm, "--json", cwd=REPO,
+                            env={SLOW_KEYS: "clip-000004=600"})  # fmt: skip
     assert submitted.returncode == 0, submitted.stderr
     job = json.loads(submitted.stdout.strip().splitlines()[-1])
     job_id, run_dir = job["job_id"], Path(job["run_dir"])
-    rows = json.loads(stoker("status", job_id, "--json", check=True).stdout)
+    rows = json.loads(stoker_text("status", job_id, "--json", check=True).stdout)
     assert [r["job_id"] for r in rows] == [f"{job_id}_{i}" for i in range(4)]
     assert {r["name"] for r in rows} == {"stoker-encode"}
 
@@ -67,12 +66,12 @@ def test_an_encode_array_killed_in_one_task_is_finished_by_a_rerun(
     assert sorted(p.name for p in (dst / "shards").glob("*.tar")) == [
         "shard-000000.tar", "shard-000001.tar", "shard-000003.tar"
     ]  # fmt: skip
-    why = stoker("why", f"{job_id}_2", check=True).stdout
+    why = stoker_text("why", f"{job_id}_2", check=True).stdout
     assert "CANCELLED" in why, why
     kept = {p: os.stat(p).st_mtime_ns for p in (dst / "shards").iterdir()}
 
     # The same command again: one task, for shard 2 alone; it waits and completes the set.
-    again = stoker(*encode, str(dst), *slurm, "--wait", "--json", cwd=REPO, timeout=600)
+    again = stoker_text(*encode, str(dst), *slurm, "--wait", "--json", cwd=REPO)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout.strip().splitlines()[-1])["samples"] == 8
     works = sorted((dst / "encode-work").glob("*.json"), key=os.path.getmtime)

@@ -22,7 +22,7 @@ from stoker.data.pack_plan import InputFile, assign_shards, group_samples
 from stoker.data.probe import probe_audio, probe_video
 from stoker.data.shard_format import parse_index, parse_manifest
 from stoker.errors import StokerError
-from tests.clirun import stoker
+from tests.clirun import stoker_text
 
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
@@ -84,8 +84,8 @@ def write(root: Path, files: dict[str, bytes]) -> None:
         (root / rel).write_bytes(data)
 
 
-def pack(*args: Any, cwd: Path | None = None, timeout: float = 120) -> dict[str, Any]:
-    result = stoker("data", "pack", *map(str, args), "--json", cwd=cwd, timeout=timeout)
+def pack(*args: Any, cwd: Path | None = None) -> dict[str, Any]:
+    result = stoker_text("data", "pack", *map(str, args), "--json", cwd=cwd)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
@@ -279,7 +279,7 @@ def test_resume_rewrites_only_missing_shards(tmp_path: Path) -> None:
     manifest = json.loads((dst / "manifest.json").read_text())
     assert [s["path"] for s in manifest["shards"]] == [f"shards/{t.name}" for t in tars]
 
-    other = stoker("data", "pack", str(src), str(dst), "--target-shard-mb", "1", "--json")
+    other = stoker_text("data", "pack", str(src), str(dst), "--target-shard-mb", "1", "--json")
     assert other.returncode == 2 and other.stdout == ""
     assert "--target-shard-mb 0.02 then, 1 now" in other.stderr
     assert "--restart" in other.stderr
@@ -295,7 +295,7 @@ def test_changed_src_is_named_on_resume(tmp_path: Path) -> None:
     write(src, {"a.flac": flac(0.2), "b.flac": flac(0.2, seed=1)})
     pack(src, dst, "--workers", "1")
     write(src, {"c.flac": flac(0.2, seed=2)})
-    result = stoker("data", "pack", str(src), str(dst))
+    result = stoker_text("data", "pack", str(src), str(dst))
     assert result.returncode == 2
     assert "1 added (e.g. c.flac)" in result.stderr and "--restart" in result.stderr
 
@@ -357,14 +357,14 @@ def test_memory_filesystem_packs_in_process() -> None:
 
 
 def test_missing_or_empty_src_is_a_clear_error(tmp_path: Path) -> None:
-    missing = stoker("data", "pack", str(tmp_path / "nope"), str(tmp_path / "dst"))
+    missing = stoker_text("data", "pack", str(tmp_path / "nope"), str(tmp_path / "dst"))
     assert missing.returncode == 2
     assert (
         f"SRC '{tmp_path / 'nope'}' does not exist" in missing.stderr and "fix:" in missing.stderr
     )
     (tmp_path / "text").mkdir()
     (tmp_path / "text/a.txt").write_text("no media here")
-    empty = stoker("data", "pack", str(tmp_path / "text"), str(tmp_path / "dst"))
+    empty = stoker_text("data", "pack", str(tmp_path / "text"), str(tmp_path / "dst"))
     assert empty.returncode == 2 and "holds no media files" in empty.stderr
     assert not (tmp_path / "dst").exists()
 
@@ -414,7 +414,7 @@ def test_failed_shards_fail_the_pack_and_a_rerun_finishes_it(tmp_path: Path) -> 
     write(src, {"a.flac": flac(0.2), "b.flac": flac(0.2, seed=1)})
     dst.mkdir()
     (dst / "pack-skipped").write_text("in the way")  # the writers' report folder
-    failed = stoker("data", "pack", str(src), str(dst), "--workers", "1", "--json")
+    failed = stoker_text("data", "pack", str(src), str(dst), "--workers", "1", "--json")
     assert failed.returncode == 2 and failed.stdout == ""
     assert "1 of 1 shards were not written" in failed.stderr
     assert "shards/shard-000000.tar: FileExistsError" in failed.stderr
@@ -451,25 +451,25 @@ def test_slurm_array_packs_like_local(slurm_cluster: ClusterSettings, tmp_path: 
     dst.mkdir()
     (dst / "pack-skipped").write_text("in the way")  # every array task fails
     slurm_args = (*args, "--slurm", "--partition", slurm_cluster.partition, "--time", "5")
-    submitted = stoker("data", "pack", "src", "slurm", *slurm_args, "--json", cwd=tmp_path)
+    submitted = stoker_text("data", "pack", "src", "slurm", *slurm_args, "--json", cwd=tmp_path)
     assert submitted.returncode == 0, submitted.stderr
     job = json.loads(submitted.stdout.strip().splitlines()[-1])["job_id"]
     plan = json.loads((dst / "pack-plan.json").read_text())
     task_ids = [f"{job}_{i}" for i in range(len(plan["shards"]))]  # one task per shard
-    status = stoker("status", job, "--json", check=True)
+    status = stoker_text("status", job, "--json", check=True)
     assert sorted(row["job_id"] for row in json.loads(status.stdout)) == sorted(task_ids)
     for task in task_ids:
         wait_final(task, timeout=180)
-    rows = json.loads(stoker("status", job, "--json", check=True).stdout)
+    rows = json.loads(stoker_text("status", job, "--json", check=True).stdout)
     assert {row["state"] for row in rows} == {"FAILED"}
-    why = stoker("why", task_ids[0], check=True)
+    why = stoker_text("why", task_ids[0], check=True)
     assert "FileExistsError" in why.stdout and "slurm/pack-skipped" in why.stdout, why.stdout
-    log = stoker("logs", task_ids[0], check=True).stdout
+    log = stoker_text("logs", task_ids[0], check=True).stdout
     assert "stoker: error: 1 of the 1 shards of task 0 were not written" in log, log
     assert not (dst / "manifest.json").exists()
 
     (dst / "pack-skipped").unlink()
-    assert pack("src", "slurm", *slurm_args, "--wait", cwd=tmp_path, timeout=300) == local
+    assert pack("src", "slurm", *slurm_args, "--wait", cwd=tmp_path) == local
     names = ["manifest.json", *(f"shards/{p.name}" for p in (tmp_path / "local/shards").iterdir())]
     for name in names:
         assert (dst / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
@@ -481,9 +481,9 @@ def test_slurm_flags_need_slurm_and_memory_needs_this_process(tmp_path: Path) ->
     from stoker.cli.main import app
 
     write(tmp_path / "src", {"a.flac": flac(0.2)})
-    alone = stoker("data", "pack", str(tmp_path / "src"), str(tmp_path / "dst"), "--time", "5")
+    alone = stoker_text("data", "pack", str(tmp_path / "src"), str(tmp_path / "dst"), "--time", "5")
     assert alone.returncode == 2 and "--time applies to a SLURM pack only" in alone.stderr
-    both = stoker("data", "pack", str(tmp_path / "src"), str(tmp_path / "dst"), "--tasks", "2",
+    both = stoker_text("data", "pack", str(tmp_path / "src"), str(tmp_path / "dst"), "--tasks", "2",
                   "--wait")  # fmt: skip
     assert both.returncode == 2 and "--tasks, --wait apply to a SLURM pack only" in both.stderr
     assert not (tmp_path / "dst").exists()

@@ -26,6 +26,11 @@ def test_submit_wait_logs_why_cancel_and_list(
         command=[sys.executable, "-c", PRINT_RANK], nodes=1, ntasks_per_node=2, time="5",
         cwd=tmp_path,
     )  # fmt: skip
+    # Submitted at once: the two jobs run side by side (3 CPUs of the cluster's 6).
+    failing = stoker.submit(
+        command=[sys.executable, "-c", "raise SystemExit('bad input: x')"], time="5",
+        cwd=tmp_path,
+    )  # fmt: skip
     assert job.job_id.isdigit() and job.run_id and job.run_dir.is_dir()
     assert job.wait(timeout=300) == "COMPLETED"
     assert job.state() == "COMPLETED"
@@ -33,25 +38,19 @@ def test_submit_wait_logs_why_cancel_and_list(
     assert not any(line.startswith("[0] ") for line in job.logs(rank=1))
     assert job.why()["cause"] == "completed"
 
-    failing = stoker.submit(
-        command=[sys.executable, "-c", "raise SystemExit('bad input: x')"], time="5",
-        cwd=tmp_path,
-    )  # fmt: skip
     assert failing.wait(timeout=300) == "FAILED"
     why = failing.why()
     assert why["state"] == "FAILED" and "bad input: x" in " ".join(why["evidence"]), why
 
     sleeper = stoker.submit(command=["sleep", "300"], time="5", cwd=tmp_path)
     assert sleeper.state() in ("PENDING", "RUNNING")
+    with pytest.raises(TimeoutError, match=f"job {sleeper.job_id} is still"):
+        sleeper.wait(timeout=1)
     sleeper.cancel()
     assert sleeper.wait(timeout=120) == "CANCELLED"
-    waiting = stoker.submit(command=["sleep", "60"], time="5", cwd=tmp_path)
-    with pytest.raises(TimeoutError, match=f"job {waiting.job_id} is still"):
-        waiting.wait(timeout=1)
-    waiting.cancel()
 
     listed = [j.job_id for j in stoker.jobs(limit=10)]
-    assert listed[1:4] == [sleeper.job_id, failing.job_id, job.job_id]  # newest first
+    assert listed[:3] == [sleeper.job_id, failing.job_id, job.job_id]  # newest first
 
 
 def test_bad_arguments_are_stoker_errors(tmp_path: Path) -> None:

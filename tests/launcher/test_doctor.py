@@ -28,7 +28,7 @@ from stoker.launcher.doctor import (
 )
 from stoker.launcher.slurm_cli import CALLS
 from stoker.tracking.store import TrackingTarget, resolve_tracking_uri
-from tests.clirun import STOKER, stoker, stoker_in_tty
+from tests.clirun import STOKER, stoker_in_tty, stoker_text
 from tests.cluster.localslurm import ClusterSettings
 from tests.mlflow_server import Server, free_port
 
@@ -38,7 +38,7 @@ slurm = pytest.mark.slurm
 def doctor_json(
     env: dict[str, str] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], subprocess.CompletedProcess[str]]:
-    result = stoker("doctor", "--json", env=env)
+    result = stoker_text("doctor", "--json", env=env)
     findings = json.loads(result.stdout)  # fails unless stdout is the JSON document alone
     assert all(set(f) == {"check", "status", "detail", "fix"} for f in findings)
     assert all(f["status"] in ("ok", "warn", "fail") for f in findings)
@@ -87,7 +87,7 @@ def test_doctor_reports_the_cluster(slurm_cluster: ClusterSettings, isolated_hom
 @slurm
 def test_plain_lines_when_piped_and_a_table_on_a_terminal(slurm_cluster: ClusterSettings) -> None:
     checks, _ = doctor_json()
-    result = stoker("doctor")
+    result = stoker_text("doctor")
     assert result.returncode == 0
     lines = result.stdout.splitlines()
     assert len(lines) == len(checks)

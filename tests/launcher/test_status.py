@@ -36,8 +36,8 @@ from stoker.launcher.local_state import (
 from stoker.launcher.rundir import RunDir
 from stoker.launcher.status import collect_status
 from stoker.launcher.targets import select_jobs
-from tests.clirun import STOKER, stoker, stoker_in_tty
-from tests.launcher_jobs import local_job
+from tests.clirun import STOKER, stoker_in_tty, stoker_text
+from tests.launcher_jobs import as_a_shell_starts_it, local_job
 
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
@@ -193,7 +193,7 @@ def test_json_states_reasons_restarts_and_progress(jobs: Jobs, tmp_path: Path) -
         f"{now:.0f} restart=1 nodes=n1\n"
     )
 
-    result = stoker("status", "--json", check=True)
+    result = stoker_text("status", "--json", check=True)
     rows = _by_id(result.stdout)
     ids = jobs.ids
     assert all(set(row) >= JSON_KEYS for row in rows.values())
@@ -292,7 +292,7 @@ def test_without_accounting_falls_back_to_squeue_with_a_note(jobs: Jobs, tmp_pat
         )
     )
     path = _path_without_sacct(tmp_path)
-    result = stoker("status", "--json", env={"PATH": path})
+    result = stoker_text("status", "--json", env={"PATH": path})
     assert result.returncode == 0, result.stderr
     assert "accounting unavailable" in result.stderr
     assert result.stderr.count("accounting unavailable") == 1
@@ -306,14 +306,14 @@ def test_without_accounting_falls_back_to_squeue_with_a_note(jobs: Jobs, tmp_pat
         "accounting unavailable",
     )
     # The table works the same way.
-    plain = stoker("status", env={"PATH": path})
+    plain = stoker_text("status", env={"PATH": path})
     assert plain.returncode == 0 and "accounting unavailable" in plain.stderr
     assert jobs.ids["held"] in plain.stdout
 
 
 def test_plain_output_is_aligned_and_colourless(jobs: Jobs, tmp_path: Path) -> None:
     _ledger(jobs, tmp_path, ["held", "fails"])
-    result = stoker("status", check=True)
+    result = stoker_text("status", check=True)
     assert "\x1b[" not in result.stdout
     lines = result.stdout.splitlines()
     assert lines[0].split()[:3] == ["JOB", "NAME", "STATE"]
@@ -334,11 +334,11 @@ def test_terminal_shows_a_table(jobs: Jobs, tmp_path: Path) -> None:
 def test_array_id_and_task_id_select_rows(jobs: Jobs, tmp_path: Path) -> None:
     _ledger(jobs, tmp_path)
     array = jobs.ids["array"]
-    both = _by_id(stoker("status", array, "--json", check=True).stdout)
+    both = _by_id(stoker_text("status", array, "--json", check=True).stdout)
     assert sorted(both) == [f"{array}_0", f"{array}_1"]
-    one = _by_id(stoker("status", f"{array}_1", "--json", check=True).stdout)
+    one = _by_id(stoker_text("status", f"{array}_1", "--json", check=True).stdout)
     assert list(one) == [f"{array}_1"]
-    beyond = stoker("status", f"{array}_7")
+    beyond = stoker_text("status", f"{array}_7")
     assert beyond.returncode == 2 and "has 2 tasks" in beyond.stderr
 
 
@@ -346,14 +346,14 @@ def test_array_id_and_task_id_select_rows(jobs: Jobs, tmp_path: Path) -> None:
 
 
 def test_unknown_job_id_names_the_fix() -> None:
-    result = stoker("status", "424242")
+    result = stoker_text("status", "424242")
     assert result.returncode == 2
     assert "424242" in result.stderr and "stoker status --all" in result.stderr
     assert result.stdout == ""
 
 
 def test_watch_refuses_a_pipe() -> None:
-    result = stoker("status", "--watch")
+    result = stoker_text("status", "--watch")
     assert result.returncode == 2
     assert "--watch needs a terminal" in result.stderr and "--json" in result.stderr
 
@@ -363,7 +363,7 @@ def test_watch_refreshes_on_a_terminal_until_ctrl_c(tmp_path: Path) -> None:
     local_job(ledger, tmp_path, "local-1", {"state": "COMPLETED", "exit_code": 0})
     master, slave = pty.openpty()
     proc = subprocess.Popen(
-        [STOKER, "status", "--watch", "--interval", "0.5"],
+        as_a_shell_starts_it([STOKER, "status", "--watch", "--interval", "0.5"]),
         stdin=slave,
         stdout=slave,
         stderr=slave,
@@ -435,7 +435,7 @@ def test_default_shows_recent_jobs_and_all_shows_old_ones(tmp_path: Path) -> Non
     (tmp_path / "11" / "logs").mkdir(parents=True)
     (tmp_path / "11" / "logs" / "batch.log").write_text("done\n")
     assert [t.job_id for t in select_jobs(ledger)] == ["12", "11"]
-    result = stoker("status", "--json", check=True)
+    result = stoker_text("status", "--json", check=True)
     assert [row["job_id"] for row in json.loads(result.stdout)] == ["12", "11"]
 
 

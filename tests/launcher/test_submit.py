@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from stoker.launcher.ledger import Ledger
-from tests.clirun import stoker
+from tests.clirun import stoker_text
 from tests.launcher_jobs import JOBS, rank_lines, submit_json, wait_final, wait_for
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ def test_two_nodes_four_ranks_all_reduce(slurm_cluster: ClusterSettings, tmp_pat
         PYTHON,
         str(JOBS / "allreduce.py"),
         cwd=tmp_path,
+        in_process=True,
     )
     assert wait_final(job["job_id"]) == "COMPLETED", (
         Path(job["run_dir"]) / "logs" / "batch.log"
@@ -49,9 +50,9 @@ def test_two_nodes_four_ranks_all_reduce(slurm_cluster: ClusterSettings, tmp_pat
     assert {int(text.split("local_rank=")[1].split()[0]) for text in ranks.values()} == {0, 1}
     record = Ledger().require(job["job_id"])
     assert record.run_dir == job["run_dir"] and record.mlflow_run_id == job["run_id"]
-    status = json.loads(stoker("status", job["job_id"], "--json", check=True).stdout)
+    status = json.loads(stoker_text("status", job["job_id"], "--json", check=True).stdout)
     assert status[0]["state"] == "COMPLETED" and status[0]["restarts"] == 0
-    logs = stoker("logs", job["job_id"], check=True).stdout
+    logs = stoker_text("logs", job["job_id"], check=True).stdout
     for rank in range(4):
         assert f"[{rank}] rank={rank} " in logs
 
@@ -72,7 +73,7 @@ def test_two_nodes_four_ranks_all_reduce(slurm_cluster: ClusterSettings, tmp_pat
 def test_dry_run_script_passes_sbatch_test_only(
     slurm_cluster: ClusterSettings, tmp_path: Path
 ) -> None:
-    result = stoker(
+    result = stoker_text(
         "submit",
         "--nodes",
         "2",
@@ -91,7 +92,9 @@ def test_dry_run_script_passes_sbatch_test_only(
     check = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
     assert not (Path(os.environ["STOKER_HOME"]) / "runs").exists(), "a dry run created a run folder"
-    explained = stoker("submit", "--explain", "--nodes", "2", "--", "python", "x.py", cwd=tmp_path)
+    explained = stoker_text(
+        "submit", "--explain", "--nodes", "2", "--", "python", "x.py", cwd=tmp_path
+    )
     script.write_text(explained.stdout)
     assert "#SBATCH --nodes=2  # flag --nodes" in explained.stdout
     check = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True)
@@ -101,7 +104,7 @@ def test_dry_run_script_passes_sbatch_test_only(
 def test_refused_request_shows_slurm_reason_and_leaves_nothing(
     slurm_cluster: ClusterSettings, tmp_path: Path
 ) -> None:
-    result = stoker("submit", "--gpus-per-node", "64", "--", "true", cwd=tmp_path)
+    result = stoker_text("submit", "--gpus-per-node", "64", "--", "true", cwd=tmp_path)
     assert result.returncode == 2
     assert "SLURM refused the job" in result.stderr and "Nothing was submitted" in result.stderr
     runs = Path(os.environ["STOKER_HOME"]) / "runs"
@@ -110,7 +113,7 @@ def test_refused_request_shows_slurm_reason_and_leaves_nothing(
 
 
 def test_no_command_runs_the_training_runtime(tmp_path: Path) -> None:
-    result = stoker("submit", "--dry-run", cwd=tmp_path)
+    result = stoker_text("submit", "--dry-run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert f'{sys.executable} -m stoker.runtime.train --config "$STOKER_CONFIG"' in result.stdout
 
@@ -126,6 +129,7 @@ def count_job(tmp_path: Path, steps: int, pause: float, *args: str) -> tuple[dic
         str(steps),
         str(pause),
         cwd=tmp_path,
+        in_process=True,
     )
     return job, state
 
@@ -136,7 +140,7 @@ def test_stoker_requeue_restarts_without_the_hold(
     job, state = count_job(tmp_path, 12, 0.5, "--time", "5")
     job_id = job["job_id"]
     wait_for(lambda: state.exists() and len(state.read_text().split()) >= 3, 60, "3 steps")
-    result = stoker("requeue", job_id, check=True)
+    result = stoker_text("requeue", job_id, check=True)
     assert result.stdout.strip() == f"requeued job {job_id}"
     assert wait_final(job_id, 120) == "COMPLETED"
     assert [int(s) for s in state.read_text().split()] == list(range(1, 13))
@@ -144,7 +148,7 @@ def test_stoker_requeue_restarts_without_the_hold(
 
 
 def test_evaluation_without_a_held_out_set_is_refused(tmp_path: Path) -> None:
-    result = stoker(
+    result = stoker_text(
         "submit", "--dry-run", "data.url=/data/av", "train.eval_every=100", cwd=tmp_path
     )
     assert result.returncode == 2
@@ -153,7 +157,7 @@ def test_evaluation_without_a_held_out_set_is_refused(tmp_path: Path) -> None:
 
 
 def test_bucket_batches_that_do_not_split_over_the_ranks_are_refused(tmp_path: Path) -> None:
-    result = stoker(
+    result = stoker_text(
         "submit", "--dry-run", "data.url=/data/av", "job.ntasks_per_node=2", "train.grad_accum=2",
         "data.buckets=[{clip_seconds: 1, batch_size: 8}, {clip_seconds: 2, batch_size: 6}]",
         cwd=tmp_path,
@@ -163,7 +167,7 @@ def test_bucket_batches_that_do_not_split_over_the_ranks_are_refused(tmp_path: P
     assert "its batch_size 6 does not split over 2 ranks x train.grad_accum=2" in result.stderr
     assert "multiple of 4" in result.stderr
     # From a token budget: the fix names data.batch_multiple.
-    budget = stoker(
+    budget = stoker_text(
         "submit", "--dry-run", "data.url=/data/av", "job.ntasks_per_node=4",
         "data.buckets=[{clip_seconds: 1}]", "data.batch_tokens=1000", cwd=tmp_path,
     )  # fmt: skip
@@ -172,12 +176,12 @@ def test_bucket_batches_that_do_not_split_over_the_ranks_are_refused(tmp_path: P
 
 
 def test_a_mixture_with_a_held_out_set_needs_one(tmp_path: Path) -> None:
-    result = stoker(
+    result = stoker_text(
         "submit", "--dry-run", "data.sources=[{name: a, url: /data/a}, {name: b, url: /data/b}]",
         "train.eval_every=10", cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 2 and "no held-out data set" in result.stderr, result.stderr
-    fine = stoker(
+    fine = stoker_text(
         "submit", "--dry-run", "data.sources=[{name: a, url: /data/a}, {name: b, url: /data/b}]",
         "data.eval_url=/data/held-out", "train.eval_every=10", cwd=tmp_path,
     )  # fmt: skip

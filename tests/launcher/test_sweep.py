@@ -11,7 +11,7 @@ import pytest
 
 from stoker.errors import StokerError
 from stoker.launcher.sweep import plan_sweep
-from tests.clirun import stoker
+from tests.clirun import stoker_text
 from tests.launcher_jobs import scontrol_job, wait_final
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def test_six_task_sweep_is_one_array_with_six_child_runs(
 
     from mlflow.tracking import MlflowClient
 
-    result = stoker(
+    result = stoker_text(
         "sweep",
         "optim.lr=1e-4,3e-4,1e-3",
         "train.seed=1,2",
@@ -104,7 +104,7 @@ def test_six_task_sweep_is_one_array_with_six_child_runs(
 
 
 def test_sweep_takes_the_job_flags_of_submit(tmp_path: Path) -> None:
-    result = stoker(
+    result = stoker_text(
         "sweep",
         "optim.lr=1e-4,3e-4",
         "--ntasks-per-node",
