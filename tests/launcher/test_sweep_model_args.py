@@ -5,7 +5,8 @@ written or queued, naming the task, the key and the value. Every task's model is
 in one child process, not one per task.
 
 Without SLURM: a dry run, and a fake `sbatch`/`scontrol` on PATH for what a real
-submission writes (the run folder, its frozen configs, the ledger)."""
+submission writes (the run folder, its frozen configs, the ledger). The command runs in
+the test process (`stoker_text`); the model check's child process is real."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.clirun import stoker
+from tests.clirun import stoker_text
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -79,9 +80,7 @@ def nothing_created(home: Path) -> None:
 
 
 def test_a_dry_run_lists_one_task_per_value(project: Path, isolated_home: Path) -> None:
-    result = stoker(
-        "sweep", "exp.yaml", "model.args.width=16,32", "--dry-run", cwd=project, timeout=600
-    )
+    result = stoker_text("sweep", "exp.yaml", "model.args.width=16,32", "--dry-run", cwd=project)
     assert result.returncode == 0, result.stderr
     assert "#SBATCH --array=0-1\n" in result.stdout
     assert "task 0: model.args.width=16\ntask 1: model.args.width=32" in result.stderr
@@ -92,10 +91,9 @@ def test_each_tasks_frozen_config_carries_its_value(
     project: Path, isolated_home: Path, fake_slurm: tuple[dict[str, str], Path]
 ) -> None:
     env, calls = fake_slurm
-    result = stoker(
-        "sweep", "exp.yaml", "model.args.width=16,32", "--json", cwd=project, env=env,
-        timeout=600,
-    )  # fmt: skip
+    result = stoker_text(
+        "sweep", "exp.yaml", "model.args.width=16,32", "--json", cwd=project, env=env
+    )
     assert result.returncode == 0, result.stderr
     assert "4242_0  model.args.width=16" in result.stdout
     run_dir = Path(json.loads(result.stdout.strip().splitlines()[-1])["run_dir"])
@@ -113,10 +111,9 @@ def test_a_value_the_factory_refuses_stops_the_sweep_before_anything_is_written(
 ) -> None:
     env, calls = fake_slurm
     flags = ["--dry-run"] if dry_run else []
-    result = stoker(
-        "sweep", "exp.yaml", "model.args.width=16,abc", *flags, cwd=project, env=env,
-        timeout=600,
-    )  # fmt: skip
+    result = stoker_text(
+        "sweep", "exp.yaml", "model.args.width=16,abc", *flags, cwd=project, env=env
+    )
     assert result.returncode == 2, result.stderr
     assert "sweep task 1 (model.args.width=abc): model.args.width: got 'abc'" in result.stderr
     assert "(model.args.width from override model.args.width=abc)" in result.stderr
