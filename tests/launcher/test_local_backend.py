@@ -1,4 +1,6 @@
-"""`stoker submit --local`: the SLURM launch (variables, logs, ledger) as local processes."""
+"""`stoker submit --local`: the SLURM launch (variables, logs, ledger) as local processes.
+Each submit is a `stoker` process (its supervisor outlives it); `status` and `cancel`,
+which the tests read only for their text and exit status, run in the test process."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import time
 from pathlib import Path
 
 from stoker.launcher.ledger import Ledger
-from tests.clirun import stoker
+from tests.clirun import stoker_text
 from tests.launcher_jobs import JOBS, mlflow_status, submit_json, wait_local
 
 
@@ -34,7 +36,7 @@ def test_local_ranks_all_reduce_with_slurm_layout(tmp_path: Path) -> None:
     assert "local_rank=1" in (run_dir / "logs" / "r0" / "rank-3.log").read_text()
     record = Ledger().require(job["job_id"])
     assert record.backend == "local" and record.run_dir == str(run_dir)
-    status = json.loads(stoker("status", job["job_id"], "--json", check=True).stdout)
+    status = json.loads(stoker_text("status", job["job_id"], "--json", check=True).stdout)
     assert status[0]["state"] == "COMPLETED"
     # Not the stoker runtime, so nothing in the job set its run RUNNING or ended it: the
     # supervisor did, before the state file said the job ended.
@@ -56,7 +58,7 @@ def test_a_failing_local_rank_stops_the_others(tmp_path: Path) -> None:
     batch = (Path(job["run_dir"]) / "logs" / "batch.log").read_text()
     assert "task 1: Exited with exit code 3" in batch
     assert mlflow_status(job["run_id"]) == "FAILED"
-    (row,) = json.loads(stoker("status", job["job_id"], "--json", check=True).stdout)
+    (row,) = json.loads(stoker_text("status", job["job_id"], "--json", check=True).stdout)
     assert row["reason"] == "rank 1 exited with code 3 (no traceback in its log)"
 
 
@@ -64,11 +66,11 @@ def test_cancel_stops_a_local_job(tmp_path: Path) -> None:
     job = submit_json(
         "--local", "--", sys.executable, "-c", "import time; time.sleep(60)", cwd=tmp_path
     )
-    stoker("cancel", job["job_id"], check=True)
+    stoker_text("cancel", job["job_id"], check=True)
     state = wait_local(Path(job["run_dir"]), 20)
     assert state.state == "CANCELLED"
     assert mlflow_status(job["run_id"]) == "KILLED"
-    again = stoker("cancel", job["job_id"])
+    again = stoker_text("cancel", job["job_id"])
     assert again.returncode == 2 and "is not running" in again.stderr
 
 
@@ -113,12 +115,12 @@ def test_cancel_never_signals_a_process_that_took_a_dead_supervisors_pid(tmp_pat
                 {"state": "RUNNING", "supervisor_pid": stranger.pid, "started": started},
             )
         # The state is an hour older than the process now holding its pid.
-        stale = stoker("cancel", "local-old")
+        stale = stoker_text("cancel", "local-old")
         assert stale.returncode == 2 and "is not running" in stale.stderr, stale.stderr
         time.sleep(0.2)
         assert stranger.poll() is None, "cancel signalled a process it did not start"
         # The control: a state as young as the process is its supervisor, and gets TERM.
-        stoker("cancel", "local-live", check=True)
+        stoker_text("cancel", "local-live", check=True)
         assert stranger.wait(10) == -15
     finally:
         stranger.kill()
