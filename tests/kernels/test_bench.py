@@ -1,44 +1,26 @@
 """The kernel benchmark's harness, run on the CPU through `stoker bench
 kernels`: its result document, its byte models and its merging of runs. Its
-figures mean something only on a GPU (benchmarks/results/kernels-<gpu>-*.json)."""
+figures mean something only on a GPU (benchmarks/results/kernels-<gpu>-*.json).
+The command runs in the test process (`stoker_text`, stoker imported from this
+checkout, as GPU nodes run these tests without installing it)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from stoker.kernels.bench import cases, run
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def stoker(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
-    """`python -m stoker ARGS` from this checkout: GPU nodes run these tests
-    from a checkout without installing it (PYTHONPATH=.)."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "stoker", *args],
-        capture_output=True, text=True, timeout=300, check=False, env=env,
-    )  # fmt: skip
-    if check:
-        assert result.returncode == 0, result.stderr[-4000:]
-    return result
-
+from tests.clirun import stoker_text
 
 SMALL = {"tokens": [64], "hidden": [128], "vocab": [256]}
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_bench_kernels_writes_the_result_document(tmp_path: Path) -> None:
-    result = stoker(
+    result = stoker_text(
         "bench", "kernels", "--device", "cpu", "--tokens", "64", "--hidden", "128",
         "--vocab", "256", "--baselines", "eager", "--reps", "1", "--warmup", "0",
         "--out", str(tmp_path), "--json", check=True,
@@ -98,9 +80,9 @@ def test_results_of_several_runs_add_up(tmp_path: Path) -> None:
 
 
 def test_bad_options_name_the_value(tmp_path: Path) -> None:
-    result = stoker("bench", "kernels", "--device", "cpu", "--kernels", "rms_nrom")
+    result = stoker_text("bench", "kernels", "--device", "cpu", "--kernels", "rms_nrom")
     assert result.returncode == 2 and "'rms_nrom'" in result.stderr
-    result = stoker("bench", "kernels", "--device", "cpu", "--tokens", "4k")
+    result = stoker_text("bench", "kernels", "--device", "cpu", "--tokens", "4k")
     assert result.returncode == 2 and "--tokens '4k'" in result.stderr
 
 
