@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,11 @@ import torch
 from stoker.errors import StokerError
 from stoker.job_time import job_time, read_lines
 from stoker.protocol import EXIT_REQUEUE
+from stoker.runtime.trainer import Outcome, Trainer
 from tests.runtime.trainer_runs import Recorder, built_trainer, trainer_config
+
+# Two threads per step of the tiny model cost 8x the CPU of one on a loaded 2-core machine.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -24,31 +29,80 @@ def data_url(synthetic_av_set: Callable[..., Path]) -> str:
     return str(synthetic_av_set(clips=16, size=(64, 64)))
 
 
-def test_stop_saves_exits_for_requeue_and_resumes_exactly(
-    tmp_path: Path, data_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    cfg = trainer_config(tmp_path, data_url, steps=6)
-    stop_file = tmp_path / "stop-requested"
-    monkeypatch.setenv("STOKER_STOP_FILE", str(stop_file))
+@dataclass
+class Requeued:
+    """A 6-step run with an EMA (train.ema_decay=0.8), stopped after step 4 and resumed
+    to 6, beside the same run uninterrupted (`straight`): the stop tests and the EMA
+    tests ask their questions of one set of runs."""
 
-    # The stop file appears after step 3: step 4 is finished, then saved.
-    first = Recorder(stop_file, stop_at=3)
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "attempts").write_text(f"{int(time.time())} restart=0 job=1 nodes=here\n")
-    outcome = built_trainer(cfg, run, first).train()
+    run: Path
+    first: Recorder
+    first_outcome: Outcome
+    second: Recorder
+    second_outcome: Outcome
+    resumed: Trainer
+    resumed_start_step: int
+    straight_dir: Path
+    straight_sink: Recorder
+    straight: Trainer
+
+
+@pytest.fixture(scope="module")
+def requeued(
+    tmp_path_factory: pytest.TempPathFactory, data_url: str, module_home: dict[str, str]
+) -> Iterator[Requeued]:
+    tmp_path = tmp_path_factory.mktemp("requeued")
+    cfg = trainer_config(tmp_path, data_url, 6, "train.ema_decay=0.8")
+    stop_file = tmp_path / "stop-requested"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as one_torch_thread, for the module
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for name, value in module_home.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("STOKER_STOP_FILE", str(stop_file))
+        # The stop file appears after step 3: step 4 is finished, then saved.
+        first = Recorder(stop_file, stop_at=3)
+        run = tmp_path / "run"
+        run.mkdir()
+        (run / "attempts").write_text(f"{int(time.time())} restart=0 job=1 nodes=here\n")
+        first_outcome = built_trainer(cfg, run, first).train()
+
+        stop_file.unlink()
+        second = Recorder()
+        monkeypatch.setenv("STOKER_RESTART", "1")
+        with open(run / "attempts", "a") as attempts:
+            attempts.write(f"{int(time.time())} restart=1 job=1 nodes=here\n")
+        resumed = built_trainer(cfg, run, second)
+        start_step = resumed.start_step
+        second_outcome = resumed.train()
+
+    straight_sink = Recorder()
+    straight = built_trainer(cfg, tmp_path / "straight", straight_sink)
+    straight.train()
+    yield Requeued(
+        run,
+        first,
+        first_outcome,
+        second,
+        second_outcome,
+        resumed,
+        start_step,
+        tmp_path / "straight",
+        straight_sink,
+        straight,
+    )
+    torch.set_num_threads(threads)
+
+
+def test_stop_saves_exits_for_requeue_and_resumes_exactly(requeued: Requeued) -> None:
+    run, first, second = requeued.run, requeued.first, requeued.second
+    outcome = requeued.first_outcome
     assert (outcome.exit_code, outcome.status, outcome.step) == (EXIT_REQUEUE, "REQUEUE", 4)
-    assert (tmp_path / "run" / "checkpoints" / "step-4" / ".metadata").is_file()
+    assert (run / "checkpoints" / "step-4" / ".metadata").is_file()
     assert sorted(first.saves) == [4] and first.saves[4]["system/checkpoint/bytes"] > 0
 
-    stop_file.unlink()
-    second = Recorder()
-    monkeypatch.setenv("STOKER_RESTART", "1")
-    with open(run / "attempts", "a") as attempts:
-        attempts.write(f"{int(time.time())} restart=1 job=1 nodes=here\n")
-    trainer = built_trainer(cfg, run, second)
-    assert trainer.start_step == 4
-    outcome = trainer.train()
+    assert requeued.resumed_start_step == 4
+    outcome = requeued.second_outcome
     assert (outcome.exit_code, outcome.status, outcome.step) == (0, "FINISHED", 6)
     assert sorted(second.losses) == [5, 6]
 
@@ -69,9 +123,7 @@ def test_stop_saves_exits_for_requeue_and_resumes_exactly(
     assert commits == [[4], [6]]
     assert account.samples_per_s is not None and account.samples_per_s > 0
 
-    straight = Recorder()
-    built_trainer(cfg, tmp_path / "straight", straight).train()
-    assert straight.losses == {**first.losses, **second.losses}
+    assert requeued.straight_sink.losses == {**first.losses, **second.losses}
 
 
 def test_non_finite_losses_skip_then_abort(tmp_path: Path, data_url: str) -> None:
@@ -178,22 +230,12 @@ def test_the_sink_interface_is_what_the_run_logger_offers() -> None:
         assert inspect.signature(getattr(NullSink, name)) == declared, name
 
 
-def test_ema_is_checkpointed_and_resumes_bit_exact(
-    tmp_path: Path, data_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_ema_is_checkpointed_and_resumes_bit_exact(requeued: Requeued, tmp_path: Path) -> None:
     """train.ema_decay: the average moves every step, is saved beside the model, and a
     stopped and resumed run ends with the uninterrupted run's average to the bit."""
-    cfg = trainer_config(tmp_path, data_url, 6, "train.ema_decay=0.8")
-    stop_file = tmp_path / "stop-requested"
-    monkeypatch.setenv("STOKER_STOP_FILE", str(stop_file))
-    first = built_trainer(cfg, tmp_path / "run", Recorder(stop_file, stop_at=2))
-    assert first.train().step == 3
-    stop_file.unlink()
-    resumed = built_trainer(cfg, tmp_path / "run", Recorder())
-    assert resumed.start_step == 3 and resumed.ema is not None
-    resumed.train()
-    straight = built_trainer(cfg, tmp_path / "straight", Recorder())
-    straight.train()
+    resumed, straight = requeued.resumed, requeued.straight
+    assert requeued.first_outcome.step == 4
+    assert requeued.resumed_start_step == 4 and resumed.ema is not None
     assert straight.ema is not None
     for name, tensor in straight.ema.state_dict().items():
         assert torch.equal(resumed.ema.state_dict()[name], tensor), name
@@ -204,7 +246,7 @@ def test_ema_is_checkpointed_and_resumes_bit_exact(
     from stoker.checkpoint.export import export_weights
 
     out = tmp_path / "ema.safetensors"
-    export_weights(str(tmp_path / "straight" / "checkpoints"), str(out), weights="ema")
+    export_weights(str(requeued.straight_dir / "checkpoints"), str(out), weights="ema")
     from safetensors.torch import load_file
 
     exported = load_file(str(out))
