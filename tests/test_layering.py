@@ -16,6 +16,7 @@ rule, but they are dependencies all the same: the others count them.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,14 +108,23 @@ def _is_type_checking(test: ast.expr) -> bool:
 def imports_in(path: Path, root: Path) -> Iterator[Import]:
     module = module_name(path, root)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    tree = ast.parse(path.read_text(), filename=str(path))
+    for line, target, names, module_level, type_only in _imports(package, path.read_text()):
+        yield Import(path, line, module, target, names, module_level, type_only)
 
-    def visit(node: ast.AST, in_function: bool, type_only: bool) -> Iterator[Import]:
+
+@functools.cache
+def _imports(package: str, source: str) -> tuple[tuple[int, str, tuple[str, ...], bool, bool], ...]:
+    """(line, target, names, module_level, type_only) of each import in `source`, a
+    module of `package` (relative imports start there). Cached: the planted-violation
+    tests below read copies of the same tree, 300 files each."""
+    tree = ast.parse(source, filename=f"a module of {package}")
+
+    def visit(node: ast.AST, in_function: bool, type_only: bool) -> Iterator[tuple]:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.Import):
                 for alias in child.names:
-                    yield Import(path, child.lineno, module, alias.name, (),
-                                 not in_function and not type_only, type_only)  # fmt: skip
+                    yield (child.lineno, alias.name, (), not in_function and not type_only,
+                           type_only)  # fmt: skip
             elif isinstance(child, ast.ImportFrom):
                 if child.level:
                     base = package.rsplit(".", child.level - 1)[0] if child.level > 1 else package
@@ -122,8 +132,8 @@ def imports_in(path: Path, root: Path) -> Iterator[Import]:
                 else:
                     target = child.module or ""
                 names = tuple(alias.name for alias in child.names)
-                yield Import(path, child.lineno, module, target, names,
-                             not in_function and not type_only, type_only)  # fmt: skip
+                yield (child.lineno, target, names, not in_function and not type_only,
+                       type_only)  # fmt: skip
             elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
                 yield from visit(child, True, type_only)
             elif isinstance(child, ast.If) and _is_type_checking(child.test):
@@ -136,7 +146,7 @@ def imports_in(path: Path, root: Path) -> Iterator[Import]:
             else:
                 yield from visit(child, in_function, type_only)
 
-    yield from visit(tree, False, False)
+    return tuple(visit(tree, False, False))
 
 
 def package_of(module: str) -> str:
