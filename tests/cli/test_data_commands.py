@@ -10,7 +10,7 @@ import av
 import pytest
 
 from stoker.data.synth import synth_dataset
-from tests.clirun import stoker
+from tests.clirun import stoker_text
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def small_set(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_inspect_reports_the_manifest_and_writes_frames(small_set: str, tmp_path: Path) -> None:
-    result = stoker(
+    result = stoker_text(
         "data",
         "inspect",
         small_set,
@@ -48,17 +48,17 @@ def test_inspect_reports_the_manifest_and_writes_frames(small_set: str, tmp_path
 
 
 def test_inspect_human_output_and_missing_data_set(small_set: str, tmp_path: Path) -> None:
-    text = stoker("data", "inspect", small_set, "--frames", "0", check=True).stdout
+    text = stoker_text("data", "inspect", small_set, "--frames", "0", check=True).stdout
     assert "12 in 3 shards" in text and "h264 (12)" in text
     # Every number with its unit: no bare "8.0:12" or "16000:12".
     assert "16000 Hz (12)" in text and " fps (12)" in text and " ch (12)" in text
-    missing = stoker("data", "inspect", str(tmp_path / "none"))
+    missing = stoker_text("data", "inspect", str(tmp_path / "none"))
     assert missing.returncode == 2
     assert "manifest.json is missing" in missing.stderr and "stoker data pack" in missing.stderr
 
 
 def test_bench_times_the_loader_and_computes_headroom(small_set: str) -> None:
-    result = stoker(
+    result = stoker_text(
         "data",
         "bench",
         small_set,
@@ -80,5 +80,5 @@ def test_bench_times_the_loader_and_computes_headroom(small_set: str) -> None:
     assert figures["samples_per_s"] > 0 and figures["frames_per_s"] > 0
     assert figures["bytes_per_s"] > 0
     assert figures["headroom"] == pytest.approx(figures["steps_per_s"] / 0.5, rel=0.02)
-    human = stoker("data", "bench", small_set, "--workers", "0", "--batches", "2", check=True)
+    human = stoker_text("data", "bench", small_set, "--workers", "0", "--batches", "2", check=True)
     assert "samples/s" in human.stdout and "headroom" in human.stdout

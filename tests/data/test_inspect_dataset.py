@@ -14,7 +14,7 @@ import pytest
 from stoker.data.inspect_dataset import read_manifest
 from stoker.data.synth import synth_dataset
 from stoker.errors import StokerError
-from tests.clirun import stoker
+from tests.clirun import stoker_text
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +29,10 @@ def test_inspect_prints_the_digest_a_run_records(small_set: Path) -> None:
     assert manifest is not None and manifest.samples == 4
     digest = manifest.fingerprint()
     assert len(digest) == 16 and int(digest, 16) >= 0
-    report = json.loads(stoker("data", "inspect", str(small_set), "--json", "--frames", "0",
+    report = json.loads(stoker_text("data", "inspect", str(small_set), "--json", "--frames", "0",
                                check=True).stdout)  # fmt: skip
     assert report["digest"] == digest
-    text = stoker("data", "inspect", str(small_set), "--frames", "0", check=True).stdout
+    text = stoker_text("data", "inspect", str(small_set), "--frames", "0", check=True).stdout
     assert any(line.split() == ["digest", digest] for line in text.splitlines()), text
 
 
@@ -64,14 +64,14 @@ def test_suggested_buckets_paste_into_an_experiment(tmp_path: Path) -> None:
 
     wide = tmp_path / "wide"
     synth_dataset(str(wide), clips=4, seconds=1.5, size=(32, 64), fps=8)
-    result = stoker("data", "inspect", str(wide), "--frames", "0", "--suggest-buckets",
+    result = stoker_text("data", "inspect", str(wide), "--frames", "0", "--suggest-buckets",
                     "--max-side", "128", check=True)  # fmt: skip
     text = result.stdout[result.stdout.index("# suggested buckets") :]
     assert "resolution: [64, 128], clip_seconds: 1.5}  # 100%" in text, text
     buckets = yaml.safe_load(text)["buckets"]
     data = {"buckets": [{**b, "batch_size": 8} for b in buckets]}
     assert ExperimentConfig.model_validate({"data": data}).data.buckets[0].resolution == (64, 128)
-    report = json.loads(stoker("data", "inspect", str(wide), "--frames", "0", "--json",
+    report = json.loads(stoker_text("data", "inspect", str(wide), "--frames", "0", "--json",
                                "--suggest-buckets", check=True).stdout)  # fmt: skip
     assert report["suggested_buckets"] == [
         {"resolution": [128, 256], "clip_seconds": 1.5, "share": 1.0}

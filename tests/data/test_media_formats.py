@@ -18,7 +18,7 @@ import pytest
 
 from stoker.data.decode import decode_audio, decode_video
 from stoker.data.shard_format import SampleEntry, parse_index
-from tests.clirun import stoker
+from tests.clirun import stoker_text
 from tests.data.media_files import (
     AudioSpec,
     VideoSpec,
@@ -204,7 +204,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[s
     src, dst = root / "src", root / "dst"
     write(src, good_files())
     write(src, {rel: data for rel, (data, _) in left_out_files().items()})
-    result = stoker("data", "pack", str(src), str(dst), "--workers", "1", "--json")
+    result = stoker_text("data", "pack", str(src), str(dst), "--workers", "1", "--json")
     assert result.returncode == 0, result.stderr
     return src, dst, json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -225,7 +225,7 @@ def test_every_file_left_out_is_reported_with_its_kind(
     assert "truncated video" in reasons["cut.webm"]
 
     # The human summary (a re-run, which resumes: nothing left to write) counts them too.
-    again = stoker("data", "pack", str(src), str(dst))
+    again = stoker_text("data", "pack", str(src), str(dst))
     assert again.returncode == 0, again.stderr
     total = sum(counts.values())
     assert f"skipped {total} inputs (" in again.stdout
@@ -323,7 +323,7 @@ def test_the_loader_reads_video_with_its_audio_track(
         write(av_only, {rel: (src / rel).read_bytes()})
     dst = tmp_path / "dst"
     summary = json.loads(
-        stoker("data", "pack", str(av_only), str(dst), "-w", "1", "--json", check=True)
+        stoker_text("data", "pack", str(av_only), str(dst), "-w", "1", "--json", check=True)
         .stdout.strip()
         .splitlines()[-1]
     )
@@ -364,7 +364,9 @@ def test_audio_stream_picks_a_track_and_a_resume_must_repeat_it(tmp_path: Path) 
             "paired.wav": _media("wav", audio=[AudioSpec(codec="pcm_s16le", rate=8000)]),
         },
     )
-    result = stoker("data", "pack", str(src), str(dst), "--audio-stream", "1", "-w", "1", "--json")
+    result = stoker_text(
+        "data", "pack", str(src), str(dst), "--audio-stream", "1", "-w", "1", "--json"
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert [(Path(r["path"]).name, r["kind"]) for r in summary["skipped"]] == [
@@ -387,7 +389,7 @@ def test_audio_stream_picks_a_track_and_a_resume_must_repeat_it(tmp_path: Path) 
     plan = json.loads((dst / "pack-plan.json").read_text())
     assert plan["options"]["audio_stream"] == 1
 
-    other = stoker("data", "pack", str(src), str(dst))
+    other = stoker_text("data", "pack", str(src), str(dst))
     assert other.returncode == 2
     assert "--audio-stream 1 then, 0 now" in other.stderr and "--restart" in other.stderr
 

@@ -20,7 +20,7 @@ import soundfile as sf
 from stoker.data.shard_format import Manifest, parse_index, parse_manifest
 from stoker.data.synth import FREQ_RANGE_HZ, PALETTE, synth_dataset
 from stoker.errors import StokerError
-from tests.clirun import stoker, stoker_in_tty
+from tests.clirun import stoker_in_tty, stoker_text
 
 # Small but not trivial: two shards (4 + 2), a non-square frame (a height/width mix-up
 # shows), 2 s clips so shapes bounce. ~0.3 s to write on one core.
@@ -269,7 +269,9 @@ def test_bad_arguments_name_the_value(tmp_path: Path, kwargs: dict[str, Any], na
 
 def test_cli_json_summary_then_human_summary(tmp_path: Path) -> None:
     dst = str(tmp_path / "ds")
-    result = stoker("data", "synth", dst, "--clips", "4", "--seconds", "1", "--json", check=True)
+    result = stoker_text(
+        "data", "synth", dst, "--clips", "4", "--seconds", "1", "--json", check=True
+    )
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     manifest = parse_manifest((tmp_path / "ds/manifest.json").read_bytes(), "m")
     assert summary == {
@@ -282,10 +284,10 @@ def test_cli_json_summary_then_human_summary(tmp_path: Path) -> None:
     # Off a terminal: plain lines, not one per clip (a few clips take less than 10 s).
     assert result.stderr.count("synth: ") == 1 and "synth: 4/4 clips" in result.stderr
 
-    again = stoker("data", "synth", dst, "--clips", "2", "--seconds", "1", "--seed", "3")
+    again = stoker_text("data", "synth", dst, "--clips", "2", "--seconds", "1", "--seed", "3")
     assert again.returncode == 2 and "--overwrite" in again.stderr
 
-    human = stoker(
+    human = stoker_text(
         "data", "synth", dst, "--clips", "2", "--seconds", "1", "--overwrite", check=True
     )
     assert human.stdout.startswith("wrote 2 clips (2 s of media,")
@@ -294,7 +296,7 @@ def test_cli_json_summary_then_human_summary(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("size", ["63x64", "abc", "64x"])
 def test_cli_bad_size_exits_2_naming_it(tmp_path: Path, size: str) -> None:
-    result = stoker("data", "synth", str(tmp_path / "ds"), "--size", size)
+    result = stoker_text("data", "synth", str(tmp_path / "ds"), "--size", size)
     assert result.returncode == 2
     assert size in result.stderr and "fix:" in result.stderr
     assert not (tmp_path / "ds").exists()
@@ -334,7 +336,7 @@ def test_s3_destination_and_overwrite(s3_env: Any) -> None:
 def test_files_layout_writes_loose_media_that_pack_reads(tmp_path: Path) -> None:
     """`--files`: the clips as raw media files, exactly the members the shards would hold."""
     raw = tmp_path / "raw"
-    result = stoker(
+    result = stoker_text(
         "data", "synth", str(raw), "--clips", "3", "--seconds", "1", "--files", "--json"
     )
     assert result.returncode == 0, result.stderr
