@@ -6,7 +6,11 @@ transform's import checks) are real."""
 from __future__ import annotations
 
 import json
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from stoker.data.synth import synth_dataset
 from tests.clirun import stoker_text
@@ -15,26 +19,55 @@ from tests.s3_server import S3Server
 OWN_MODEL = Path(__file__).resolve().parents[2] / "examples" / "own_model"
 
 
-def _findings(*args: str, cwd: Path | None = None) -> tuple[int, dict[str, dict]]:
-    result = stoker_text("check", *args, "--json", cwd=cwd)
+def _findings(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> tuple[int, dict[str, dict]]:
+    result = stoker_text("check", *args, "--json", cwd=cwd, env=env)
     assert result.returncode in (0, 1), result.stderr
     return result.returncode, {f["check"]: f for f in json.loads(result.stdout)}
 
 
-def test_a_sound_experiment_passes_every_check(tmp_path: Path) -> None:
-    data = tmp_path / "data"
+@dataclass(frozen=True)
+class Sound:
+    tmp: Path
+    project: Path
+    code: int
+    found: dict[str, dict]
+
+
+@pytest.fixture(scope="module")
+def sound(tmp_path_factory: pytest.TempPathFactory, module_home: dict[str, str]) -> Sound:
+    """One check of a sound experiment, shared: a folder holding the plugin model
+    (examples/own_model) and a transform package, a data set, a checkpoint root. The
+    model check and the transform's import each start a child process importing torch."""
+    tmp = tmp_path_factory.mktemp("sound")
+    project = tmp / "proj"
+    shutil.copytree(OWN_MODEL, project)
+    (project / "my_aug").mkdir()
+    (project / "my_aug" / "__init__.py").write_text("")
+    (project / "my_aug" / "crops.py").write_text(
+        "import torch\n\n\ndef center_crop(sample):\n    return sample\n"
+    )
+    data = tmp / "data"
     synth_dataset(str(data), clips=4, seconds=1.0, size=(64, 64), fps=8)
     code, found = _findings(
         "model.arch=own_model.denoiser:build", "model.args.width=8", f"data.url={data}",
-        f"checkpoint.root={tmp_path / 'ckpt'}", cwd=OWN_MODEL,
+        f"checkpoint.root={tmp / 'ckpt'}", "data.transform=my_aug.crops:center_crop",
+        cwd=project, env=module_home,
     )  # fmt: skip
+    return Sound(tmp, project, code, found)
+
+
+def test_a_sound_experiment_passes_every_check(sound: Sound) -> None:
+    code, found, data = sound.code, sound.found, sound.tmp / "data"
     assert code == 0, found
     assert [f["status"] for f in found.values()][:3] == ["ok", "ok", "ok"], found
     assert "own_model.denoiser:build builds on the meta device" in found["model"]["detail"]
     assert f"data.url {data}: 4 samples in" in found["data"]["detail"]
-    assert found["checkpoints"]["detail"] == f"checkpoint.root {tmp_path / 'ckpt'} takes a file"
+    ckpt = sound.tmp / "ckpt"
+    assert found["checkpoints"]["detail"] == f"checkpoint.root {ckpt} takes a file"
     assert found["MLflow"]["status"] in ("ok", "warn")  # warn: a store local to this node
-    assert not any((tmp_path / "ckpt").iterdir())  # its probe file is gone
+    assert not any(ckpt.iterdir())  # its probe file is gone
 
 
 def test_each_broken_part_fails_with_its_fix(tmp_path: Path) -> None:
@@ -71,17 +104,11 @@ def test_each_broken_part_fails_with_its_fix(tmp_path: Path) -> None:
     assert "127.0.0.1:9" in found["MLflow"]["detail"] and found["MLflow"]["fix"]
 
 
-def test_data_transform_is_imported_as_the_loader_workers_will(tmp_path: Path) -> None:
+def test_data_transform_is_imported_as_the_loader_workers_will(sound: Sound) -> None:
     """From the folder stoker runs in, as the workers import it by name: a function
-    that is there passes with its file and line; a misspelt one fails with where the
-    value came from and the functions there are."""
-    project = tmp_path / "proj"
-    (project / "my_aug").mkdir(parents=True)
-    (project / "my_aug" / "__init__.py").write_text("")
-    (project / "my_aug" / "crops.py").write_text(
-        "import torch\n\n\ndef center_crop(sample):\n    return sample\n"
-    )
-    code, found = _findings("data.transform=my_aug.crops:center_crop", cwd=project)
+    that is there passes with its file and line (the sound experiment's check); a
+    misspelt one fails with where the value came from and the functions there are."""
+    project, found = sound.project, sound.found
     assert found["transform"]["status"] == "ok", found["transform"]
     assert found["transform"]["detail"] == (
         f"data.transform my_aug.crops:center_crop imports ({project}/my_aug/crops.py:4)"
