@@ -1,5 +1,6 @@
 """A small loop of one's own on `stoker.job`, for tests/runtime/test_own_loop.py:
-`python own_loop_script.py MODE [RANK]`, started by `stoker run -- ...` on every rank.
+`python own_loop_script.py MODE[,MODE] [RANK]`, started by `stoker run -- ...` on every
+rank (modes joined by commas act together: `slow,nofinish`).
 
     ok       trains train.steps steps of a linear model on stoker's loader
     slow R   rank R takes 0.15 s more per step (a straggler)
@@ -18,7 +19,7 @@ from torch import nn
 
 from stoker import job
 
-mode = sys.argv[1]
+modes = set(sys.argv[1].split(","))
 target = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 
 run = job.init()
@@ -37,16 +38,16 @@ for step in range(start, total):
     optim.step()
     optim.zero_grad()
     done = step + 1
-    if mode == "slow" and run.rank == target:
+    if "slow" in modes and run.rank == target:
         time.sleep(0.15)
-    if mode == "raise" and run.rank == target and done == 3:
+    if "raise" in modes and run.rank == target and done == 3:
         raise ValueError("the loss went sideways at step 3")
-    if mode == "hang" and run.rank == target and done == 3:
+    if "hang" in modes and run.rank == target and done == 3:
         time.sleep(3600)
     run.log({"loss": loss.item(), "x_mean": x.mean().item()}, step=done)
     if run.should_stop():
         ckpt.save(done, wait=True)
         run.exit_for_requeue()
 ckpt.save(total, wait=True)
-if mode != "nofinish":
+if "nofinish" not in modes:
     run.finish()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from stoker.data.synth import synth_dataset
-from tests.clirun import stoker
+from tests.clirun import stoker, stoker_text
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "own_loop"
@@ -29,11 +29,15 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def _run(data: Path, *args: str, command: list[str], timeout: float = 900) -> dict[str, Any]:
+def _run(
+    data: Path, *args: str, command: list[str], env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """`stoker run` of COMMAND on 2 ranks. Each rank's loader fetches 1 MB ahead: the
+    default 256 MB is some 20,000 of these clips read at its start (2.3 CPU-s a rank)."""
     result = stoker(
         "run", "--nproc", "2", "--json", str(EXAMPLE / "experiment.yaml"), f"data.url={data}",
-        "data.num_workers=0", "data.clip_seconds=0.5", *args, "--", sys.executable, *command,
-        cwd=REPO, timeout=timeout,
+        "data.num_workers=0", "data.clip_seconds=0.5", "data.prefetch_mb=1", *args, "--",
+        sys.executable, *command, cwd=REPO, env=env, timeout=900,
     )  # fmt: skip
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     summary["stderr"] = result.stderr
@@ -66,15 +70,27 @@ def test_the_example_loop_trains_checkpoints_and_logs(data: Path, isolated_home:
         assert (run_dir / "checkpoints" / f"step-{step}" / "COMMIT.json").is_file()
     saved = client.get_metric_history(run.info.run_id, "system/checkpoint/bytes")
     assert sorted(m.step for m in saved) == [10, 20]
-    status = json.loads(stoker("status", summary["job_id"], "--json", check=True).stdout)[0]
+    status = json.loads(stoker_text("status", summary["job_id"], "--json", check=True).stdout)[0]
     assert status["state"] == "COMPLETED" and status["step"] == 20
     assert status["loss"] == pytest.approx(losses[-1].value)
 
 
-def test_a_slow_rank_is_named_in_the_straggler_metrics(data: Path, isolated_home: Path) -> None:
-    summary = _run(data, "train.steps=12", command=[str(SCRIPT), "slow", "1"])
+@pytest.fixture(scope="module")
+def slow_without_finish(data: Path, module_home: dict[str, str]) -> dict[str, Any]:
+    """One run for two questions: rank 1 is slow, and the script ends without
+    run.finish()."""
+    command = [str(SCRIPT), "slow,nofinish", "1"]
+    summary = _run(data, "train.steps=12", command=command, env=module_home)
+    summary["home"] = Path(module_home["HOME"])
+    return summary
+
+
+def test_a_slow_rank_is_named_in_the_straggler_metrics(
+    slow_without_finish: dict[str, Any],
+) -> None:
+    summary = slow_without_finish
     assert summary["state"] == "COMPLETED", summary["stderr"][-3000:]
-    client = _client(isolated_home)
+    client = _client(summary["home"])
     slowest = client.get_metric_history(summary["run_id"], "system/stragglers/slowest_rank")
     # Every log after the first step (the first has no step time yet) names rank 1.
     assert slowest and all(m.value == 1.0 for m in slowest), slowest
@@ -83,15 +99,15 @@ def test_a_slow_rank_is_named_in_the_straggler_metrics(data: Path, isolated_home
 
 
 def test_a_script_that_forgets_finish_still_logs_every_step(
-    data: Path, isolated_home: Path
+    slow_without_finish: dict[str, Any],
 ) -> None:
-    summary = _run(data, "train.steps=8", command=[str(SCRIPT), "nofinish"])
+    summary = slow_without_finish
     assert summary["state"] == "COMPLETED", summary["stderr"][-3000:]
-    client = _client(isolated_home)
+    client = _client(summary["home"])
     losses = client.get_metric_history(summary["run_id"], "loss")
-    assert [m.step for m in losses] == list(range(1, 9))  # sent at exit, not lost
+    assert [m.step for m in losses] == list(range(1, 13))  # sent at exit, not lost
     assert client.get_run(summary["run_id"]).info.status == "FINISHED"  # the job's end
-    assert (Path(summary["run_dir"]) / "checkpoints/step-8/COMMIT.json").is_file()
+    assert (Path(summary["run_dir"]) / "checkpoints/step-12/COMMIT.json").is_file()
 
 
 def test_an_exception_fails_the_run_and_why_shows_it(data: Path, isolated_home: Path) -> None:
@@ -100,7 +116,7 @@ def test_an_exception_fails_the_run_and_why_shows_it(data: Path, isolated_home: 
     assert "ValueError: the loss went sideways at step 3" in summary["stderr"]
     run = _client(isolated_home).get_run(summary["run_id"])
     assert run.info.status == "FAILED"
-    why = json.loads(stoker("why", summary["job_id"], "--json", check=True).stdout)
+    why = json.loads(stoker_text("why", summary["job_id"], "--json", check=True).stdout)
     assert why["failing_rank"] == 1 and "the loss went sideways" in why["summary"], why
 
 
@@ -113,7 +129,7 @@ def test_a_rank_that_stops_stepping_is_caught_by_the_hang_watchdog(
     assert summary["state"] == "FAILED", summary["stderr"][-3000:]
     hang = json.loads((Path(summary["run_dir"]) / "heartbeat/r0/hang.json").read_text())
     assert hang["rank"] == 1 and hang["step"] == 3, hang
-    why = json.loads(stoker("why", summary["job_id"], "--json", check=True).stdout)
+    why = json.loads(stoker_text("why", summary["job_id"], "--json", check=True).stdout)
     assert why["cause"] == "hung" and why["failing_rank"] == 1, why
 
 
