@@ -42,7 +42,7 @@ from stoker.launcher.why import (
     last_traceback,
     parse_task_failures,
 )
-from tests.clirun import stoker
+from tests.clirun import stoker_text
 from tests.launcher_jobs import scontrol_job, submit_json, wait_final, wait_for
 
 if TYPE_CHECKING:
@@ -491,7 +491,7 @@ class Jobs:
     home: Path
 
     def why(self, role: str) -> dict:
-        result = stoker("why", self.ids[role], "--json", env=self.env)
+        result = stoker_text("why", self.ids[role], "--json", env=self.env)
         assert result.returncode == 0, result.stderr
         return json.loads(result.stdout)
 
@@ -514,7 +514,7 @@ def jobs(
     short = ("--time", "1", "job.stop_grace=10")
 
     def submit(*args: str) -> str:
-        return str(submit_json(*args, cwd=work, env=env)["job_id"])
+        return str(submit_json(*args, cwd=work, env=env, in_process=True)["job_id"])
 
     ids: dict[str, str] = {}
     if not _slurm_enforces_memory():
@@ -524,11 +524,9 @@ def jobs(
             pytrace=False,
         )
     try:
-        # Four ranks on both nodes first: the time-limit job below would hold a node.
-        ids["failing"] = submit(
-            "--nodes", "2", "--ntasks-per-node", "2", *short, "--", PYTHON, str(work / "failing.py")
-        )
-        wait_final(ids["failing"], 90)
+        # The time-limit job first: its minute is the module's longest wait, and the
+        # other tests run meanwhile. It holds one node (2 CPUs); the four ranks of the
+        # failing job fill the other two.
         ids["hung"] = submit(
             "--ntasks-per-node",
             "2",
@@ -538,12 +536,20 @@ def jobs(
             PYTHON,
             str(work / "hanging.py"),
         )
+        ids["failing"] = submit(
+            "--nodes", "2", "--ntasks-per-node", "2", *short, "--", PYTHON, str(work / "failing.py")
+        )
+        # Bounded as if it had to wait for the time-limit job's node (a node left out).
+        wait_final(ids["failing"], 180)
+        # No restart: the batch script takes srun's "Killed" for a node fault and would
+        # start it again on another node, which then needs a whole node free (2 CPUs).
         ids["memory"] = submit(
             "--ntasks-per-node",
             "2",
             "--mem",
             "200M",
             *short,
+            "job.max_restarts=0",
             f"job.env.PYTHON={PYTHON}",
             "--",
             str(work / "over_memory.sh"),
@@ -573,7 +579,7 @@ def test_failing_rank_and_its_traceback(jobs: Jobs) -> None:
     assert evidence[-1] == "  ValueError: bad batch shape on rank 2"
     assert any("in load_batch" in line for line in evidence)
 
-    text = stoker("why", job_id, env=jobs.env)
+    text = stoker_text("why", job_id, env=jobs.env)
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
     assert (
@@ -594,7 +600,7 @@ def test_logs_follow_ends_a_failed_job_with_the_first_failing_ranks_error(jobs: 
     """`stoker logs -f` follows rank 0, which SLURM ended after rank 2 raised: at the end
     it says why, as `stoker why` does, and exits 0 (following worked)."""
     job_id = jobs.ids["failing"]
-    result = stoker("logs", "-f", job_id, env=jobs.env, timeout=300)
+    result = stoker_text("logs", "-f", job_id, env=jobs.env)
     assert result.returncode == 0, result.stderr
     tail = result.stderr.strip().splitlines()
     headline = f"job {job_id} FAILED: rank 2 failed first: ValueError: bad batch shape on rank 2"
@@ -619,7 +625,7 @@ def test_status_reason_is_whys_headline_and_the_run_ends_failed(jobs: Jobs) -> N
     run = MlflowClient(f"sqlite:///{store}").get_run(str(record.mlflow_run_id))
     assert run.info.status == "FAILED"
 
-    result = stoker("status", job_id, "--json", env=jobs.env)
+    result = stoker_text("status", job_id, "--json", env=jobs.env)
     assert result.returncode == 0, result.stderr
     (row,) = json.loads(result.stdout)
     assert row["state"] == "FAILED"
@@ -627,6 +633,23 @@ def test_status_reason_is_whys_headline_and_the_run_ends_failed(jobs: Jobs) -> N
     # Kept in the ledger: the next call reads it back instead of judging again.
     again = Ledger(jobs.home / ".stoker" / "ledger.sqlite").require(job_id)
     assert again.extra["reasons"][job_id] == row["reason"]
+
+
+@pytest.mark.slurm
+def test_cancelled_job_names_who(jobs: Jobs) -> None:
+    job_id = jobs.ids["cancelled"]
+    status = stoker_text("status", job_id, "--json", env=jobs.env).stdout
+    run = Path(json.loads(status)[0]["run_dir"])
+    wait_for(lambda: "started" in _text(run / "logs" / "r0" / "rank-0.log"), 90, "the job to start")
+    stoker_text("cancel", job_id, env=jobs.env, check=True)
+    assert wait_final(job_id, 60) == "CANCELLED"
+    user = pwd.getpwuid(os.getuid()).pw_name
+    expected = f"cancelled by {user} (uid {os.getuid()})"
+    # sacct learns who cancelled a moment after slurmctld.
+    wait_for(lambda: jobs.why("cancelled")["summary"] == expected, 30, "sacct to record it")
+    diagnosis = jobs.why("cancelled")
+    assert diagnosis["cause"] == "cancelled" and diagnosis["exit_code"] is None
+    assert f"sacct: State CANCELLED by {os.getuid()}" in diagnosis["evidence"]
 
 
 @pytest.mark.slurm
@@ -638,22 +661,6 @@ def test_job_over_its_memory(jobs: Jobs) -> None:
     assert "over the 200.0 MiB allowed" in diagnosis["summary"]
     assert "job.mem" in diagnosis["fix"]
     assert any("exceeded memory limit" in e for e in diagnosis["evidence"]), diagnosis
-
-
-@pytest.mark.slurm
-def test_cancelled_job_names_who(jobs: Jobs) -> None:
-    job_id = jobs.ids["cancelled"]
-    run = Path(json.loads(stoker("status", job_id, "--json", env=jobs.env).stdout)[0]["run_dir"])
-    wait_for(lambda: "started" in _text(run / "logs" / "r0" / "rank-0.log"), 90, "the job to start")
-    stoker("cancel", job_id, env=jobs.env, check=True)
-    assert wait_final(job_id, 60) == "CANCELLED"
-    user = pwd.getpwuid(os.getuid()).pw_name
-    expected = f"cancelled by {user} (uid {os.getuid()})"
-    # sacct learns who cancelled a moment after slurmctld.
-    wait_for(lambda: jobs.why("cancelled")["summary"] == expected, 30, "sacct to record it")
-    diagnosis = jobs.why("cancelled")
-    assert diagnosis["cause"] == "cancelled" and diagnosis["exit_code"] is None
-    assert f"sacct: State CANCELLED by {os.getuid()}" in diagnosis["evidence"]
 
 
 @pytest.mark.slurm
@@ -677,7 +684,7 @@ def test_local_job_failure(tmp_path: Path) -> None:
     job = submit_json("--local", "--ntasks-per-node", "2", "--", PYTHON, str(script), cwd=tmp_path)
     state = Path(job["run_dir"]) / "local-state.json"
     wait_for(lambda: '"FAILED"' in _text(state), 30, "the local job to fail")
-    result = stoker("why", job["job_id"], "--json")
+    result = stoker_text("why", job["job_id"], "--json")
     assert result.returncode == 0, result.stderr
     diagnosis = json.loads(result.stdout)
     assert diagnosis["state"] == "FAILED" and diagnosis["cause"] == "exception"
@@ -687,7 +694,7 @@ def test_local_job_failure(tmp_path: Path) -> None:
 
 
 def test_unknown_job_is_the_ledgers_error() -> None:
-    unknown = stoker("why", "31337")
+    unknown = stoker_text("why", "31337")
     assert unknown.returncode == 2 and "job 31337 is not in the ledger" in unknown.stderr
 
 

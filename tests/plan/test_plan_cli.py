@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from stoker.config import resolve_config
-from tests.clirun import stoker
+from tests.clirun import stoker, stoker_text
 
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
@@ -23,8 +23,7 @@ TINY = str(ROOT / "examples" / "tiny.yaml")
 
 def test_plan_write_run_and_calibrate_on_two_cpu_ranks(tmp_path: Path) -> None:
     planned = tmp_path / "planned.yaml"
-    result = stoker("plan", TINY, "data.batch_size=4", "--json", "--write", str(planned),
-                    timeout=600)  # fmt: skip
+    result = stoker_text("plan", TINY, "data.batch_size=4", "--json", "--write", str(planned))
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["target"]["world"] == 2 and plan["target"]["gpu"] == "cpu"
@@ -34,25 +33,28 @@ def test_plan_write_run_and_calibrate_on_two_cpu_ranks(tmp_path: Path) -> None:
     assert cfg.train.grad_accum == chosen["grad_accum"]
     assert cfg.train.activation_checkpointing == chosen["activation_checkpointing"]
     assert cfg.job.ntasks_per_node == 2 and cfg.data.batch_size == 4
+    # No loader workers: the plan is of the ranks' memory; a worker is a fork server
+    # preloading torch and av in each rank (seconds of CPU).
     run = stoker("run", str(planned), "train.steps=3", "train.log_every=1",
-                 "train.measure_memory=true", "--json", timeout=900)  # fmt: skip
+                 "train.measure_memory=true", "data.num_workers=0", "--json",
+                 timeout=900)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     done = json.loads(run.stdout.strip().splitlines()[-1])
     for which in (done["run_dir"], done["job_id"]):  # a run folder or a ledger job id
-        calibrated = stoker("plan", "--calibrate", which, "--json", timeout=600)
+        calibrated = stoker_text("plan", "--calibrate", which, "--json")
         assert calibrated.returncode == 0, calibrated.stderr
         report = json.loads(calibrated.stdout)
         (shape,) = report["shapes"]
         assert shape["source"] == "memory tracker" and shape["measured_step_s"] > 0
         # The trainer's own step (noise, metrics, the ranks' agreement) against the plan.
         assert abs(shape["memory_error"]) < 0.10, shape
-    text = stoker("plan", "--calibrate", done["run_dir"], timeout=600).stdout
+    text = stoker_text("plan", "--calibrate", done["run_dir"]).stdout
     assert "PEAK RUN" in text and "ERROR" in text
 
 
 def test_the_1b_preset_on_eight_h100s_is_chosen_and_explained() -> None:
-    result = stoker("plan", str(ROOT / "examples" / "plan-1b.yaml"), "--gpus-per-node", "8",
-                    "--gpu", "H100", "--json", timeout=600)  # fmt: skip
+    result = stoker_text("plan", str(ROOT / "examples" / "plan-1b.yaml"), "--gpus-per-node", "8",
+                         "--gpu", "H100", "--json")  # fmt: skip
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["target"]["gpu"] == "H100 SXM" and plan["target"]["world"] == 8
@@ -80,21 +82,21 @@ def test_the_1b_preset_on_eight_h100s_is_chosen_and_explained() -> None:
 
 
 def test_errors_name_the_value_and_the_fix(tmp_path: Path) -> None:
-    no_type = stoker("plan", TINY, "--gpus-per-node", "8")
+    no_type = stoker_text("plan", TINY, "--gpus-per-node", "8")
     assert no_type.returncode != 0
     assert "GPU type is not known" in no_type.stderr and "--gpu" in no_type.stderr
     for memory in ([], ["--gpu-memory", "32GB"]):  # no stand-in GPU's figures, either way
-        unknown = stoker("plan", TINY, "--gpus-per-node", "8", "--gpu", "Voodoo5", *memory)
+        unknown = stoker_text("plan", TINY, "--gpus-per-node", "8", "--gpu", "Voodoo5", *memory)
         assert unknown.returncode != 0 and "'Voodoo5' is not in stoker's table" in unknown.stderr
-    odd = stoker("plan", TINY, "data.batch_size=6", "--gpus-per-node", "4", "--gpu", "H100")
+    odd = stoker_text("plan", TINY, "data.batch_size=6", "--gpus-per-node", "4", "--gpu", "H100")
     assert odd.returncode != 0
     assert "data.batch_size: a global batch of 6 does not split over 4 ranks" in odd.stderr
     assert "use a multiple of 4" in odd.stderr
     empty = tmp_path / "run"
     empty.mkdir()
-    nothing = stoker("plan", "--calibrate", str(empty))
+    nothing = stoker_text("plan", "--calibrate", str(empty))
     assert nothing.returncode != 0 and "has no measured-steps.json" in nothing.stderr
-    missing = stoker("plan", "--calibrate", "no-such-job")
+    missing = stoker_text("plan", "--calibrate", "no-such-job")
     assert "neither a run folder nor a job in the ledger" in missing.stderr
 
 
@@ -102,17 +104,17 @@ def test_errors_name_the_value_and_the_fix(tmp_path: Path) -> None:
 def test_a_partitions_gpus_come_from_sinfo(slurm_cluster: ClusterSettings) -> None:
     """The local cluster's partition: 3 nodes with GRES gpu:4 (no type: --gpu says it)."""
     partition = slurm_cluster.partition
-    no_type = stoker("plan", TINY, "--partition", partition)
+    no_type = stoker_text("plan", TINY, "--partition", partition)
     assert no_type.returncode != 0
     assert f"partition {partition} (sinfo)" in no_type.stderr and "--gpu" in no_type.stderr
-    result = stoker("plan", TINY, "data.batch_size=8", "--partition", partition, "--gpu", "H100",
-                    "--nodes", "2", "--json", timeout=600)  # fmt: skip
+    result = stoker_text("plan", TINY, "data.batch_size=8", "--partition", partition, "--gpu",
+                         "H100", "--nodes", "2", "--json")  # fmt: skip
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     target = plan["target"]
     assert (target["ranks_per_node"], target["world"]) == (4, 8)
     assert target["source"].startswith(f"partition {partition} (sinfo)")
-    too_many = stoker("plan", TINY, "--partition", partition, "--gpu", "H100", "--nodes", "9")
+    too_many = stoker_text("plan", TINY, "--partition", partition, "--gpu", "H100", "--nodes", "9")
     assert too_many.returncode != 0
     assert f"9 nodes asked (--nodes or job.nodes) but partition {partition} (sinfo) has 3" in (
         too_many.stderr)  # fmt: skip
