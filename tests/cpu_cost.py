@@ -48,7 +48,6 @@ class CpuCost:
         began_at, wall, (own, children) = time.time(), time.monotonic(), _cpu()
         yield
         own_after, children_after = _cpu()
-        self.slurm_conf = os.environ.get("SLURM_CONF", self.slurm_conf)
         self.rows.append(
             {
                 "test": item.nodeid,
@@ -60,8 +59,16 @@ class CpuCost:
             }
         )
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> None:
+        # While the test runs: the slurm_cluster fixture sets it for the session and
+        # unsets it in the last test's teardown.
+        self.slurm_conf = os.environ.get("SLURM_CONF", self.slurm_conf)
+
     def add_slurm_cpu(self) -> None:
-        """Each SLURM job's TotalCPU (all its steps) to the test it was submitted in."""
+        """Each SLURM job's TotalCPU (all its steps) to the test it was submitted in.
+        Needs the cluster still up at the end (make test's; a cluster the fixture
+        started is stopped by then)."""
         if self.slurm_conf is None or shutil.which("sacct") is None:
             return
         jobs = slurm_jobs_cpu(self.slurm_conf, self.began_at)
