@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from stoker.config import resolve_config
-from stoker.data.synth import synth_dataset
 from stoker.runtime.models import build_model
 from stoker.runtime.models.build import ModelSetupError
 from stoker.runtime.models.contract import block_slots, loss_and_metrics
-from tests.clirun import stoker
+from tests.clirun import stoker, stoker_text
 
 REPO = Path(__file__).resolve().parents[2]
 OWN_MODEL = REPO / "examples" / "own_model"
@@ -190,7 +190,7 @@ def test_a_forward_that_breaks_the_contract_is_refused_before_the_ranks_start(
 def test_a_broken_plugin_is_refused_before_stoker_run_starts_anything(
     plugin_dir: Path, isolated_home: Path
 ) -> None:
-    result = stoker("run", "model.arch=myplug.models:buld", cwd=plugin_dir, timeout=600)
+    result = stoker_text("run", "model.arch=myplug.models:buld", cwd=plugin_dir)
     assert result.returncode == 2, result.stderr[-2000:]
     assert ("model.arch 'myplug.models:buld': module myplug.models" in result.stderr
             and "(model.arch from override model.arch=myplug.models:buld)" in result.stderr
@@ -202,14 +202,14 @@ def test_a_broken_plugin_is_refused_before_stoker_run_starts_anything(
 
 
 def test_the_example_plugin_trains_on_two_ranks_from_its_folder(
-    tmp_path: Path, isolated_home: Path
+    synthetic_av_set: Callable[..., Path], isolated_home: Path
 ) -> None:
-    data = tmp_path / "data"
-    synth_dataset(str(data), clips=16, seconds=2.0, size=(64, 64), fps=8)
+    data = synthetic_av_set(clips=16, size=(64, 64))  # 2 s at 8 fps
     result = stoker(
         "run", "--nproc", "2", "--json", "model.arch=own_model.denoiser:build",
         "model.args.width=16", f"data.url={data}", "data.batch_size=4", "data.num_workers=0",
-        "train.steps=30", "train.log_every=5", "optim.lr=1e-3", cwd=OWN_MODEL, timeout=900,
+        "data.prefetch_mb=1", "train.steps=30", "train.log_every=5", "optim.lr=1e-3",
+        cwd=OWN_MODEL, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
@@ -242,7 +242,7 @@ def test_a_plugin_module_is_imported_by_name_not_by_path(tmp_path: Path) -> None
           arch: myplug/models.py:build
         """)
     )
-    result = stoker("config", "show", str(exp))
+    result = stoker_text("config", "show", str(exp))
     assert result.returncode == 2
     assert f"{exp}:2: model.arch" in result.stderr
     assert "a module's dotted name, not a file path" in result.stderr
@@ -254,20 +254,20 @@ def test_submit_checks_the_model_before_anything_is_created_unless_told_not_to(
     """`stoker submit` (here `--local`) of a runtime job runs the same check: a broken
     plugin leaves no run folder, MLflow run or ledger entry; `--no-check` submits it,
     and the ranks then fail with the same message (`stoker why`)."""
-    refused = stoker("submit", "--local", "model.arch=myplug.models:buld", cwd=plugin_dir,
-                     timeout=600)  # fmt: skip
+    refused = stoker_text("submit", "--local", "model.arch=myplug.models:buld", cwd=plugin_dir)
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert "model.arch 'myplug.models:buld': module myplug.models" in refused.stderr
     runs = isolated_home / ".stoker" / "runs"
     assert not runs.exists() or not any(runs.iterdir())
-    listed = stoker("status", "--all", "--json")
+    listed = stoker_text("status", "--all", "--json")
     assert json.loads(listed.stdout) == []
 
-    sent = stoker("submit", "--local", "--no-check", "--json", "model.arch=myplug.models:buld",
-                  "train.steps=2", cwd=plugin_dir, timeout=600)  # fmt: skip
+    buld = "model.arch=myplug.models:buld"
+    sent = stoker_text("submit", "--local", "--no-check", "--json", buld, "train.steps=2",
+                       cwd=plugin_dir)  # fmt: skip
     assert sent.returncode == 0, sent.stderr[-2000:]
     job_id = json.loads(sent.stdout.strip().splitlines()[-1])["job_id"]
-    followed = stoker("logs", "-f", job_id, timeout=600)
+    followed = stoker_text("logs", "-f", job_id)
     assert "FAILED" in followed.stderr and "has no 'buld'" in followed.stderr, followed.stderr
 
 
@@ -289,7 +289,7 @@ def test_check_and_submit_refuse_a_broken_plugin_and_queue_nothing(
     """Before anything is queued: `stoker check` fails the model line with the message
     and its fix, and `stoker submit` (to SLURM: the check comes before sbatch) refuses
     with the same, leaving no run folder, MLflow run or ledger entry."""
-    checked = stoker("check", "--json", *overrides, cwd=plugin_dir, timeout=600)
+    checked = stoker_text("check", "--json", *overrides, cwd=plugin_dir)
     assert checked.returncode == 1, checked.stderr[-2000:]
     model = {f["check"]: f for f in json.loads(checked.stdout)}["model"]
     assert model["status"] == "fail" and message in model["detail"], model
@@ -297,12 +297,12 @@ def test_check_and_submit_refuse_a_broken_plugin_and_queue_nothing(
     if "forward" in message and "missing" in message:
         assert "define forward(self, batch)" in model["fix"]
 
-    refused = stoker("submit", *overrides, cwd=plugin_dir, timeout=600)
+    refused = stoker_text("submit", *overrides, cwd=plugin_dir)
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert message in refused.stderr and "fix:" in refused.stderr, refused.stderr
     runs = isolated_home / ".stoker" / "runs"
     assert not runs.exists() or not any(runs.iterdir())
-    assert json.loads(stoker("status", "--all", "--json").stdout) == []
+    assert json.loads(stoker_text("status", "--all", "--json").stdout) == []
     mlflow_db = isolated_home / ".stoker" / "mlflow" / "mlflow.db"
     if mlflow_db.exists():
         from mlflow.tracking import MlflowClient
@@ -311,15 +311,15 @@ def test_check_and_submit_refuse_a_broken_plugin_and_queue_nothing(
 
 
 def test_metrics_named_differently_on_two_ranks_fail_the_run_by_name(
-    plugin_dir: Path, isolated_home: Path, tmp_path: Path
+    plugin_dir: Path, isolated_home: Path, synthetic_av_set: Callable[..., Path]
 ) -> None:
     """The ranks' metrics are averaged by name in one all-reduce: names that differ would
     mix values up or hang it. The first log step compares them and says which."""
-    data = tmp_path / "data"
-    synth_dataset(str(data), clips=8, seconds=1.0, size=(32, 32), fps=8)
+    data = synthetic_av_set(clips=8, size=(32, 32), seconds=1.0)
     result = stoker(
         "run", "--nproc", "2", "--json", "model.arch=myplug.extra:build_rank_metrics",
-        f"data.url={data}", "data.batch_size=4", "data.num_workers=0", "train.steps=4",
+        f"data.url={data}", "data.batch_size=4", "data.num_workers=0", "data.prefetch_mb=1",
+        "train.steps=4",
         "train.log_every=2", cwd=plugin_dir, timeout=900,
     )  # fmt: skip
     summary = json.loads(result.stdout.strip().splitlines()[-1])
