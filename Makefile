@@ -23,11 +23,12 @@ ui:
 # tests and the rest side by side: scripts/test-suite; STOKER_TEST_SERIAL=1 for one
 # process), lint,
 # stop the cluster (also when tests fail) and keep pytest's exit status.
-# Each part's wall time and each test's CPU seconds go to $(COST_DIR); the budget table
+# Each part's wall time, each test's CPU seconds and the machine's (/proc/stat) go to
+# $(COST_DIR); the budget table
 # prints last (tests/cost_report.py; docs/operations.md, "The suite's budget").
 COST_DIR ?= .test-cost
 test:
-	rm -rf $(COST_DIR); mkdir -p $(COST_DIR)
+	rm -rf $(COST_DIR); mkdir -p $(COST_DIR); head -1 /proc/stat >$(COST_DIR)/proc-stat.start
 	@began=$$(date +%s); $(MAKE) --no-print-directory install-dev && \
 	printf 'install\t%s\n' $$(( $$(date +%s) - began )) >>$(COST_DIR)/parts.tsv
 	@began=$$(date +%s); $(CLUSTER) install && $(PY) tests/browser.py install && \
@@ -39,6 +40,7 @@ test:
 	$(MAKE) --no-print-directory lint || status=$$((status ? status : 1)); \
 	printf 'lint\t%s\n' $$(( $$(date +%s) - began )) >>$(COST_DIR)/parts.tsv; \
 	$(CLUSTER) stop || true; \
+	head -1 /proc/stat >$(COST_DIR)/proc-stat.end; \
 	$(PY) tests/cost_report.py $(COST_DIR) || true; \
 	exit $$status
 

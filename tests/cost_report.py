@@ -7,11 +7,17 @@ what scripts/test-suite and tests/cpu_cost.py left in STOKER_TEST_COST_DIR.
 `DIR/parts.tsv` has one `label<TAB>seconds[<TAB>side]` line per part (the Makefile and
 scripts/test-suite time them; "side": a process that ran beside another, shown but not
 added to the total);
-`DIR/<process>.json` one document per pytest process (tests/cpu_cost.py)."""
+`DIR/<process>.json` one document per pytest process (tests/cpu_cost.py);
+`DIR/proc-stat.start` and `.end` the first line of /proc/stat as `make test` began and
+ended: the CPU seconds the whole machine spent in between (every process: pytest, the
+commands and ranks it started, the SLURM daemons and jobs, the servers). On a VM that
+runs only the suite, that is the suite's CPU, which per-process figures undercount
+(a job's ranks under slurmd, workers forked by a fork server nobody waits for)."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +28,18 @@ SHOWN = 20
 
 def cost(row: dict[str, Any]) -> float:
     return float(row["cpu_s"]) + float(row.get("slurm_cpu_s", 0))
+
+
+def machine_cpu_s(where: Path) -> float | None:
+    """Busy CPU seconds between DIR/proc-stat.start and .end (user, nice, system, irq,
+    softirq, steal; not idle or iowait); None without both."""
+    marks = [where / "proc-stat.start", where / "proc-stat.end"]
+    if not all(mark.exists() for mark in marks):
+        return None
+    start, end = ([int(v) for v in m.read_text().split()[1:]] for m in marks)
+    busy = (0, 1, 2, 5, 6, 7)  # the fields' order: user nice system idle iowait irq ...
+    ticks = sum(end[i] - start[i] for i in busy)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def report(where: Path) -> str:
@@ -37,6 +55,9 @@ def report(where: Path) -> str:
             total += float(seconds)
             lines.append(f"{label:<28} {float(seconds):8.0f} s")
         lines.append(f"{'make test':<28} {total:8.0f} s of {BUDGET_S} s")
+    busy = machine_cpu_s(where)
+    if busy is not None:
+        lines.append(f"{'machine CPU, all processes':<28} {busy:8.0f} CPU-s (/proc/stat)")
     rows = []
     for path in sorted(where.glob("*.json")):
         doc = json.loads(path.read_text())

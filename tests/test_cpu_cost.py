@@ -48,11 +48,17 @@ def test_a_tests_cpu_counts_the_children_it_waited_for_and_the_report_ranks_it(
         "install\t100\npytest: cluster modules\t650\tside\npytest: the other modules\t690\tside\n"
         "pytest: both processes\t700\n"
     )
+    # 100 s of user, 50 of nice, 30 of system, 20 of softirq at 100 ticks a second;
+    # idle and iowait do not count.
+    (costs / "proc-stat.start").write_text("cpu  1000 0 0 5000 300 0 0 0 0 0\n")
+    (costs / "proc-stat.end").write_text("cpu  11000 5000 3000 99000 900 0 2000 0 0 0\n")
     table = subprocess.run(
         [sys.executable, str(REPO / "tests" / "cost_report.py"), str(costs)],
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
     assert "make test" in table and "800 s of 1200 s" in table
+    ticks = os.sysconf("SC_CLK_TCK")
+    assert f"{20000 / ticks:8.0f} CPU-s (/proc/stat)" in table
     ranked = table[table.index("costliest") :].splitlines()[1:]
     assert "test_busy_child" in ranked[0]
 
