@@ -18,6 +18,8 @@ from stoker.runtime.planning.search import GIB, Target
 
 TOLERANCE = 0.10
 HERE = Path(__file__).parent
+# The real steps in this process (the one-rank test: 35 CPU-s on two threads, 21 on one).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _candidates(size: str) -> tuple[list[dict[str, object]], list[int]]:
