@@ -11,6 +11,11 @@ server):
 - a flipped byte in a committed shard: `ckpt verify --full` fails naming the
   file, the next start falls back with a warning; a folder cut short (no
   .metadata) is passed over.
+
+The straight runs the resumes are compared with are the same for either storage: each
+runs once per module, on a local folder (a 2-rank one is a torchrun of three processes,
+~25 CPU-s, nearly all start-up). fp32 throughout: the tests compare losses across
+processes (`train.precision: auto` is bf16 on a CPU with native bf16).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from stoker.protocol import EXIT_REQUEUE
 from stoker.runtime.dist_env import detect
 from stoker.runtime.metrics_sink import MetricsOnlySink
 from stoker.runtime.trainer import Trainer
-from tests.clirun import stoker
+from tests.clirun import stoker_text
 from tests.s3_server import S3Server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,7 +71,7 @@ def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def _experiment(tmp_path: Path, data_url: str, root: str, **sections: dict[str, Any]) -> Path:
     spec: dict[str, Any] = {
         "data": {"url": data_url, "batch_size": 4, "num_workers": 0},
-        "train": {"steps": 20, "log_every": 1, "seed": 3},
+        "train": {"steps": 20, "log_every": 1, "seed": 3, "precision": "fp32"},
         "optim": {"warmup_steps": 2},
         "checkpoint": {"root": root, "every": 5, "keep_last": 2},
     }
@@ -104,9 +109,32 @@ def _weights(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
 
+@pytest.fixture(scope="module")
+def straight_twenty_steps(
+    tmp_path_factory: pytest.TempPathFactory, data_url: str
+) -> tuple[dict[int, float], dict[str, torch.Tensor]]:
+    """test_resume_is_bit_exact's run without a stop, saving to a local folder: its
+    losses and final weights."""
+    tmp_path = tmp_path_factory.mktemp("straight-20")
+    exp = _experiment(tmp_path, data_url, str(tmp_path / "checkpoints"))
+    cfg = resolve_config(exp, use_profile=False).config
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as one_torch_thread
+    try:
+        straight = Recorder()
+        reference, _ = _train(cfg, tmp_path / "run", straight)
+    finally:
+        torch.set_num_threads(threads)
+    return straight.losses, _weights(reference)
+
+
 @pytest.mark.usefixtures("one_torch_thread")  # 13 s, but 164 s on 2 busy threads
 def test_resume_is_bit_exact(
-    tmp_path: Path, data_url: str, root: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    data_url: str,
+    root: str,
+    monkeypatch: pytest.MonkeyPatch,
+    straight_twenty_steps: tuple[dict[int, float], dict[str, torch.Tensor]],
 ) -> None:
     cfg = resolve_config(_experiment(tmp_path, data_url, root), use_profile=False).config
     stop_file = tmp_path / "stop-requested"
@@ -125,13 +153,9 @@ def test_resume_is_bit_exact(
     resumed, code = _train(cfg, tmp_path / "run", second)
     assert code == 0 and resumed.start_step == 10 and sorted(second.losses) == list(range(11, 21))
 
-    straight_cfg = cfg.model_copy(
-        update={"checkpoint": cfg.checkpoint.model_copy(update={"root": root + "-straight"})}
-    )
-    straight = Recorder()
-    reference, _ = _train(straight_cfg, tmp_path / "straight", straight)
-    assert straight.losses == {**first.losses, **second.losses}  # identical, not close
-    final, expected = _weights(resumed), _weights(reference)
+    straight_losses, expected = straight_twenty_steps
+    assert straight_losses == {**first.losses, **second.losses}  # identical, not close
+    final = _weights(resumed)
     assert final.keys() == expected.keys()
     assert all(torch.equal(final[k], expected[k]) for k in final)
     # Retention: the last two, of 5, 10, 15, 20.
@@ -161,9 +185,9 @@ def test_broken_newest_checkpoint_falls_back_with_a_warning(
     fs.makedirs(f"{base}/step-15", exist_ok=True)
     fs.pipe_file(f"{base}/step-15/__0_0.distcp", b"x" * 100)
 
-    quick = stoker("ckpt", "verify", f"{root}/step-10")
+    quick = stoker_text("ckpt", "verify", f"{root}/step-10")
     assert quick.returncode == 0, quick.stderr  # same size: only the checksum shows it
-    full = stoker("ckpt", "verify", f"{root}/step-10", "--full")
+    full = stoker_text("ckpt", "verify", f"{root}/step-10", "--full")
     assert full.returncode == 1 and "__0_0.distcp: sha256" in full.stdout + full.stderr
 
     capsys.readouterr()
@@ -235,9 +259,27 @@ def _result(out: Path) -> dict[str, Any]:
     return data
 
 
-def test_four_ranks_save_two_ranks_resume(tmp_path: Path, data_url: str, root: str) -> None:
-    exp = _experiment(tmp_path, data_url, root, data={"batch_size": 8},
-                      checkpoint={"every": 0}, train={"steps": 12})  # fmt: skip
+def _four_ranks_experiment(tmp_path: Path, data_url: str, root: str) -> Path:
+    return _experiment(tmp_path, data_url, root, data={"batch_size": 8},
+                       checkpoint={"every": 0}, train={"steps": 12})  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def straight_two_ranks(tmp_path_factory: pytest.TempPathFactory, data_url: str) -> dict[str, Any]:
+    """test_four_ranks_save_two_ranks_resume's run on 2 ranks without a stop, saving to
+    a local folder: rank_main.py's OUT.json."""
+    tmp_path = tmp_path_factory.mktemp("straight-2-ranks")
+    straight_exp = _four_ranks_experiment(tmp_path, data_url, str(tmp_path / "checkpoints"))
+    ref = _torchrun(2, "--config", str(straight_exp), run_dir=tmp_path / "straight",
+                    out=tmp_path / "c.json")  # fmt: skip
+    assert ref.returncode == 0, _log(tmp_path / "straight", "c")
+    return _result(tmp_path / "c.json")
+
+
+def test_four_ranks_save_two_ranks_resume(
+    tmp_path: Path, data_url: str, root: str, straight_two_ranks: dict[str, Any]
+) -> None:
+    exp = _four_ranks_experiment(tmp_path, data_url, root)
     run = tmp_path / "run"
     four = _torchrun(4, "--config", str(exp), "--stop-at", "5", run_dir=run,
                      out=tmp_path / "a.json")  # fmt: skip
@@ -253,12 +295,7 @@ def test_four_ranks_save_two_ranks_resume(tmp_path: Path, data_url: str, root: s
     resumed = _result(tmp_path / "b.json")
     assert resumed["start_step"] == 6 and resumed["exit_code"] == 0
 
-    straight_exp = _experiment(tmp_path, data_url, root + "-straight", data={"batch_size": 8},
-                               checkpoint={"every": 0}, train={"steps": 12})  # fmt: skip
-    ref = _torchrun(2, "--config", str(straight_exp), run_dir=tmp_path / "straight",
-                    out=tmp_path / "c.json")  # fmt: skip
-    assert ref.returncode == 0, _log(tmp_path / "straight", "c")
-    straight = _result(tmp_path / "c.json")
+    straight = straight_two_ranks
     # The exact data stream: the same samples at every step, 4 ranks then 2.
     assert {**saved["positions"], **resumed["positions"]} == straight["positions"]
     for step in range(1, 13):
