@@ -15,7 +15,7 @@ import torch.distributed.checkpoint as dcp
 from stoker.checkpoint import commit as ck
 from stoker.checkpoint.train_state import TrainState, state_to_save
 from stoker.errors import StokerError
-from tests.clirun import stoker
+from tests.clirun import stoker_text
 from tests.s3_server import S3Server
 
 SHARD = "__0_0.distcp"
@@ -158,25 +158,25 @@ def test_cli_ls_and_verify(tmp_path: Path) -> None:
     _committed(root, 10)
     step20 = _committed(root, 20)
     _save(root, 30)
-    listed = stoker("ckpt", "ls", str(root), "--json", check=True)
+    listed = stoker_text("ckpt", "ls", str(root), "--json", check=True)
     rows = json.loads(listed.stdout)
     assert [(r["step"], r["committed"]) for r in rows] == [(30, False), (20, True), (10, True)]
     assert set(rows[0]) >= {"step", "path", "committed", "bytes"}
-    table = stoker("ckpt", "ls", str(root), check=True).stdout
+    table = stoker_text("ckpt", "ls", str(root), check=True).stdout
     assert "step-20" in table and "committed" in table
 
-    ok = stoker("ckpt", "verify", str(root), "--full")
+    ok = stoker_text("ckpt", "verify", str(root), "--full")
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.count("ok") == 2  # the uncommitted step-30 is not checked
     _flip_byte(step20 / SHARD)
-    assert stoker("ckpt", "verify", str(step20)).returncode == 0  # sizes still match
-    bad = stoker("ckpt", "verify", str(root), "--full")
+    assert stoker_text("ckpt", "verify", str(step20)).returncode == 0  # sizes still match
+    bad = stoker_text("ckpt", "verify", str(root), "--full")
     assert bad.returncode == 1 and f"step-20: {SHARD}: sha256" in bad.stdout
-    assert stoker("ckpt", "verify", str(root / "step-30")).returncode == 1  # not committed
+    assert stoker_text("ckpt", "verify", str(root / "step-30")).returncode == 1  # not committed
 
-    missing = stoker("ckpt", "verify", str(tmp_path / "nope"))
+    missing = stoker_text("ckpt", "verify", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
-    assert stoker("ckpt", "ls", str(tmp_path / "nope")).returncode == 2
+    assert stoker_text("ckpt", "ls", str(tmp_path / "nope")).returncode == 2
 
 
 def _upload(s3: Any, local: Path, url: str) -> None:
@@ -218,8 +218,10 @@ def test_commit_verify_ls_on_s3(tmp_path: Path, s3_env: S3Server) -> None:
     assert ck.newest_verified(root, full=True, warn=warnings.append) == (10, f"{root}/step-10")
     assert [w.split(":")[0] for w in warnings] == ["falling back to step-10"] * 2
 
-    listed = stoker("ckpt", "ls", root, "--json", env=s3_env.env, check=True)
+    listed = stoker_text("ckpt", "ls", root, "--json", env=s3_env.env, check=True)
     assert [r["step"] for r in json.loads(listed.stdout)] == [30, 20, 10]
-    bad = stoker("ckpt", "verify", f"{root}/step-20", "--full", env=s3_env.env)
+    bad = stoker_text("ckpt", "verify", f"{root}/step-20", "--full", env=s3_env.env)
     assert bad.returncode == 1 and SHARD in bad.stdout
-    assert stoker("ckpt", "verify", f"{root}/step-10", "--full", env=s3_env.env).returncode == 0
+    assert (
+        stoker_text("ckpt", "verify", f"{root}/step-10", "--full", env=s3_env.env).returncode == 0
+    )

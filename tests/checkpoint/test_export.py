@@ -27,7 +27,7 @@ from stoker.checkpoint.export import export_weights, read_weights
 from stoker.config import resolve_config
 from stoker.errors import StokerError
 from stoker.runtime.models import AVDiT, build_model
-from tests.clirun import stoker
+from tests.clirun import stoker_text
 from tests.s3_server import S3Server
 
 SAVE = Path(__file__).with_name("fsdp2_save.py")
@@ -154,7 +154,7 @@ def test_ema_weights_replace_the_averaged_ones(trained: Trained, tmp_path: Path)
     cfg = resolve_config(TINY, use_profile=False).config
     build_model(cfg.model, cfg.data).load_state_dict(state, strict=True)
 
-    result = stoker("ckpt", "export", str(trained.folder), str(tmp_path / "m.safetensors"),
+    result = stoker_text("ckpt", "export", str(trained.folder), str(tmp_path / "m.safetensors"),
                     "--ema", "--json", check=True)  # fmt: skip
     assert json.loads(result.stdout)["tensors"] == len(expected)
 
@@ -252,8 +252,8 @@ def test_cli(trained: Trained, tmp_path: Path) -> None:
     root = tmp_path / "checkpoints"
     folder = trained.copy_to(root)
     out = tmp_path / "model.pt"
-    done = stoker("ckpt", "export", str(root), str(out), "--format", "torch", "--dtype", "fp16",
-                  "--full", "--json", check=True)  # fmt: skip
+    done = stoker_text("ckpt", "export", str(root), str(out), "--format", "torch",
+                       "--dtype", "fp16", "--full", "--json", check=True)  # fmt: skip
     assert json.loads(done.stdout) == {
         "step": STEP, "source": str(folder), "out": str(out), "format": "torch",
         "tensors": len(trained.reference["state"]), "dtypes": ["float16"],
@@ -261,13 +261,13 @@ def test_cli(trained: Trained, tmp_path: Path) -> None:
     state = torch.load(out, weights_only=True)
     assert all(t.dtype == torch.float16 for t in state.values())
 
-    again = stoker("ckpt", "export", str(folder), str(out))
+    again = stoker_text("ckpt", "export", str(folder), str(out))
     assert again.returncode == 2 and "exists" in again.stderr and "--force" in again.stderr
     _flip_byte(folder / "__0_0.distcp")
-    bad = stoker("ckpt", "export", str(folder), str(out), "--force", "--full")
+    bad = stoker_text("ckpt", "export", str(folder), str(out), "--force", "--full")
     assert bad.returncode == 2 and "__0_0.distcp: sha256" in bad.stderr
     (folder / "COMMIT.json").unlink()
-    uncommitted = stoker("ckpt", "export", str(folder), str(tmp_path / "x.safetensors"))
+    uncommitted = stoker_text("ckpt", "export", str(folder), str(tmp_path / "x.safetensors"))
     assert uncommitted.returncode == 2 and "is not committed" in uncommitted.stderr
     assert not (tmp_path / "x.safetensors").exists()
     assert torch.load(out, weights_only=True).keys() == state.keys()  # left as it was
@@ -297,7 +297,7 @@ def test_export_from_and_to_s3(trained: Trained, tmp_path: Path, s3_env: S3Serve
     assert fetched.keys() == expected.keys()
     assert all(torch.equal(fetched[k], expected[k]) for k in expected)
     assert s3.find(f"s3://{bucket}/exports") == [out.removeprefix("s3://")]
-    exists = stoker("ckpt", "export", root, out, env=s3_env.env)
+    exists = stoker_text("ckpt", "export", root, out, env=s3_env.env)
     assert exists.returncode == 2 and f"{out}' exists" in exists.stderr
 
 
@@ -325,7 +325,7 @@ def test_stoker_sample_draws_from_a_two_rank_checkpoint_in_one_process(
     config.write_text(_with_precision(TINY.read_text(), "fp32"))
     args = ["sample", str(trained.folder), "--config", str(config), "--seed", "3", "--seed", "4",
             "--steps", "2", "--method", "euler", "--device", "cpu"]  # fmt: skip
-    result = json.loads(stoker(*args, "--out", str(out), "--json", check=True).stdout)
+    result = json.loads(stoker_text(*args, "--out", str(out), "--json", check=True).stdout)
     assert (result["step"], result["weights"]) == (STEP, "ema")
     assert result["files"] == ["seed-3.mp4", "seed-4.mp4", "contact.png", "samples.json"]
 
@@ -340,9 +340,9 @@ def test_stoker_sample_draws_from_a_two_rank_checkpoint_in_one_process(
         assert (out / name).read_bytes() == (tmp_path / "expected" / name).read_bytes()
 
     trained_weights = tmp_path / "trained"
-    stoker(*args, "--weights", "model", "--out", str(trained_weights), check=True)
+    stoker_text(*args, "--weights", "model", "--out", str(trained_weights), check=True)
     assert (trained_weights / "seed-3.mp4").read_bytes() != (out / "seed-3.mp4").read_bytes()
 
-    failed = stoker("sample", str(trained.folder), "--out", str(tmp_path / "x"))
+    failed = stoker_text("sample", str(trained.folder), "--out", str(tmp_path / "x"))
     assert failed.returncode != 0 and "no run config found" in failed.stderr
     assert "--config" in failed.stderr
