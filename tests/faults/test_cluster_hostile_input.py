@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.clirun import stoker
+from tests.clirun import stoker_text
 from tests.launcher_jobs import rank_lines, submit_json, wait_final
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def test_hostile_values_neither_execute_nor_break_the_job(
 
     # A job name is refused before anything is created: it names the value and the rule.
     before = list((Path(os.environ["STOKER_HOME"]) / "runs").iterdir())
-    refused = stoker("submit", "--name", "x$(touch PWNED5)", "--", "true", cwd=tmp_path)
+    refused = stoker_text("submit", "--name", "x$(touch PWNED5)", "--", "true", cwd=tmp_path)
     assert refused.returncode == 2
     assert "job.name" in refused.stderr and "x$(touch PWNED5)" in refused.stderr
     assert list((Path(os.environ["STOKER_HOME"]) / "runs").iterdir()) == before

@@ -26,6 +26,7 @@ from tests.faults.training_jobs import (
     events_of,
     hostnames,
     kill_task,
+    link_synthetic_data,
     loss_history,
     rank_pid,
     resumed_step,
@@ -45,12 +46,18 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slurm
 TIMEOUT_S = 20  # train.collective_timeout_s in these tests (the default is 120)
+# Two faults, each after a checkpoint of the start it hits, with steps to spare for a
+# fast machine; one fault (a frozen node) needs fewer.
 STEPS = 60
+STEPS_ONE_FAULT = 30
 
 
-def _submit(tmp_path: Path, *extra: str) -> tuple[dict, Path]:
+def _submit(
+    factory: pytest.TempPathFactory, tmp_path: Path, *extra: str, steps: int = STEPS
+) -> tuple[dict, Path]:
+    link_synthetic_data(factory, *FAST)
     job = submit_json(
-        TINY, *FAST, f"train.steps={STEPS}", "train.log_every=5", "checkpoint.every=5",
+        TINY, *FAST, f"train.steps={steps}", "train.log_every=5", "checkpoint.every=5",
         "checkpoint.keep_last=100", f"train.collective_timeout_s={TIMEOUT_S}",
         "job.max_restarts=1", *TWO_NODES, "--time", "10", *extra, cwd=tmp_path,
     )  # fmt: skip
@@ -61,26 +68,28 @@ def _newest_commit(run_dir: Path) -> int:
     return max(committed_steps(run_dir), default=0)
 
 
-def _check_resumed_and_logged_once(job: dict, run_dir: Path, lost: str, at_loss: int) -> None:
+def _check_resumed_and_logged_once(
+    job: dict, run_dir: Path, lost: str, at_loss: int, total: int
+) -> None:
     (_, _, first), (_, restart, second) = starts(run_dir)
     assert restart == 1 and lost in hostnames(first) and lost not in hostnames(second), (
         first, second)  # fmt: skip
     assert resumed_step(run_dir, 1) == at_loss, (run_dir / "logs/r1/rank-0.log").read_text()
-    assert f"finished at step {STEPS}" in (run_dir / "logs/r1/rank-0.log").read_text()
+    assert f"finished at step {total}" in (run_dir / "logs/r1/rank-0.log").read_text()
     steps = [step for step, _ in loss_history(job["run_id"])]
-    assert steps == list(range(5, STEPS + 1, 5)), "every logged step exactly once"
+    assert steps == list(range(5, total + 1, 5)), "every logged step exactly once"
     status = json.loads(stoker("status", job["job_id"], "--json", check=True).stdout)[0]
     assert status["state"] == "COMPLETED" and status["restarts"] == 1
 
 
 def test_killed_then_stopped_rank_each_restart_the_job(
-    slurm_cluster: ClusterSettings, tmp_path: Path
+    slurm_cluster: ClusterSettings, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Start 0: rank 1 SIGKILLed (srun ends rank 0 at once; restart without its node).
     Start 1: rank 1 SIGSTOPped, its node healthy (rank 0's collective times out, it
     exits 76, a lost rank: restart, no node known)."""
-    job, run_dir = _submit(tmp_path, "job.max_restarts=2")
-    wait_for(lambda: _newest_commit(run_dir) >= 10, 240, "step-10 committed")
+    job, run_dir = _submit(tmp_path_factory, tmp_path, "job.max_restarts=2")
+    wait_for(lambda: _newest_commit(run_dir) >= 5, 240, "a first checkpoint committed")
     pid, node = rank_pid(run_dir, 0, 1)
     first_loss = _newest_commit(run_dir)
     killed_at = time.time()
@@ -148,12 +157,12 @@ def _second_start_record(run_dir: Path) -> str:
 
 
 def test_frozen_node_fails_the_job_within_the_timeout_and_it_resumes_elsewhere(
-    slurm_cluster: ClusterSettings, tmp_path: Path
+    slurm_cluster: ClusterSettings, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     if slurm_cluster.external:
         pytest.skip("freezing a node needs the local cluster, whose nodes are processes here")
-    job, run_dir = _submit(tmp_path)
-    wait_for(lambda: _newest_commit(run_dir) >= 10, 240, "step-10 committed")
+    job, run_dir = _submit(tmp_path_factory, tmp_path, steps=STEPS_ONE_FAULT)
+    wait_for(lambda: _newest_commit(run_dir) >= 5, 240, "a first checkpoint committed")
     _, node = rank_pid(run_dir, 0, 1)  # not the batch script's node: the script lives on
     at_loss = _newest_commit(run_dir)
     frozen_at = time.time()
@@ -178,7 +187,7 @@ def test_frozen_node_fails_the_job_within_the_timeout_and_it_resumes_elsewhere(
         localslurm.thaw(frozen)
         subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
                        capture_output=True, check=False)  # fmt: skip
-    _check_resumed_and_logged_once(job, run_dir, node, at_loss)
+    _check_resumed_and_logged_once(job, run_dir, node, at_loss, STEPS_ONE_FAULT)
     wait_for(lambda: _node_state(node) in {"IDLE", "MIXED", "ALLOCATED"}, 60, f"{node} back")
 
 

@@ -5,12 +5,19 @@ time limit (USR2 before it, a save, exit 75, the batch script's requeue) resumes
 each time from its newest committed checkpoint into the same MLflow run. Its loss
 curve equals an uninterrupted run's bit for bit (CPU, fp32, fixed seed), and
 MLflow holds every logged step exactly once. The EMA of the weights
-(train.ema_decay) ends equal to the uninterrupted run's, bit for bit."""
+(train.ema_decay) ends equal to the uninterrupted run's, bit for bit.
+
+SLURM sends a time limit's USR2 at its next check of the limits, up to 30 s after it is
+due. Rather than a job of hundreds of steps that outlasts that wait on any machine, the
+start that meets the time limit is paused (SIGSTOP, as a node too busy to schedule the
+ranks) from its first checkpoint of its own until the batch script has the USR2: the
+ranks then go on with the signal pending and stop as they would have mid-step."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,8 +31,11 @@ from tests.faults.training_jobs import (
     TINY,
     TWO_NODES,
     committed_steps,
+    kill_task,
+    link_synthetic_data,
     loss_history,
     mlflow_client,
+    rank_pid,
     resumed_step,
     starts,
 )
@@ -42,20 +52,29 @@ if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
 
 pytestmark = pytest.mark.slurm
-STEPS = 400
+# Three starts stop, each some steps after a checkpoint of its own (every 5): about 10
+# steps a start here, at most ~20 on a fast machine. The last start trains the rest.
+STEPS = 80
 LOG_EVERY = 1  # a loss per step: a window mean would span a stop
 GRACE_S = 120  # job.stop_grace, and the third start's time limit (whole minutes)
-COMMON = [TINY, *FAST, f"train.steps={STEPS}", f"train.log_every={LOG_EVERY}",
-          "checkpoint.every=10", "checkpoint.keep_last=1000", "train.ema_decay=0.95",
-          *TWO_NODES]  # fmt: skip
+# Loader workers on: SLURM signals every process of a step (TERM on a requeue, and the
+# batch script forwards the time limit's USR2); the workers must outlive both.
+COMMON = [TINY, *FAST, "data.num_workers=1", f"train.steps={STEPS}",
+          f"train.log_every={LOG_EVERY}", "checkpoint.every=5", "checkpoint.keep_last=1000",
+          "train.ema_decay=0.95", *TWO_NODES]  # fmt: skip
 
 
 def test_requeues_and_time_limits_resume_bit_exact_into_one_run(
-    slurm_cluster: ClusterSettings, tmp_path: Path
+    slurm_cluster: ClusterSettings, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    reference = submit_json(*COMMON, "--time", "15", cwd=tmp_path)
-    job = submit_json(*COMMON, "--time", "15", f"job.stop_grace={GRACE_S}",
-                      "job.max_requeues=20", cwd=tmp_path)  # fmt: skip
+    link_synthetic_data(tmp_path_factory, *FAST)
+    # Submitted side by side: one `stoker submit` took 18 s on the loaded VM.
+    with ThreadPoolExecutor(2) as pool:
+        submitted = pool.submit(submit_json, *COMMON, "--time", "15",
+                                f"job.stop_grace={GRACE_S}", "job.max_requeues=20",
+                                cwd=tmp_path)  # fmt: skip
+        reference = pool.submit(submit_json, *COMMON, "--time", "15", cwd=tmp_path).result()
+        job = submitted.result()
     job_id, run_dir = job["job_id"], Path(job["run_dir"])
     events = run_dir / "events"
 
@@ -69,11 +88,11 @@ def test_requeues_and_time_limits_resume_bit_exact_into_one_run(
 
     # The third start reaches its time limit. As it begins, its limit drops to GRACE_S,
     # so SLURM's USR2 (--signal=B:USR2@GRACE_S) is due at once; SLURM sends it at its
-    # next check (every 30 s), well before the job could finish on any machine, and the
-    # job has GRACE_S to save before the limit kills it. The waiting in a natural limit
-    # would be 1-2 minutes.
+    # next check (every 30 s), and the job has GRACE_S to save before the limit kills it.
+    # The waiting in a natural limit would be 1-2 minutes.
     subprocess.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={GRACE_S // 60}"],
                    check=True, capture_output=True)  # fmt: skip
+    _pause_until_the_time_limits_signal(job_id, run_dir)
     wait_for(lambda: "requeued after time limit" in _text(events)
              or scontrol_job(job_id).get("JobState") in FINAL_STATES, 240,
              "the time limit's requeue")  # fmt: skip
@@ -127,12 +146,37 @@ def _running_with_own_commit(job_id: str, run_dir: Path) -> bool:
     return any(at >= history[-1][0] for at in committed_steps(run_dir).values())
 
 
+def _pause_until_the_time_limits_signal(job_id: str, run_dir: Path) -> None:
+    """Once the running start has committed a checkpoint of its own, stop its two ranks
+    until the batch script has SLURM's USR2 (it forwards it to them), then continue them.
+    A USR2 that came first (a slow start) needs no pause: they stop after a step."""
+    events = run_dir / "events"
+
+    def signalled() -> bool:
+        return "stop requested: SIGUSR2" in _text(events)
+
+    wait_for(lambda: signalled() or _running_with_own_commit(job_id, run_dir), 240,
+             "a checkpoint of the third start's own, or the time limit's USR2")  # fmt: skip
+    if signalled():
+        return
+    restart = starts(run_dir)[-1][1]
+    ranks = [rank_pid(run_dir, restart, rank) for rank in (0, 1)]
+    for pid, node in ranks:
+        kill_task(job_id, node, pid, signal="STOP", check=False)
+    try:
+        wait_for(signalled, 120, "SLURM's USR2 before the time limit")
+    finally:
+        for pid, node in ranks:
+            kill_task(job_id, node, pid, signal="CONT", check=False)
+
+
 def test_a_stop_while_the_runtime_starts_saves_and_requeues(
-    slurm_cluster: ClusterSettings, tmp_path: Path
+    slurm_cluster: ClusterSettings, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """The stop signal as the tasks start, while Python imports torch: before the runtime
     handles SIGUSR2, its default action killed them (seen in CI, a time limit's USR2 soon
     after a requeue). They start with it ignored and find the stop file instead."""
+    link_synthetic_data(tmp_path_factory, *FAST)
     job = submit_json(TINY, *FAST, "train.steps=400", "--nodes", "1", "--ntasks-per-node", "2",
                       "--time", "15", cwd=tmp_path)  # fmt: skip
     job_id, run_dir = job["job_id"], Path(job["run_dir"])

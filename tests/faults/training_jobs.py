@@ -15,9 +15,39 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "examples" / "tiny.yaml")
 # tiny.yaml at a quarter of the pixels and half the clip: ~0.2 s a step on a CPU rank.
-FAST = ["data.batch_size=4", "data.resolution=[32,32]", "data.clip_seconds=0.5"]
+# No loader workers: each rank's start would also start a fork server that preloads torch
+# (seconds of CPU on the 2-core VM, per rank and per start); a test of the workers under a
+# stop signal adds data.num_workers=1 (a later override wins).
+FAST = ["data.batch_size=4", "data.resolution=[32,32]", "data.clip_seconds=0.5",
+        "data.num_workers=0"]  # fmt: skip
 # One task on each of two nodes, so a node can be lost while the other runs on.
 TWO_NODES = ["--nodes", "2", "--ntasks-per-node", "1"]
+
+
+_SYNTHETIC_SETS: dict[str, Path] = {}
+
+
+def link_synthetic_data(factory: Any, *overrides: str) -> None:
+    """Puts into this test's STOKER_HOME the synthetic data set that `data.url: null` reads
+    (stoker/data/synthetic.py) for tiny.yaml with these overrides, made once per session
+    (`factory`: pytest's tmp_path_factory) and linked. Otherwise the first start of each
+    test's job writes the same 256 clips in a rank (~4 CPU-s, ~6 s on the loaded VM)
+    while the other ranks wait for it; the tests here are about faults, not that."""
+    from stoker.config import resolve_config
+    from stoker.data.synthetic import ensure_synthetic_data, synthetic_data_path
+
+    data = resolve_config(Path(TINY), overrides, use_profile=False).config.data
+    name = synthetic_data_path(data).name
+    if name not in _SYNTHETIC_SETS:
+        test_home = os.environ["STOKER_HOME"]
+        os.environ["STOKER_HOME"] = str(factory.mktemp("synthetic-home"))
+        try:
+            _SYNTHETIC_SETS[name] = ensure_synthetic_data(data)
+        finally:
+            os.environ["STOKER_HOME"] = test_home
+    link = synthetic_data_path(data)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(_SYNTHETIC_SETS[name], target_is_directory=True)
 
 
 def committed_steps(run_dir: Path) -> dict[int, float]:
@@ -91,12 +121,13 @@ def loss_history(run_id: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in history)
 
 
-def kill_task(job_id: str, node: str, pid: int, signal: str = "KILL") -> None:
+def kill_task(job_id: str, node: str, pid: int, signal: str = "KILL", check: bool = True) -> None:
     """Signal one task of a running job on its node, as an operator would (or the
     kernel's OOM killer): a step of its own that overlaps the job's allocation.
-    STOP stands for a process that hangs whole while its node stays healthy."""
+    STOP stands for a process that hangs whole while its node stays healthy.
+    `check=False`: a task that has ended already is no error."""
     argv = ["srun", f"--jobid={job_id}", "--overlap", "-N1", "-n1", f"-w{node}"]
-    subprocess.run([*argv, "kill", f"-{signal}", str(pid)], check=True, capture_output=True,
+    subprocess.run([*argv, "kill", f"-{signal}", str(pid)], check=check, capture_output=True,
                    timeout=60)  # fmt: skip
 
 
