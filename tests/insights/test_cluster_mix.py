@@ -20,6 +20,7 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from tests.faults.training_jobs import (
     TINY,
     committed_steps,
     kill_task,
+    link_synthetic_data,
     mlflow_client,
     rank_pid,
     starts,
@@ -67,43 +69,69 @@ def _others(nodes: list[str], node: str) -> list[str]:
 
 
 def test_insights_match_the_injected_troubles(
-    slurm_cluster: ClusterSettings, tmp_path: Path
+    slurm_cluster: ClusterSettings, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     names = list(slurm_cluster.node_names)
-    # 1. killed: one node, one task; SIGKILL after step-10 committed.
-    killed = submit_json(TINY, *FAST, "train.steps=40", "train.log_every=5",
-                         "checkpoint.every=5", "job.max_restarts=1", "--nodes", "1",
-                         "--time", "10", cwd=tmp_path)  # fmt: skip
-    killed_dir = Path(killed["run_dir"])
-    wait_for(lambda: max(committed_steps(killed_dir), default=0) >= 10, 300, "step-10 committed")
-    pid, x = rank_pid(killed_dir, 0, 0)
-    killed_at = time.time()
-    kill_task(killed["job_id"], x, pid)
+    link_synthetic_data(tmp_path_factory, *FAST)
+    # Where each runs, so that only X can gather incidents: the killed job away from the
+    # last node, the requeued job on it alone. Each of them is one rank, which no
+    # straggler check can single out (seen, with two ranks on a loaded VM: one of them
+    # taken for a straggler on its node, X in 4 incidents when the requeued job ran there).
+    last = names[-1]
+    with ThreadPoolExecutor(2) as pool:  # each `stoker submit` is a process; side by side
+        # 1. killed: one node, one task; SIGKILL after its first checkpoint committed.
+        killed_submit = pool.submit(
+            submit_json, TINY, *FAST, "train.steps=40", "train.log_every=5",
+            "checkpoint.every=5", "job.max_restarts=1", f"job.exclude={last}", "--nodes", "1",
+            "--ntasks-per-node", "1", "--time", "10", cwd=tmp_path,
+        )  # fmt: skip
+        # 5. requeued: from the start, it has the longest way to go.
+        requeued_submit = pool.submit(
+            submit_json, TINY, *FAST, "train.steps=2000", "train.log_every=5",
+            "checkpoint.every=5", "job.max_requeues=1", "job.stop_grace=60",
+            f"job.exclude={','.join(_others(names, last))}", "--nodes", "1",
+            "--ntasks-per-node", "1", "--time", "10", cwd=tmp_path,
+        )  # fmt: skip
+        killed, requeued = killed_submit.result(), requeued_submit.result()
+    killed_dir, requeued_dir = Path(killed["run_dir"]), Path(requeued["run_dir"])
+    wait_for(lambda: scontrol_job(killed["job_id"]).get("JobState") == "RUNNING", 300,
+             "the killed job to start")  # fmt: skip
+    x = scontrol_job(killed["job_id"])["NodeList"]
 
-    # 2. The rest at once: the hang and the straggler on X, the stall and the requeue elsewhere.
-    hang = _wrapped(tmp_path, "hang", {"hang": [1, 3]}, steps=200, nodes=1, tasks=2,
-                    exclude=",".join(_others(names, x)), hang_timeout_s=HANG_TIMEOUT_S)  # fmt: skip
-    pair = sorted([x, _others(names, x)[0]])
-    straggler = _wrapped(tmp_path, "straggler", {"slow": [pair.index(x), SLOW_S, 3, 7]},
-                         steps=6, nodes=2, exclude=_others(names, x)[1])  # fmt: skip
-    # The stall and the requeue run away from X: the requeued job's two ranks share a node
-    # with everything else and, on a loaded VM, one of them is seen as a straggler on its
-    # node (seen: X in 4 incidents when SLURM placed it there).
-    stall = _wrapped(tmp_path, "stall", {"data_stall": [4, DATA_STALL_S]}, steps=8, nodes=1,
-                     exclude=x)  # fmt: skip
-    requeued = submit_json(TINY, *FAST, "train.steps=2000", "train.log_every=5",
-                           "checkpoint.every=5", "job.max_requeues=1", "job.stop_grace=60",
-                           f"job.exclude={x}", "--nodes", "1", "--time", "10",
-                           cwd=tmp_path)  # fmt: skip
-    requeued_dir = Path(requeued["run_dir"])
-    wait_for(lambda: max(committed_steps(requeued_dir), default=0) >= 5, 300, "a commit")
-    requeued_at = time.time()
-    subprocess.run(["scontrol", "requeue", requeued["job_id"]], check=True, capture_output=True)
-    wait_for(lambda: len(starts(requeued_dir)) == 2, 300, "the requeued job's second start")
-    second_start = starts(requeued_dir)[1][0]
-    # Its limit drops to a minute: SLURM's USR2 (stop_grace 60 s before it) is due at once.
-    subprocess.run(["scontrol", "update", f"JobId={requeued['job_id']}", "TimeLimit=1"],
-                   check=True, capture_output=True)  # fmt: skip
+    # 2. The rest, submitted while those two run: the straggler and the hang on X, the
+    # stall elsewhere. The straggler first: it shares X with the killed job (a CPU each),
+    # the hang takes both of X's CPUs once they have left.
+    def the_rest() -> tuple[dict, dict, dict]:
+        y = _others(names, x)[0]  # neither X nor the last node
+        straggler = _wrapped(tmp_path, "straggler",
+                             {"slow": [sorted([x, y]).index(x), SLOW_S, 3, 7]}, steps=6, nodes=2,
+                             exclude=last)  # fmt: skip
+        with ThreadPoolExecutor(2) as pool:
+            hang = pool.submit(_wrapped, tmp_path, "hang", {"hang": [1, 3]}, steps=200, nodes=1,
+                               tasks=2, exclude=",".join(_others(names, x)),
+                               hang_timeout_s=HANG_TIMEOUT_S)  # fmt: skip
+            stall = pool.submit(_wrapped, tmp_path, "stall", {"data_stall": [4, DATA_STALL_S]},
+                                steps=8, nodes=1, exclude=x)  # fmt: skip
+            return straggler, hang.result(), stall.result()
+
+    with ThreadPoolExecutor(1) as pool:
+        submitted = pool.submit(the_rest)
+        wait_for(lambda: max(committed_steps(killed_dir), default=0) >= 5, 300, "a commit")
+        pid, node = rank_pid(killed_dir, 0, 0)
+        assert node == x, (node, x)
+        killed_at = time.time()
+        kill_task(killed["job_id"], x, pid)
+
+        wait_for(lambda: max(committed_steps(requeued_dir), default=0) >= 5, 300, "a commit")
+        requeued_at = time.time()
+        subprocess.run(["scontrol", "requeue", requeued["job_id"]], check=True,
+                       capture_output=True)  # fmt: skip
+        wait_for(lambda: len(starts(requeued_dir)) == 2, 300, "the requeued job's second start")
+        second_start = starts(requeued_dir)[1][0]
+        # Its limit drops to a minute: SLURM's USR2 (stop_grace 60 s before it) is due at once.
+        subprocess.run(["scontrol", "update", f"JobId={requeued['job_id']}", "TimeLimit=1"],
+                       check=True, capture_output=True)  # fmt: skip
+        straggler, hang, stall = submitted.result()
 
     states = {}
     for job in (killed, hang, straggler, stall, requeued):
