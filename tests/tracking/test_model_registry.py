@@ -33,7 +33,7 @@ from stoker.tracking.model_registry import (
     WEIGHTS_TAG,
     dataset_tag,
 )
-from tests.clirun import stoker
+from tests.clirun import stoker, stoker_text
 from tests.mlflow_server import Server, free_port
 
 STEP = 4
@@ -79,7 +79,7 @@ def training_run(client: Any, tmp_path: Path) -> str:
 
 
 def export_and_register(ckpt: Path, out: Path, name: str, uri: str) -> Any:
-    return stoker(
+    return stoker_text(
         "ckpt", "export", str(ckpt), str(out), "--register", name, "--tracking-uri", uri, "--json"
     )
 
@@ -138,7 +138,7 @@ def test_a_checkpoint_without_a_run_is_registered_with_what_is_missing(
     mlflow_server: Server, tmp_path: Path
 ) -> None:
     ckpt = save_checkpoint(tmp_path / "checkpoints", None)
-    result = stoker(
+    result = stoker_text(
         "ckpt",
         "export",
         str(ckpt),
@@ -175,7 +175,7 @@ def test_refusals_name_the_problem_and_the_fix(
     out = tmp_path / "model.safetensors"
     name = "team/model" if case == "bad name" else "refused"
     uri = f"http://127.0.0.1:{free_port()}" if case == "unreachable" else mlflow_server.url
-    result = stoker(
+    result = stoker_text(
         "ckpt", "export", str(ckpt), str(out), "--register", name, "--tracking-uri", uri
     )
     assert result.returncode == 2, result.stderr
@@ -220,8 +220,8 @@ def test_a_run_registers_its_ema_weights_with_their_lineage_and_samples_join_it(
     # `stoker sample JOB --log`: the job's frozen config rebuilds the model; the clips
     # join its run.
     clips = tmp_path / "clips"
-    sampled = stoker("sample", job["job_id"], "--seed", "9", "--steps", "1", "--out", str(clips),
-                     "--log", "--json", timeout=600)  # fmt: skip
+    sampled = stoker_text("sample", job["job_id"], "--seed", "9", "--steps", "1",
+                          "--out", str(clips), "--log", "--json")  # fmt: skip
     assert sampled.returncode == 0, sampled.stderr[-3000:]
     record = json.loads(sampled.stdout)
     assert record["step"] == 3 and record["weights"] == "ema"
