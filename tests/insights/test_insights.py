@@ -29,7 +29,7 @@ from stoker.launcher.ledger import JobRecord, Ledger
 from stoker.launcher.slurm_query import AcctRow
 from stoker.launcher.targets import Target
 from tests.browser import headless_page
-from tests.clirun import stoker
+from tests.clirun import stoker_text
 from tests.test_job_time import window, write_start
 
 SLOW = {"rank": 1, "host": "n2", "ratio": 1.7}
@@ -221,15 +221,15 @@ def test_cli_terminal_json_prometheus_and_html(
     ledger_of_jobs: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LOGNAME", "alice")  # getpass.getuser(): whose jobs are "mine"
-    text = stoker("insights", "--since", "all").stdout
+    text = stoker_text("insights", "--since", "all").stdout
     assert "Lost hours by cause" in text and "redone" in text
-    mine = json.loads(stoker("insights", "--since", "all", "--json", "--per-job").stdout)
+    mine = json.loads(stoker_text("insights", "--since", "all", "--json", "--per-job").stdout)
     assert [j["job_id"] for j in mine["jobs"]] == ["local-1"]  # bob's is not mine
     assert mine["totals"]["GPU"]["jobs"] == 1 and mine["by_partition"][0]["partition"] == "local"
     prom, html = tmp_path / "insights.prom", tmp_path / "report.html"
     outputs = ("--prometheus", str(prom), "--html", str(html))
     everyone = json.loads(
-        stoker("insights", "--since", "all", "--all-users", "--json", *outputs).stdout
+        stoker_text("insights", "--since", "all", "--all-users", "--json", *outputs).stdout
     )
     assert "jobs" not in everyone and everyone["job_count"] == 2
     assert everyone["totals"]["GPU"]["jobs"] == 2 and everyone["failures"][0]["jobs"] == 1
