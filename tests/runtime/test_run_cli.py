@@ -7,9 +7,10 @@ first (fixed seed)."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
-from tests.clirun import stoker
+from tests.clirun import stoker, stoker_text
 
 
 def test_stoker_run_trains_the_builtin_experiment(isolated_home: Path) -> None:
@@ -22,7 +23,6 @@ def test_stoker_run_trains_the_builtin_experiment(isolated_home: Path) -> None:
     # The printed UI command runs as printed, with or without .venv/bin on PATH.
     import re
     import shlex
-    import subprocess
 
     printed = re.search(r"`(.+) ui` opens the MLflow UI", result.stderr)
     assert printed is not None, result.stderr
@@ -36,7 +36,7 @@ def test_stoker_run_trains_the_builtin_experiment(isolated_home: Path) -> None:
     assert (run_dir / "checkpoints" / "step-300" / ".metadata").is_file()
     # The end says where the checkpoints are, and `ckpt ls` takes the job id for them.
     assert f"checkpoints: {run_dir / 'checkpoints'}" in result.stderr
-    listed = json.loads(stoker("ckpt", "ls", summary["job_id"], "--json", check=True).stdout)
+    listed = json.loads(stoker_text("ckpt", "ls", summary["job_id"], "--json", check=True).stdout)
     assert listed[0]["step"] == 300 and listed[0]["committed"]
     assert "[0] step 300/300" in result.stdout  # rank 0's progress lines were followed
 
@@ -101,37 +101,40 @@ def test_a_failed_stoker_run_says_the_failing_ranks_error_and_fix(
     from tests.launcher_jobs import mlflow_status
 
     assert mlflow_status(summary["run_id"]) == "FAILED"
-    status = stoker("status", summary["job_id"], "--json")
+    status = stoker_text("status", summary["job_id"], "--json")
     (row,) = json.loads(status.stdout)
     assert row["state"] == "FAILED" and row["reason"].startswith("rank ")
     assert "no data set at" in row["reason"]
 
 
 def test_stoker_ui_serves_the_embedded_store(isolated_home: Path) -> None:
+    """The MLflow UI it starts answers. With one web worker and no job runner (MLflow's
+    own settings): its defaults start 4 workers and 8 job processes, each importing
+    mlflow, 20-25 CPU-s that have nothing to do with stoker's part (the store it names)."""
     import os
-    import subprocess
 
     from tests.clirun import STOKER
     from tests.mlflow_server import free_port, stop_process_group, wait_healthy
 
     port = free_port()
     log = isolated_home / "ui.log"
+    lean = {"MLFLOW_WORKERS": "1", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     with log.open("w") as out:
         proc = subprocess.Popen(
             [STOKER, "ui", "--port", str(port)],
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env=os.environ.copy(),
+            env={**os.environ, **lean},
         )
     try:
-        wait_healthy(f"http://127.0.0.1:{port}", proc, log, timeout=90)
+        wait_healthy(f"http://127.0.0.1:{port}", proc, log, timeout=180)
     finally:
         stop_process_group(proc)  # type: ignore[arg-type]
 
 
 def test_stoker_ui_points_at_a_server() -> None:
-    result = stoker("ui", "--uri", "http://mlflow.example:5000")
+    result = stoker_text("ui", "--uri", "http://mlflow.example:5000")
     assert result.returncode == 0
     assert "open http://mlflow.example:5000" in result.stderr
 
@@ -143,7 +146,7 @@ def test_a_model_that_cannot_take_the_data_is_refused_before_anything_starts(
     whole synthetic data set and then failed in the ranks. The model is now built on the
     meta device first: the refusal names the setting, where it came from and the fix,
     and no data set, run folder or job is left behind."""
-    result = stoker("run", "data.resolution=[60,64]", "train.steps=2", timeout=600)
+    result = stoker_text("run", "data.resolution=[60,64]", "train.steps=2")
     assert result.returncode == 2, result.stderr[-3000:]
     assert ("data.resolution [60, 64] is not a multiple of the tiny av_dit's patch 8x8 "
             "(data.resolution from override data.resolution=[60,64]); nothing was started"
