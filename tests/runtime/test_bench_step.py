@@ -24,10 +24,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def python(*args: str) -> subprocess.CompletedProcess[str]:
-    """`python ARGS` from this checkout, as a GPU node runs it (PYTHONPATH=.)."""
+    """`python ARGS` from this checkout, as a GPU node runs it (PYTHONPATH=.). Torch and
+    inductor's compiler on one thread each: the step times mean nothing on the CPU, and
+    a second thread spins on a loaded 2-core machine."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
     }
     return subprocess.run(
         [sys.executable, *args],
