@@ -9,7 +9,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +25,10 @@ from stoker.tracking.dataset_inputs import CONTEXT_TAG, DataSetInput
 
 
 @pytest.fixture(scope="module")
-def sets(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A training set and a held-out one, small."""
-    root = tmp_path_factory.mktemp("lineage-data")
-    synth_dataset(str(root / "train"), clips=8, seconds=2.0, size=(64, 64), fps=8)
-    synth_dataset(str(root / "eval"), clips=4, seconds=2.0, size=(64, 64), fps=8, seed=1)
-    return root / "train", root / "eval"
+def sets(synthetic_av_set: Callable[..., Path]) -> tuple[Path, Path]:
+    """A training set and a held-out one, small (2 s clips at 8 fps)."""
+    train = synthetic_av_set(clips=8, size=(64, 64))
+    return train, synthetic_av_set(clips=4, size=(64, 64), seed=1)
 
 
 def manifest_of(root: Path) -> Any:
@@ -94,6 +92,8 @@ def test_the_synthetic_set_is_recorded_with_its_digest_and_a_missing_one_is_said
 
 
 def run_train(config: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The entry point, on one torch thread (its default: every core of the machine)."""
+    env = {**env, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, "-m", "stoker.runtime.train", "--config", str(config)],
         capture_output=True, text=True, timeout=600, env=env, check=False,
@@ -113,7 +113,7 @@ def test_a_run_records_its_data_sets_once_across_a_restart(
     experiment = {
         "job": {"name": "lineage"},
         "data": {"url": str(train), "eval_url": str(held_out), "batch_size": 2,
-                 "num_workers": 0},
+                 "num_workers": 0, "prefetch_mb": 1},
         "train": {"steps": 2, "log_every": 1, "eval_every": 2, "eval_batches": 1},
         "checkpoint": {"every": 2},
     }  # fmt: skip

@@ -40,7 +40,8 @@ def test_the_av_dit_learns_on_latents_on_two_ranks(
 
     source, data = latents
     result = stoker("run", f"data.url={data}", "data.modalities=[latent]", "data.batch_size=4",
-                    "data.num_workers=1", "train.steps=40", "train.log_every=10", "--json",
+                    "data.num_workers=1", "data.prefetch_mb=1", "train.steps=40",
+                    "train.log_every=10", "--json",
                     timeout=900)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])

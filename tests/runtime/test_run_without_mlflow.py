@@ -26,6 +26,7 @@ def test_one_rank_trains_on_synthetic_latents_without_mlflow_or_pyav(isolated_ho
     env = {
         "STOKER_BLOCK_IMPORTS": BLOCKED,
         "PYTHONPATH": os.pathsep.join([str(BLOCKER), str(REPO)]),
+        "OMP_NUM_THREADS": "1",  # the rank's torch threads (its default: every core)
     }
     for module in ("mlflow", "av"):  # the blocker works in this environment
         tried = subprocess.run([sys.executable, "-c", f"import {module}"],
@@ -35,7 +36,7 @@ def test_one_rank_trains_on_synthetic_latents_without_mlflow_or_pyav(isolated_ho
     result = stoker(
         "run", "--nproc", "1", "--json", "tracking.uri=none", "data.modalities=[latent]",
         "train.steps=4", "train.log_every=1", "train.sample_every=0", "data.num_workers=0",
-        env=env, timeout=300,
+        "data.prefetch_mb=1", env=env, timeout=300,
     )  # fmt: skip
     output = result.stderr + result.stdout
     assert result.returncode == 0, output[-4000:]

@@ -9,11 +9,10 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
-
-from stoker.data.synth import synth_dataset
 
 # `python -m stoker.runtime.train ARGS`, then what SIGUSR2 does while Python exits.
 AS_MAIN_THEN_DISPOSITION = """
@@ -25,18 +24,20 @@ sys.exit(code)
 """
 
 
-def test_entry_point_creates_its_run_and_finishes(tmp_path: Path, isolated_home: Path) -> None:
-    data = tmp_path / "data"
-    synth_dataset(str(data), clips=8, seconds=2.0, size=(64, 64), fps=8)
+def test_entry_point_creates_its_run_and_finishes(
+    tmp_path: Path, isolated_home: Path, synthetic_av_set: Callable[..., Path]
+) -> None:
+    data = synthetic_av_set(clips=8, size=(64, 64))  # 2 s clips at 8 fps
     config = tmp_path / "run" / "config.yaml"
     config.parent.mkdir()
     config.write_text(yaml.safe_dump({
         "job": {"name": "by-hand", "env": {"FOO": "1"}},
-        "data": {"url": str(data), "batch_size": 2, "num_workers": 0},
+        "data": {"url": str(data), "batch_size": 2, "num_workers": 0, "prefetch_mb": 1},
         "train": {"steps": 2, "log_every": 1},
         "checkpoint": {"every": 1, "keep_last": 1, "upload_final": True},
     }))  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "STOKER_RUN"))}
+    env["OMP_NUM_THREADS"] = "1"  # one torch thread (its default: every core)
     result = subprocess.run(
         [sys.executable, "-c", AS_MAIN_THEN_DISPOSITION, "--config", str(config)],
         capture_output=True, text=True, timeout=300, env=env, check=False,
