@@ -46,8 +46,10 @@ def test_the_own_loop_resumes_bit_exact_after_a_requeue_under_hsdp(
         "checkpoint.keep_last=100", "--nodes", "2", "--ntasks-per-node", "2", "--time", "10",
         "--", sys.executable, "examples/own_loop/train.py", "--width", "16",
     ]  # fmt: skip
-    whole = submit_json(*common, cwd=REPO)
+    # Each takes both CPUs of two of the three nodes: one runs at a time. The requeued job
+    # first, so that the uninterrupted one runs while the requeue holds it (cred_expire).
     job = submit_json(*common, cwd=REPO)
+    whole = submit_json(*common, cwd=REPO)
     run_dir = Path(job["run_dir"])
     wait_for(lambda: max(committed_steps(run_dir), default=0) >= 8, 600, "step-8 committed")
     status = json.loads(stoker("status", job["job_id"], "--json", check=True).stdout)[0]

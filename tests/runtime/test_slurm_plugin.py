@@ -55,17 +55,19 @@ def test_the_plugin_model_resumes_bit_exact_after_a_requeue_under_hsdp(
          "--target", str(installed), str(source)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
-    whole = submit_json(*common, f"job.env.PYTHONPATH={installed}", cwd=elsewhere)
-    assert wait_final(whole["job_id"], 600) == "COMPLETED", run_logs(Path(whole["run_dir"]))
-    assert not (Path(whole["run_dir"]) / "code" / "own_model").exists()
-
+    # Each job takes both CPUs of two of the three nodes: one runs at a time. The requeued
+    # one first: the uninterrupted one runs while the requeue holds it (cred_expire).
     job = submit_json(*common, cwd=OWN_MODEL)
+    whole = submit_json(*common, f"job.env.PYTHONPATH={installed}", cwd=elsewhere)
     run_dir = Path(job["run_dir"])
     # The plugin comes with the job's code (the repository, snapshot at submit; the tasks
     # run in its examples/own_model, where `own_model` imports by name).
     assert (run_dir / "code" / "examples" / "own_model" / "own_model" / "denoiser.py").is_file()
+
     wait_for(lambda: max(committed_steps(run_dir), default=0) >= 8, 600, "step-8 committed")
     subprocess.run(["scontrol", "requeue", job["job_id"]], check=True, timeout=60)
+    assert wait_final(whole["job_id"], 600) == "COMPLETED", run_logs(Path(whole["run_dir"]))
+    assert not (Path(whole["run_dir"]) / "code" / "own_model").exists()
     assert wait_final(job["job_id"], 900, run_dir) == "COMPLETED", run_logs(run_dir)
 
     assert [restart for _, restart, _ in starts(run_dir)] == [0, 1]
