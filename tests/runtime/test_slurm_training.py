@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "examples" / "tiny.yaml")
-SHORT = ["train.steps=30", "train.log_every=5", "checkpoint.every=0"]
+# No loader workers (what is compared is the arithmetic across rank counts): a worker's
+# fork server preloads torch, seconds of CPU per rank on the 2-core VM.
+SHORT = ["train.steps=30", "train.log_every=5", "checkpoint.every=0", "data.num_workers=0"]
 
 
 def _losses(client: object, run_id: str) -> dict[int, float]:
@@ -30,14 +32,17 @@ def _losses(client: object, run_id: str) -> dict[int, float]:
 def test_four_ranks_on_two_nodes_train_like_one(
     slurm_cluster: ClusterSettings, tmp_path: Path
 ) -> None:
-    # The 1-rank reference, here (it also writes the synthetic data set both use).
-    local = stoker("run", TINY, *SHORT, "--nproc", "1", "--json", cwd=tmp_path, timeout=600)
-    assert local.returncode == 0, local.stderr[-3000:]
-    one = json.loads(local.stdout.strip().splitlines()[-1])
-
     job = submit_json(TINY, *SHORT, "--nodes", "2", "--ntasks-per-node", "2", "--time", "10",
                       cwd=tmp_path)  # fmt: skip
     run_dir = Path(job["run_dir"])
+    # The 1-rank reference, here, while the job waits on SLURM and starts. The synthetic
+    # data set both use is written once: the first to take its lock writes it, the other
+    # waits for it (stoker/data/synthetic.py). One torch thread, as each SLURM rank has
+    # (--cpus-per-task=1): two would spin against the job's ranks for the 2 cores.
+    local = stoker("run", TINY, *SHORT, "--nproc", "1", "--json", cwd=tmp_path, timeout=600,
+                   env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert local.returncode == 0, local.stderr[-3000:]
+    one = json.loads(local.stdout.strip().splitlines()[-1])
     state = wait_final(job["job_id"], 600)
     logs = "\n".join(p.read_text() for p in sorted((run_dir / "logs").rglob("*.log")))
     assert state == "COMPLETED", logs[-4000:]
