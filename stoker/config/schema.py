@@ -312,7 +312,7 @@ class DataConfig(Section):
     shuffle_shards: Annotated[int, Field(ge=1, le=4096)] = 4
     """Shards whose samples are shuffled together; more mixes better, reads wider."""
     prefetch_mb: Annotated[float, Field(gt=0, le=65_536)] = 256
-    """Bytes fetched ahead per rank, split over its workers."""
+    """Bytes fetched ahead per rank, split over its workers (and 16 samples a fetch thread)."""
     start_method: Literal["forkserver", "spawn"] = "forkserver"
     """How DataLoader workers start; fork is unsafe with s3fs/gcsfs."""
     transform: str | None = None

@@ -2,7 +2,11 @@
 
 The decoder consumes samples in stream order; the prefetcher keeps fetches in
 flight for the samples after it until their expected bytes reach the budget.
-A bound by count would hold 10x more memory for 4K clips than for 64x64 ones.
+A bound by count alone would hold 10x more memory for 4K clips than for 64x64
+ones; a bound by bytes alone has small clips queue by the thousand (256 MB of
+40 KB clips: ~6,500 fetches at every loader start, 2-3 CPU-seconds per rank and
+worker before the first batch, while only `threads` of them run at a time). So
+both: the budget's bytes, and at most `AHEAD_PER_THREAD` samples per thread.
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+# Queued samples per fetch thread, however small: enough to ride out a slow fetch
+# (the others keep the decoder fed), few enough that a loader starts at once.
+AHEAD_PER_THREAD = 16
 
 
 class Prefetcher(Generic[T, R]):
@@ -33,6 +41,7 @@ class Prefetcher(Generic[T, R]):
         self._items = items
         self._estimate = estimate_bytes
         self._budget = max(1, budget_bytes)
+        self._max_queued = AHEAD_PER_THREAD * max(1, threads)
         self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="prefetch")
         self._queue: deque[tuple[T, Future[R], int]] = deque()
         self._queued_bytes = 0
@@ -40,7 +49,10 @@ class Prefetcher(Generic[T, R]):
 
     def _fill(self) -> None:
         # Always at least one in flight, however large one sample is.
-        while not self._exhausted and (not self._queue or self._queued_bytes < self._budget):
+        while not self._exhausted and (
+            not self._queue
+            or (self._queued_bytes < self._budget and len(self._queue) < self._max_queued)
+        ):
             try:
                 item = next(self._items)
             except StopIteration:
