@@ -42,6 +42,10 @@ class CpuCost:
         self.began_at = time.time()
         self.cpu_began = _cpu()
         self.slurm_conf: str | None = None  # the cluster's, as a test last saw it
+        # Taken out of the environment: a pytest that a test starts (the GPU check's
+        # part d) would otherwise write its own figures over this process's.
+        self.where = os.environ.pop("STOKER_TEST_COST_DIR", None)
+        self.label = os.environ.pop("STOKER_TEST_COST_LABEL", "pytest")
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Iterator[None]:
@@ -81,7 +85,7 @@ class CpuCost:
     def summary(self) -> dict[str, Any]:
         own, children = _cpu()
         return {
-            "label": os.environ.get("STOKER_TEST_COST_LABEL", "pytest"),
+            "label": self.label,
             "wall_s": round(time.monotonic() - self.began, 1),
             "cpu_s": round(own + children - sum(self.cpu_began), 1),
             "tests_cpu_s": round(sum(r["cpu_s"] for r in self.rows), 1),
@@ -105,9 +109,8 @@ class CpuCost:
             terminalreporter.write_line(
                 f"{cost(row):8.1f} CPU-s {row['wall_s']:8.1f} s  {row['test']}{slurm}"
             )
-        where = os.environ.get("STOKER_TEST_COST_DIR")
-        if where:
-            path = Path(where) / f"{total['label']}.json"
+        if self.where:
+            path = Path(self.where) / f"{total['label']}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({**total, "rows": self.rows}, indent=1) + "\n")
 

@@ -26,7 +26,9 @@ def test_a_tests_cpu_counts_the_children_it_waited_for_and_the_report_ranks_it(
             subprocess.run([sys.executable, "-c", burn], check=True)
 
         def test_idle():
-            pass
+            import os
+            # A pytest this test started must not write over the figures.
+            assert "STOKER_TEST_COST_DIR" not in os.environ
     """)
     )
     costs = tmp_path / "costs"
