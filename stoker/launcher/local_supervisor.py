@@ -19,6 +19,7 @@ from typing import Any
 from stoker.launcher.local_backend import LAUNCH_FILE
 from stoker.launcher.local_state import write_local_state
 from stoker.launcher.rundir import RunDir
+from stoker.protocol import EXIT_PEER_LOST
 
 KILL_WAIT_S = 5.0  # as SLURM's KillWait: TERM, then KILL
 
@@ -82,7 +83,7 @@ def supervise(run_dir: Path) -> int:
             _stop(procs)
             break
         running = False
-        failed = False
+        failed: dict[int, int] = {}  # rank -> exit code, of the ranks found failed now
         for rank, proc in procs.items():
             code = proc.poll()
             if code is None:
@@ -90,10 +91,13 @@ def supervise(run_dir: Path) -> int:
             elif state["ranks"][str(rank)] is None:
                 state["ranks"][str(rank)] = code
                 if code != 0:
-                    # Worded as srun words it, so `stoker why` reads both the same way.
-                    print(f"local: error: task {rank}: Exited with exit code {code}", flush=True)
-                    exit_code = exit_code or (code if code > 0 else 128 - code)
-                    failed = True
+                    failed[rank] = code
+        for rank in first_failures(failed):
+            # Worded as srun words it, so `stoker why` reads both the same way: the first
+            # line names the rank that failed first.
+            print(f"local: error: task {rank}: Exited with exit code {failed[rank]}", flush=True)
+            code = failed[rank]
+            exit_code = exit_code or (code if code > 0 else 128 - code)
         if failed:
             _stop(procs)
             break
@@ -110,6 +114,14 @@ def supervise(run_dir: Path) -> int:
     _end_run(plan, state["state"], run_dir)
     write_local_state(RunDir(run_dir), state)
     return exit_code
+
+
+def first_failures(failed: dict[int, int]) -> list[int]:
+    """The ranks found failed in one poll (rank -> exit code), in the order they are
+    reported: a rank whose peer went away exits EXIT_PEER_LOST as a consequence, so when
+    the rank that failed first ended in the same poll (a loaded machine polls late), it
+    comes first, as it would if the polls saw them one by one; by rank otherwise."""
+    return sorted(failed, key=lambda rank: (failed[rank] == EXIT_PEER_LOST, rank))
 
 
 def _end_run(plan: dict[str, Any], job_state: str, run_dir: Path) -> None:
