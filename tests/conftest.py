@@ -14,12 +14,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 # `slurm_cluster`: a real 3-node SLURM cluster (tests/cluster/); `mlflow_server`: a real
 # MLflow tracking server over HTTP (tests/mlflow_server.py).
-# `tests.cpu_cost`: each test's CPU seconds, printed at the end (the suite's budget).
+# `tests.cpu_cost`: each test's CPU seconds, printed at the end (the suite's budget);
+# `tests.module_queue`: several processes share a run, a module each at a time.
 pytest_plugins = [
     "tests.cluster.fixtures",
     "tests.mlflow_server",
     "tests.s3_server",
     "tests.cpu_cost",
+    "tests.module_queue",
 ]
 
 

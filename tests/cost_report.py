@@ -50,11 +50,11 @@ def report(where: Path) -> str:
         for line in parts.read_text().splitlines():
             label, seconds, *side = line.split("\t")
             if side and side[0] == "side":
-                lines.append(f"  {label:<26} {float(seconds):8.0f} s (side by side)")
+                lines.append(f"  {label:<34} {float(seconds):8.0f} s (side by side)")
                 continue
             total += float(seconds)
-            lines.append(f"{label:<28} {float(seconds):8.0f} s")
-        lines.append(f"{'make test':<28} {total:8.0f} s of {BUDGET_S} s")
+            lines.append(f"{label:<36} {float(seconds):8.0f} s")
+        lines.append(f"{'make test':<36} {total:8.0f} s of {BUDGET_S} s")
     busy = machine_cpu_s(where)
     if busy is not None:
         lines.append(f"{'machine CPU, all processes':<28} {busy:8.0f} CPU-s (/proc/stat)")
