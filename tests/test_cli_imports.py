@@ -102,3 +102,28 @@ def test_import_stoker_and_its_python_api_load_no_training_stack() -> None:
     assert {"stoker.api", "stoker.launcher.submit"} <= modules  # the parse saw them
     heavy = sorted(m for m in modules if m.split(".")[0] in TRAINING_STACK)
     assert not heavy, f"`import stoker; stoker.submit` imports {heavy[:10]}"
+
+
+def test_stoker_run_counts_gpus_without_torch_where_there_is_no_gpu_driver(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stoker.launcher import run_local
+
+    code = (
+        "import sys; from stoker.launcher import run_local as r; "
+        "r._GPU_DRIVER_NODES = (r.Path(sys.argv[1]),); "
+        "print(r.local_gpus(), r.default_nproc(), 'torch' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "no-such-device")],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert result.stdout.split() == ["0", "2", "False"]  # 2 CPU ranks, torch never loaded
+    # With a driver's device node, torch counts (CUDA_VISIBLE_DEVICES, ROCm included).
+    import torch
+
+    node = tmp_path / "nvidiactl"
+    node.touch()
+    monkeypatch.setattr(run_local, "_GPU_DRIVER_NODES", (node,))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert run_local.local_gpus() == 3 and run_local.default_nproc() == 3

@@ -57,9 +57,23 @@ def builtin_experiment() -> Path:
 
 def default_nproc() -> int:
     """One rank per GPU; two on a CPU machine (gloo, one core each on 2 cores)."""
+    return local_gpus() or 2
+
+
+# The device nodes an NVIDIA (nvidiactl) or AMD (kfd) driver creates; CUDA_VISIBLE_DEVICES
+# cannot show a GPU to a machine without one.
+_GPU_DRIVER_NODES = (Path("/dev/nvidiactl"), Path("/dev/kfd"))
+
+
+def local_gpus() -> int:
+    """The GPUs torch sees here. On a machine without a GPU driver, 0 without importing
+    torch (1.5-2 CPU-s at every `stoker run`, on login nodes and laptops alike);
+    with one, torch counts them, CUDA_VISIBLE_DEVICES and ROCm included."""
+    if not any(node.exists() for node in _GPU_DRIVER_NODES):
+        return 0
     import torch
 
-    return torch.cuda.device_count() or 2
+    return int(torch.cuda.device_count())
 
 
 def run_here(
@@ -85,7 +99,7 @@ def run_here(
     from stoker.launcher.why import diagnose
 
     ranks = nproc or default_nproc()
-    gpus = _gpus()
+    gpus = local_gpus()
     if gpus and ranks > gpus:
         raise StokerError(
             f"--nproc {ranks} asks for more ranks than this machine's {gpus} GPUs",
@@ -165,12 +179,6 @@ def _stoker_command() -> str:
     if found and Path(found).resolve() == me.resolve():
         return "stoker"
     return shlex.quote(str(me.absolute()))
-
-
-def _gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count()
 
 
 def _progress(path: Path) -> dict[str, Any]:
