@@ -95,7 +95,9 @@ def test_a_failed_stoker_run_says_the_failing_ranks_error_and_fix(
     assert result.returncode != 0
     error = f"no data set at '{missing}': manifest.json is missing there"
     tail = result.stderr.strip().splitlines()
-    headline = next(line for line in tail if line.startswith("job local-") and "FAILED" in line)
+    headlines = [line for line in tail if line.startswith("job local-") and "FAILED" in line]
+    assert headlines, result.stderr[-3000:]
+    headline = headlines[0]
     assert headline.endswith(error) and " FAILED: rank " in headline
     assert tail[-1].startswith("fix: write one with `stoker data pack SRC DST`")
     summary = json.loads(result.stdout.strip().splitlines()[-1])
