@@ -63,6 +63,20 @@ def test_a_tests_cpu_counts_the_children_it_waited_for_and_the_report_ranks_it(
     assert f"{20000 / ticks:8.0f} CPU-s (/proc/stat)" in table
     ranked = table[table.index("costliest") :].splitlines()[1:]
     assert "test_busy_child" in ranked[0]
+    # The speed yardstick sums only the in-process unit tests' modules.
+    from tests.cost_report import YARDSTICK, YARDSTICK_MORNING_CPU_S
+
+    doc["rows"] += [
+        {"test": f"{YARDSTICK[0]}::a", "cpu_s": 30.0, "wall_s": 30.0},
+        {"test": f"{YARDSTICK[-1]}::b", "cpu_s": 8.75, "wall_s": 9.0},
+    ]
+    (costs / "sample.json").write_text(json.dumps(doc))
+    table = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "cost_report.py"), str(costs)],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    ratio = 38.75 / YARDSTICK_MORNING_CPU_S
+    assert f"    38.8 CPU-s in the in-process unit tests of 7 modules ({ratio:.2f}x" in table
 
 
 def test_sacct_total_cpu_is_summed_over_a_jobs_steps() -> None:
