@@ -8,6 +8,15 @@ stoker module is imported). Each violation names its file and line.
   the cli; the kernels nothing of stoker outside stoker.kernels; data and checkpoint
   nothing of the launcher, the cli or the runtime; ...
 - No module imports a `_private` name of another package.
+- No import circle, inside a package or across packages: every import counts, in a
+  function or for typing too (the graph is read, not run).
+- No module imports the package's face (`stoker/__init__.py`): the version is in
+  `stoker/version.py`, a leaf.
+- A package split into wings (sub-folders, `WINGS` below) keeps their order: a wing
+  imports only itself and the wings listed before its own tier; the package's
+  top-level modules stand on all of them.
+- Every module of `stoker/` has at most 600 lines, and no folder but `stoker/cli/` (one
+  module per command) holds more than 20 modules side by side.
 
 `import`s under `if TYPE_CHECKING:` cost nothing at run time, so they pass the first
 rule, but they are dependencies all the same: the others count them.
@@ -30,7 +39,7 @@ HEAVY = ("torch", "triton", "mlflow", "submitit", "av", "soundfile")
 # Modules at the top of the package that everything may use: no stoker imports of their
 # own beyond each other, no heavy imports.
 LEAVES = (
-    "stoker",
+    "stoker.version",
     "stoker.errors",
     "stoker.home",
     "stoker.atomic_write",
@@ -77,6 +86,15 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
 # `import stoker` stays light: the package exports the API lazily (PEP 562 __getattr__),
 # importing it only inside that function (or for type checkers).
 LAZY_EXPORTS = {("stoker", "stoker.api")}
+# The package's face: it imports the version and, lazily, the API; nothing imports it.
+FACE = "stoker"
+# Wings: a package's sub-folders, in tiers from the bottom up. A module of a wing may
+# import its own wing and the wings of the tiers below; never a sibling of its tier nor
+# one above. The package's top-level modules (and its face) may import every wing.
+WINGS: dict[str, tuple[tuple[str, ...], ...]] = {}
+MAX_LINES = 600
+MAX_MODULES_SIDE_BY_SIDE = 20
+MANY_MODULES_ALLOWED = ("stoker/cli",)  # one module per command
 # The kernels stand alone (as Liger's do): not even the leaves.
 STANDALONE = ("stoker.kernels",)
 
@@ -151,19 +169,133 @@ def _imports(package: str, source: str) -> tuple[tuple[int, str, tuple[str, ...]
 
 def package_of(module: str) -> str:
     """The layer a module belongs to: `stoker.launcher.why.judge` → `stoker.launcher`;
-    a leaf is its own."""
+    a leaf (and the face) is its own."""
     parts = module.split(".")
     return module if len(parts) < 2 or module in LEAVES else ".".join(parts[:2])
+
+
+def wing_tier(module: str) -> tuple[str, int] | None:
+    """(wing, tier) of a module of a winged package; the package's top-level modules
+    stand above every tier; None outside such a package."""
+    package = package_of(module)
+    tiers = WINGS.get(package)
+    if tiers is None:
+        return None
+    first = module[len(package) + 1 :].split(".")[0] if module != package else ""
+    for tier, wings in enumerate(tiers):
+        if first in wings:
+            return first, tier
+    return "", len(tiers)
 
 
 def _within(module: str, prefix: str) -> bool:
     return module == prefix or module.startswith(prefix + ".")
 
 
-def _is_submodule(root: Path, name: str) -> bool:
-    return (root / "stoker" / name / "__init__.py").is_file() or (
-        root / "stoker" / f"{name}.py"
-    ).is_file()
+def _resolved_targets(root: Path, imp: Import) -> set[str]:
+    """The stoker modules an import names: `from stoker.data import loader` is the module
+    stoker.data.loader; `from stoker.data import StreamingLoader` the package's face."""
+    if not imp.target.startswith("stoker"):
+        return set()
+    package = root.joinpath(*imp.target.split("."))
+    return {
+        f"{imp.target}.{name}"
+        if (package / name / "__init__.py").is_file() or (package / f"{name}.py").is_file()
+        else imp.target
+        for name in imp.names
+    } or {imp.target}
+
+
+def import_graph(root: Path) -> dict[str, dict[str, str]]:
+    """module -> {imported stoker module: "file:line" of the first such import}."""
+    graph: dict[str, dict[str, str]] = {}
+    for path in sorted((root / "stoker").rglob("*.py")):
+        module = module_name(path, root)
+        edges = graph.setdefault(module, {})
+        for imp in imports_in(path, root):
+            for target in _resolved_targets(root, imp):
+                if target != module:
+                    edges.setdefault(target, f"{path.relative_to(root)}:{imp.line}")
+    return graph
+
+
+def circles(graph: dict[str, dict[str, str]]) -> list[list[str]]:
+    """The import circles: strongly connected groups of two or more modules (Tarjan),
+    each in a stable order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        # Iterative: a deep recursion would hit Python's limit on a long chain.
+        work = [(node, iter(sorted(graph.get(node, ()))))]
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        while work:
+            current, children = work[-1]
+            for child in children:
+                if child not in graph:
+                    continue
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                    break
+                if child in on_stack:
+                    low[current] = min(low[current], index[child])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[current])
+                if low[current] == index[current]:
+                    group = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        group.append(member)
+                        if member == current:
+                            break
+                    if len(group) > 1:
+                        found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def circle_violations(root: Path) -> list[str]:
+    graph = import_graph(root)
+    found = []
+    for group in circles(graph):
+        members = set(group)
+        arrows = [
+            f"{graph[a][b]} ({a} -> {b})" for a in group for b in sorted(graph[a]) if b in members
+        ]
+        found.append(f"import circle {' <-> '.join(group)}: " + "; ".join(arrows))
+    return found
+
+
+def shape_violations(root: Path) -> list[str]:
+    found = []
+    for path in sorted((root / "stoker").rglob("*.py")):
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES:
+            found.append(f"{path.relative_to(root)}: {lines} lines; split it (at most {MAX_LINES})")
+    for folder in sorted({p.parent for p in (root / "stoker").rglob("*.py")}):
+        where = folder.relative_to(root).as_posix()
+        modules = [p for p in folder.glob("*.py") if p.name != "__init__.py"]
+        if len(modules) > MAX_MODULES_SIDE_BY_SIDE and where not in MANY_MODULES_ALLOWED:
+            found.append(
+                f"{where}/: {len(modules)} modules side by side; group them in wings "
+                f"(at most {MAX_MODULES_SIDE_BY_SIDE})"
+            )
+    return found
 
 
 def violations(root: Path) -> list[str]:
@@ -182,13 +314,19 @@ def violations(root: Path) -> list[str]:
             if top != "stoker":
                 continue
             # `from stoker import config` names the submodule stoker.config;
-            # `from stoker import __version__` the package itself.
-            targets = {imp.target}
-            if imp.target == "stoker":
-                targets = {f"stoker.{n}" if _is_submodule(root, n) else "stoker" for n in imp.names}
+            # `from stoker import __version__` the package itself (its face).
+            targets = _resolved_targets(root, imp)
             for target in sorted(targets):
                 layer = package_of(target)
+                if target == FACE and imp.module != FACE:
+                    found.append(
+                        f"{where}: {imp.module} imports the package face stoker "
+                        f"({', '.join(imp.names) or 'itself'}); import the module that "
+                        "defines it (the version: stoker.version)"
+                    )
+                    continue
                 if layer == importer:
+                    found.extend(_wing_violation(where, imp.module, target))
                     continue
                 if importer in STANDALONE:
                     found.append(
@@ -220,9 +358,34 @@ def violations(root: Path) -> list[str]:
     return found
 
 
+def _wing_violation(where: str, module: str, target: str) -> list[str]:
+    mine, theirs = wing_tier(module), wing_tier(target)
+    if mine is None or theirs is None or mine[0] == theirs[0]:
+        return []  # not winged, or the same wing, or both on the package's top level
+    (wing, tier), (_, other_tier) = mine, theirs
+    if other_tier < tier:
+        return []
+    package = package_of(module)
+    name = f"{package}.{wing}" if wing else f"{package}'s top level"
+    return [
+        f"{where}: {module} imports {target}; the wing {name} may import only the wings "
+        f"below its tier ({', '.join(w for t in WINGS[package][:tier] for w in t) or 'none'})"
+    ]
+
+
 def test_stoker_follows_the_layering_rule() -> None:
     found = violations(ROOT)
     assert not found, "layering violations:\n" + "\n".join(found)
+
+
+def test_stoker_has_no_import_circle() -> None:
+    found = circle_violations(ROOT)
+    assert not found, "\n".join(found)
+
+
+def test_modules_and_folders_stay_small() -> None:
+    found = shape_violations(ROOT)
+    assert not found, "\n".join(found)
 
 
 def test_every_package_has_a_rule() -> None:
@@ -254,11 +417,13 @@ def test_every_package_has_a_rule() -> None:
          "    from stoker.runtime.trainer import Trainer\n",
          "stoker/data/bad.py:3: stoker.data.bad imports stoker.runtime.trainer;"),
         ("stoker/checkpoint/bad.py", "from stoker.launcher import ledger\n",
-         "stoker/checkpoint/bad.py:1: stoker.checkpoint.bad imports stoker.launcher;"),
+         "stoker/checkpoint/bad.py:1: stoker.checkpoint.bad imports stoker.launcher.ledger;"),
         ("stoker/runtime/bad.py", "from stoker.tracking.limits import _cut\n",
          "stoker/runtime/bad.py:1: stoker.runtime.bad imports the private name _cut"),
         ("stoker/errors.py", "from stoker.config import ExperimentConfig\n",
          "stoker/errors.py:1: leaf stoker.errors imports stoker.config;"),
+        ("stoker/config/bad.py", "from stoker import __version__\n",
+         "stoker/config/bad.py:1: stoker.config.bad imports the package face stoker"),
     ],
 )  # fmt: skip
 def test_a_forbidden_import_is_named_with_its_file_and_line(
@@ -279,6 +444,66 @@ def test_a_forbidden_import_is_named_with_its_file_and_line(
     bad.write_text(source)
     found = violations(tmp_path)
     assert len(found) == 1 and found[0].startswith(expected), found
+
+
+def _copy_of_the_tree(into: Path) -> None:
+    for real in (ROOT / "stoker").rglob("*.py"):
+        copy = into / real.relative_to(ROOT)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(real.read_text())
+
+
+def test_a_planted_circle_is_named_with_both_arrows(tmp_path: Path) -> None:
+    # The copy's own circles (none on a clean tree) plus one planted: two modules of
+    # the tracking package, one importing the other inside a function.
+    _copy_of_the_tree(tmp_path)
+    before = circle_violations(tmp_path)
+    package = tmp_path / "stoker" / "tracking"
+    (package / "planted_a.py").write_text("from stoker.tracking import planted_b\n")
+    (package / "planted_b.py").write_text("def f():\n    from stoker.tracking.planted_a import x\n")
+    found = [v for v in circle_violations(tmp_path) if v not in before]
+    assert found == [
+        "import circle stoker.tracking.planted_a <-> stoker.tracking.planted_b: "
+        "stoker/tracking/planted_a.py:1 (stoker.tracking.planted_a -> stoker.tracking.planted_b); "
+        "stoker/tracking/planted_b.py:2 (stoker.tracking.planted_b -> stoker.tracking.planted_a)"
+    ]
+
+
+def test_a_wing_importing_upward_or_sideways_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "stoker" / "demo"
+    for wing in ("low", "left", "right"):
+        (package / wing).mkdir(parents=True)
+        (package / wing / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "low" / "base.py").write_text("from stoker.demo.right import top\n")
+    (package / "left" / "mid.py").write_text("from stoker.demo.low import base\n")
+    (package / "right" / "top.py").write_text(
+        "from stoker.demo.low import base\nfrom stoker.demo.left import mid\n"
+    )
+    (package / "face.py").write_text("from stoker.demo.right import top\n")
+    monkeypatch.setitem(MAY_IMPORT, "stoker.demo", ())
+    monkeypatch.setitem(WINGS, "stoker.demo", (("low",), ("left", "right")))
+    found = violations(tmp_path)
+    assert [v.split(";")[0] for v in found] == [
+        "stoker/demo/low/base.py:1: stoker.demo.low.base imports stoker.demo.right.top",
+        "stoker/demo/right/top.py:2: stoker.demo.right.top imports stoker.demo.left.mid",
+    ], found
+    assert "the wing stoker.demo.low may import only the wings below its tier (none)" in found[0]
+
+
+def test_a_long_module_and_a_crowded_folder_are_named(tmp_path: Path) -> None:
+    package = tmp_path / "stoker" / "crowded"
+    package.mkdir(parents=True)
+    for index in range(MAX_MODULES_SIDE_BY_SIDE + 1):
+        (package / f"m{index}.py").write_text("x = 1\n")
+    (package / "m0.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    assert shape_violations(tmp_path) == [
+        f"stoker/crowded/m0.py: {MAX_LINES + 1} lines; split it (at most {MAX_LINES})",
+        f"stoker/crowded/: {MAX_MODULES_SIDE_BY_SIDE + 1} modules side by side; group them "
+        f"in wings (at most {MAX_MODULES_SIDE_BY_SIDE})",
+    ]
 
 
 def test_imports_inside_functions_and_for_typing_pass_the_login_node_rule(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from stoker import __version__
+from stoker.version import __version__
 from stoker.cli import bench as bench_cmd
 from stoker.cli import check as check_cmd
 from stoker.cli import ckpt as ckpt_cmd

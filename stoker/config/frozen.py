@@ -11,7 +11,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from stoker import __version__
+from stoker.version import __version__
 from stoker.atomic_write import write_text_atomic
 from stoker.config.resolve import ResolvedConfig, resolve_config
 from stoker.config.schema import ExperimentConfig

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stoker import __version__
+from stoker.version import __version__
 from stoker.errors import StokerError
 from stoker.launcher.spec import LaunchSpec
 from stoker.protocol import EXIT_PEER_LOST, EXIT_REQUEUE, runs_the_runtime
