@@ -41,7 +41,6 @@ a resumed loop run that step twice.)
 
 from __future__ import annotations
 
-from stoker.runtime.own_checkpoint import Checkpoint
-from stoker.runtime.own_loop import JobLoader, Run, init
+from stoker.runtime.own_loop import Checkpoint, JobLoader, Run, init
 
 __all__ = ["Checkpoint", "JobLoader", "Run", "init"]

@@ -19,6 +19,10 @@ EXIT_REQUEUE = 75
 # (EX_PROTOCOL from sysexits.h: "remote error in protocol").
 EXIT_PEER_LOST = 76
 
+# A task that saved its state after SIGTERM (scancel, or SLURM's own requeue) exits as a
+# process killed by it would: SLURM requeues or ends the job itself.
+EXIT_TERMINATED = 128 + 15
+
 # The signal SLURM sends the batch shell before the time limit (`--signal=B:USR2@grace`).
 # Never USR1: NCCL uses it.
 STOP_SIGNAL = "USR2"

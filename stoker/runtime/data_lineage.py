@@ -4,7 +4,7 @@ lineage of what it trains (what an input holds: stoker/tracking/dataset_inputs.p
     record_data_sets(tracking, cfg.data, evaluates=True)     # global rank 0
 
 The trainer's entry point (train.py) calls it once the loaders are built, so the
-synthetic set behind `data.url: null` exists; `stoker.job.init()` (own_loop.py) for the
+synthetic set behind `data.url: null` exists; `stoker.job.init()` (own_loop/run.py) for the
 data sets the config names, and `run.loader()` for the synthetic set when it makes it
 (a loop of one's own with data.url null may read data stoker does not know of).
 

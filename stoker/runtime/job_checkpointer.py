@@ -1,5 +1,5 @@
 """The job's checkpointer from the experiment's `checkpoint.*` keys: one place for the
-built-in trainer and `stoker.job`'s `run.checkpointer()` (own_checkpoint.py)."""
+built-in trainer and `stoker.job`'s `run.checkpointer()` (own_loop/checkpoint.py)."""
 
 from __future__ import annotations
 

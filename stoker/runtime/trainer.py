@@ -40,7 +40,7 @@ from stoker.checkpoint.checkpointer import Checkpointer
 from stoker.checkpoint.train_state import TrainState
 from stoker.config import ExperimentConfig
 from stoker.errors import StokerError
-from stoker.protocol import ENV_RESTART, EXIT_REQUEUE
+from stoker.protocol import ENV_RESTART, EXIT_REQUEUE, EXIT_TERMINATED
 from stoker.runtime import dist_env
 from stoker.runtime.dist_env import DistEnv
 from stoker.runtime.ema import EMA, EMA_KEY
@@ -60,17 +60,17 @@ from stoker.runtime.optim import build_optimizer, build_scheduler
 from stoker.runtime.parallelize import parallelize
 from stoker.runtime.precision import resolve_precision
 from stoker.runtime.progress import Progress
+from stoker.runtime.session import check_batch_split, data_url, rank_hosts, to_device
 from stoker.runtime.step_memory import StepMemory, local_bytes
 from stoker.runtime.step_watch import StepWatch
 from stoker.runtime.stop_request import StopRequest
-from stoker.runtime.stragglers import Slowest, node_name
+from stoker.runtime.stragglers import Slowest
 from stoker.runtime.time_account import StartAccount
 from stoker.runtime.train_samples import TrainSampler
 
 # A step whose loss or gradient norm is not finite is skipped; this many in a
 # row means the run has diverged and stops (FAILED) instead of burning hours.
 MAX_NONFINITE_IN_ROW = 5
-EXIT_TERMINATED = 128 + 15
 
 
 class DeviceBatch(dict[str, Any]):
@@ -111,13 +111,7 @@ class Trainer:
         self.stop = stop or StopRequest()
         self.checkpoint_root = cfg.checkpoint.root or str(run_dir / "checkpoints")
         accum = cfg.train.grad_accum
-        # With buckets, each bucket's batch is checked where the loader splits it.
-        if not cfg.data.buckets and cfg.data.batch_size % (accum * env.world_size):
-            raise StokerError(
-                f"data.batch_size {cfg.data.batch_size} does not split into train.grad_accum "
-                f"{accum} micro-batches over {env.world_size} ranks",
-                fix=f"use a data.batch_size that is a multiple of {accum * env.world_size}",
-            )
+        check_batch_split(cfg.data, env.world_size, accum)
         self.micro_batch = cfg.data.batch_size // accum  # global, per loader batch
         self.precision = resolve_precision(cfg.train.precision, device)
         self.slowest: Slowest | None = None  # of the last log window, with several ranks
@@ -146,12 +140,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
         torch.manual_seed(cfg.train.seed * 100_003 + self.env.rank)
-        url = cfg.data.url
-        if url is None and not cfg.data.sources:
-            from stoker.data.synthetic import ensure_synthetic_data
-
-            say = print if self.env.is_main else None
-            url = str(ensure_synthetic_data(cfg.data, progress=say))
+        url = data_url(cfg.data, say=print if self.env.is_main else None)
         micro_cfg = cfg.model_copy(
             update={
                 "data": cfg.data.model_copy(update={"batch_size": self.micro_batch, "url": url})
@@ -230,7 +219,7 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         count = 0
         for batch in self.eval_loader.batches(max_batches=self.cfg.train.eval_batches):
-            batch = self._to_device(batch)
+            batch = to_device(batch, self.device)
             with self.autocast():
                 loss, _ = contract.loss_and_metrics(self.model, self._with_noise(batch))
                 total += loss.float()
@@ -249,29 +238,9 @@ class Trainer:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return nullcontext()
 
-    # Stay on the host: noise_for reads them, and reading them back from a GPU
-    # would add a host sync to every micro-batch.
-    _HOST_KEYS = frozenset({"position"})
-
-    def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """Tensors, and dicts of tensors (latents, a .safetensors member), on the device."""
-
-        def moved(value: Any) -> Any:
-            if isinstance(value, torch.Tensor):
-                return value.to(self.device, non_blocking=True)
-            if (
-                isinstance(value, dict)
-                and value
-                and all(isinstance(v, torch.Tensor) for v in value.values())
-            ):
-                return {k: v.to(self.device, non_blocking=True) for k, v in value.items()}
-            return value
-
-        return {k: v if k in self._HOST_KEYS else moved(v) for k, v in batch.items()}
-
     def _batches(self) -> Iterator[DeviceBatch]:
         for batch in self.loader.batches():
-            out = DeviceBatch(self._to_device(batch))
+            out = DeviceBatch(to_device(batch, self.device))
             out.rows = len(batch["position"])
             out.valid_rows = int(batch["valid"].sum()) if "valid" in batch else out.rows
             out.skipped = len(batch.get("skipped", ()))
@@ -544,9 +513,7 @@ class Trainer:
         """Every rank's node, by rank: one all_gather_object at the first log of this
         start (every rank reaches it there), none after."""
         if self._hosts is None:
-            hosts: list[Any] = [None] * self.env.world_size
-            torch.distributed.all_gather_object(hosts, node_name())
-            self._hosts = [str(host) for host in hosts]
+            self._hosts = rank_hosts(self.env.world_size)
         return self._hosts
 
     def _tag_slowest_host(self) -> None:

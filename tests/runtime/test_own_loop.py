@@ -145,17 +145,48 @@ def test_init_outside_a_job_says_how_to_start_one(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_a_loader_without_state_is_refused_by_name(tmp_path: Path) -> None:
-    from stoker.config import ExperimentConfig
-    from stoker.errors import StokerError
-    from stoker.runtime.own_loop import Run
-
+def _run_on(device: str, tmp_path: Path, data: dict[str, object] | None = None) -> Any:
+    """A one-rank `Run` on `device`, as init() makes it, without a process group."""
     torch = pytest.importorskip("torch")
+    from stoker.config import ExperimentConfig
     from stoker.runtime.dist_env import DistEnv
+    from stoker.runtime.own_loop import Run
+    from stoker.runtime.session import JobSession
     from stoker.runtime.stop_request import StopRequest
 
-    run = Run(ExperimentConfig(), DistEnv(0, 1, 0, 1, 0, 1, "single"), torch.device("cpu"),
-              tmp_path, 0, StopRequest())  # fmt: skip
+    cfg = ExperimentConfig.model_validate({"data": data or {}})
+    session = JobSession(cfg, tmp_path / "config.yaml", DistEnv(0, 1, 0, 1, 0, 1, "single"),
+                         torch.device(device), tmp_path, 0, StopRequest())  # fmt: skip
+    return Run(session)
+
+
+def test_a_loader_without_state_is_refused_by_name(tmp_path: Path) -> None:
+    import torch
+
+    from stoker.errors import StokerError
+
+    run = _run_on("cpu", tmp_path)
     model = torch.nn.Linear(2, 2)
     with pytest.raises(StokerError, match=r"the loader given to run.checkpointer\(\) \(list\)"):
         run.checkpointer(model=model, optim=torch.optim.SGD(model.parameters()), loader=[1, 2])
+
+
+def test_the_own_loops_batches_land_on_the_runs_device_latent_dicts_included(
+    tmp_path: Path, isolated_home: Path
+) -> None:
+    """As the trainer's: every tensor of a batch on the run's device, those inside a
+    dict (a latent set's video and audio latents) too; the sample positions stay on the
+    host (the trainer's noise reads them). The `meta` device shows where each landed
+    without a GPU."""
+    import torch
+
+    latents = {"modalities": ["latent"], "resolution": [32, 48], "channels": 2,
+               "clip_seconds": 0.5, "fps": 8, "batch_size": 2, "num_workers": 0}  # fmt: skip
+    batch = next(_run_on("meta", tmp_path, latents).loader().batches())
+    tensors = {key: value for key, value in batch.items() if isinstance(value, torch.Tensor)}
+    inside = {f"{key}.{name}": tensor for key, value in batch.items() if isinstance(value, dict)
+              for name, tensor in value.items() if isinstance(tensor, torch.Tensor)}  # fmt: skip
+    assert inside, f"no dict of tensors in the batch: {sorted(batch)}"
+    devices = {name: t.device.type for name, t in {**tensors, **inside}.items()}
+    assert devices.pop("position") == "cpu"
+    assert set(devices.values()) == {"meta"}, devices

@@ -1,35 +1,15 @@
-"""Your own training loop with stoker's guarantees: what `stoker.job` (the public
-module, stoker/job.py) is made of.
-
-`init()` does for a user's script what stoker/runtime/train.py does for the built-in
-trainer, from the same variables and frozen config the launcher gives every task:
-
-    the process group    rendezvous.join: every rank joined or a named failure; the
-                         device mesh (FSDP on a node, HSDP across nodes)
-    stop requests        SIGUSR2, SIGTERM and the stop file (stop_request.py), agreed
-                         by all ranks in `should_stop()`, the loop's one collective
-    the hang watchdog    a heartbeat per rank (heartbeat.py), beating in should_stop()
-    stragglers           each rank's own time between two should_stop() calls (and
-                         its data wait, with `run.loader()`), gathered there
-    MLflow               rank 0 logs into the job's run (rank_tracking.py): spooled
-                         through outages, each step once across requeues; the data
-                         sets the run reads as its dataset inputs (data_lineage.py)
-    progress             rank 0's progress.json for `stoker status` (step, loss, ETA)
-    exit codes           75 requeue, 143 terminated, 76 a lost peer, 124 a hang, 1 an
-                         error: the batch script reads them as it reads the trainer's
-
-and `Checkpoint` (own_checkpoint.py) is the trainer's verified async checkpointer.
-"""
+"""`stoker.job.init()` and the `Run` it returns: this rank's place in the job, and the
+services a loop of one's own calls (see the package's docstring). The lifecycle under
+it is the built-in trainer's (stoker/runtime/session.py)."""
 
 from __future__ import annotations
 
 import atexit
 import os
-import signal
 import sys
 import time
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -37,98 +17,45 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import torch
 from torch import nn
 
-from stoker.config import ExperimentConfig, load_frozen
+from stoker.config import ExperimentConfig
 from stoker.errors import StokerError
-from stoker.protocol import (
-    ENV_CONFIG,
-    ENV_RESTART,
-    ENV_RUN_DIR,
-    EXIT_HANG,
-    EXIT_PEER_LOST,
-    EXIT_REQUEUE,
-)
-from stoker.runtime import dist_env, flight_recorder, rendezvous
+from stoker.protocol import ENV_CONFIG, EXIT_REQUEUE, EXIT_TERMINATED
+from stoker.runtime import dist_env
 from stoker.runtime.data_lineage import record_data_sets
 from stoker.runtime.dist_env import DistEnv
-from stoker.runtime.heartbeat import (
-    COLLECTIVE_PHASE,
-    Heartbeat,
-    announce_exit,
-    hang_reported,
-    interval_for,
-    silent_ranks,
-)
+from stoker.runtime.heartbeat import COLLECTIVE_PHASE, Heartbeat
+from stoker.runtime.own_loop.checkpoint import Checkpoint
+from stoker.runtime.own_loop.loader import DataWait, JobLoader
 from stoker.runtime.progress import Progress
-from stoker.runtime.rank_tracking import Tracking, open_tracking
+from stoker.runtime.session import JobSession, check_batch_split, data_url, rank_hosts
 from stoker.runtime.stop_request import StopRequest
-from stoker.runtime.stragglers import Slowest, node_name
+from stoker.runtime.stragglers import Slowest
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from stoker.data.loader import StreamingLoader
-    from stoker.runtime.own_checkpoint import Checkpoint
-
-EXIT_TERMINATED = 128 + 15
-
 _current: Run | None = None
-
-
-class JobLoader:
-    """stoker's streaming loader of the experiment's `data.*` keys, as `run.loader()`
-    gives it: `batches()` is endless and goes on from the loader's position (restored
-    by `Checkpoint.restore()`), and the time each rank waits for a batch is its data
-    wait in the straggler report."""
-
-    def __init__(self, loader: StreamingLoader, run: Run) -> None:
-        self.loader, self._run = loader, run
-
-    def batches(self) -> Iterator[dict[str, Any]]:
-        """Batches on the run's device (tensors; lists and dicts as they are)."""
-        stream = iter(self.loader.batches())
-        device = self._run.device
-        while True:
-            started = time.perf_counter()
-            batch = next(stream)
-            self._run._data_s += time.perf_counter() - started
-            yield {
-                k: v.to(device, non_blocking=True)
-                if isinstance(v, torch.Tensor) and k != "position"
-                else v
-                for k, v in batch.items()
-            }
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state)
 
 
 class Run:
     """This rank's place in the job and its services; made by `init()`, one per process."""
 
-    def __init__(
-        self,
-        cfg: ExperimentConfig,
-        env: DistEnv,
-        device: torch.device,
-        run_dir: Path,
-        restart: int,
-        stop: StopRequest,
-    ) -> None:
-        self.config = cfg
+    def __init__(self, session: JobSession) -> None:
+        self.session = session
+        """The job's lifecycle on this rank, shared with the built-in trainer."""
+        self.config: ExperimentConfig = session.config
         """The job's frozen experiment (`stoker submit EXP.yaml k=v -- python train.py`)."""
-        self.env, self.device, self.run_dir, self.restart = env, device, run_dir, restart
-        self._stop = stop
+        self.env: DistEnv = session.env
+        self.device: torch.device = session.device
+        self.run_dir: Path = session.run_dir
+        self.restart: int = session.restart
         self.mesh: DeviceMesh | None = None
-        self._tracking: Tracking | None = None
         self._heartbeat: Heartbeat | None = None
         self._progress: Progress | None = None
         self._step = 0  # steps done: set by Checkpoint.restore(), +1 per should_stop()
         self._start_step = 0
         self._synced_at: float | None = None  # when the last should_stop() returned
-        self._own_s, self._data_s = 0.0, 0.0  # this rank's, since the last should_stop()
+        self._data_wait = DataWait()  # this rank's wait for batches, likewise
         # Since the last log(), on rank 0: steps, and every rank's own and data seconds
         # summed (sums, not rows: a loop that never logs must not grow them).
         self._window_steps = 0
@@ -160,7 +87,8 @@ class Run:
     @property
     def run_id(self) -> str | None:
         """The job's MLflow run."""
-        return self._tracking.run_id if self._tracking is not None else None
+        tracking = self.session.tracking
+        return tracking.run_id if tracking is not None else None
 
     # --- what the loop uses -----------------------------------------------------------
 
@@ -176,9 +104,8 @@ class Run:
         rank's RNG): under checkpoint.root, else the run folder's checkpoints/. `loader`:
         anything with `state_dict()` (JSON-able) and `load_state_dict()`, e.g.
         `run.loader()` or torchdata's StatefulDataLoader. Call on every rank."""
-        from stoker.runtime.own_checkpoint import Checkpoint
-
-        checkpoint = Checkpoint(self, model, optim, scheduler, loader)
+        checkpoint = Checkpoint(self.session, model, optim, scheduler, loader,
+                                on_restore=self._start_at, mesh=self.mesh)  # fmt: skip
         self._checkpoints.append(checkpoint)
         return checkpoint
 
@@ -190,23 +117,14 @@ class Run:
         from stoker.data.loader import loader_from_config
 
         cfg = self.config
-        url = cfg.data.url
-        if url is None and not cfg.data.sources:
-            from stoker.data.synthetic import ensure_synthetic_data
-
-            url = str(ensure_synthetic_data(cfg.data, progress=print if self.is_main else None))
-            if self.is_main and self._tracking is not None:
-                record_data_sets(self._tracking, cfg.data, evaluates=False)
-        if not cfg.data.buckets and cfg.data.batch_size % self.world_size:
-            raise StokerError(
-                f"data.batch_size {cfg.data.batch_size} does not split over "
-                f"{self.world_size} ranks",
-                fix=f"use a data.batch_size that is a multiple of {self.world_size}",
-            )
+        url = data_url(cfg.data, say=print if self.is_main else None)
+        tracking = self.session.tracking
+        if url != cfg.data.url and self.is_main and tracking is not None:
+            record_data_sets(tracking, cfg.data, evaluates=False)  # the synthetic set
+        check_batch_split(cfg.data, self.world_size)
         with_url = cfg.model_copy(update={"data": cfg.data.model_copy(update={"url": url})})
-        return JobLoader(
-            loader_from_config(with_url, rank=self.rank, world_size=self.world_size), self
-        )
+        loader = loader_from_config(with_url, rank=self.rank, world_size=self.world_size)
+        return JobLoader(loader, self.device, self._data_wait)
 
     def log(self, metrics: Mapping[str, float | torch.Tensor], step: int) -> None:
         """Record `metrics` at `step` in the job's MLflow run, from rank 0 (call it on
@@ -226,8 +144,8 @@ class Run:
             values.update(slowest.metrics())
         self._window_steps, self._window_sums = 0, []
         self._window_started = time.perf_counter()
-        if self._tracking is not None:
-            self._tracking.log_metrics(values, step)
+        if self.session.tracking is not None:
+            self.session.tracking.log_metrics(values, step)
         if self._progress is None:
             self._progress = Progress(self.config.train.steps, self._start_step)
         self._progress.update(step, values, slowest)
@@ -242,12 +160,11 @@ class Run:
         now = time.perf_counter()
         own = now - self._synced_at if self._synced_at is not None else 0.0
         heartbeat = self._beat(COLLECTIVE_PHASE)  # at the end of step _step + 1
-        mine = torch.tensor([float(self._stop.wanted()), own, self._data_s], device=self.device)
+        data_s = self._data_wait.take()
+        mine = torch.tensor([float(self.session.stop.wanted()), own, data_s], device=self.device)
         if self.env.distributed:
             if self._hosts is None:
-                hosts: list[Any] = [None] * self.world_size
-                torch.distributed.all_gather_object(hosts, node_name())
-                self._hosts = [str(h) for h in hosts]
+                self._hosts = rank_hosts(self.world_size)
             rows_t = torch.empty(self.world_size * 3, device=self.device)
             dist_env.all_gather_flat(rows_t, mine)
             rows = rows_t.view(self.world_size, 3).tolist()
@@ -261,7 +178,7 @@ class Run:
             sums = self._window_sums or [0.0] * len(flat)
             self._window_sums = [a + b for a, b in zip(sums, flat, strict=True)]
             self._window_steps += 1
-        self._synced_at, self._data_s = time.perf_counter(), 0.0
+        self._synced_at = time.perf_counter()
         return any(row[0] > 0 for row in rows)
 
     def exit_for_requeue(self) -> NoReturn:
@@ -269,7 +186,7 @@ class Run:
         exit 75 (the batch script requeues the job) after a stop request, 143 after
         SIGTERM (SLURM requeues or ends the job itself). The MLflow run stays open
         for the next start. Save first (`checkpoint.save(step, wait=True)`)."""
-        terminated = self._stop.terminated
+        terminated = self.session.stop.terminated
         code = EXIT_TERMINATED if terminated else EXIT_REQUEUE
         self._end(code, "KILLED" if terminated else None)
         sys.exit(code)
@@ -310,7 +227,7 @@ class Run:
         compute = [max(o - d, 0.0) for o, d in zip(own, data, strict=True)]
         return Slowest.of(data, compute, self._hosts)
 
-    def _set_start(self, step: int) -> None:
+    def _start_at(self, step: int) -> None:
         """Checkpoint.restore() says where the loop starts: its first step begins."""
         self._step = self._start_step = step
         self._beat("step")
@@ -323,35 +240,20 @@ class Run:
             return
         self._ended = True
         if code is not None:
-            peers = self._frozen_peers(code)
-            announce_exit(self.run_dir, self.restart, self.rank, code, peers)
+            self.session.announce(code)
         for checkpoint in self._checkpoints:
             checkpoint.close()
         if self._heartbeat is not None:
             self._heartbeat.stop()
         if self._progress is not None:
             self._progress.close()
-        if self._tracking is not None:
-            self._tracking.close(status)
-        if code != EXIT_PEER_LOST and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-        # As train.py: a stop that comes while the process exits must not kill it.
-        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        self.session.close(status)
 
     def _at_exit(self) -> None:
         """atexit: a script that ended without finish() or exit_for_requeue() still
         sends what it logged (the MLflow writer is a daemon thread) and lets a save in
         flight commit; the run's final state then comes from the job's end."""
         self._end(None, None)
-
-    def _frozen_peers(self, code: int) -> list[int]:
-        """For a lost peer: the ranks whose heartbeat went silent (train.py)."""
-        cfg = self.config.train
-        if code != EXIT_PEER_LOST or not cfg.hang_timeout_s:
-            return []
-        silent_s = max(cfg.collective_timeout_s / 2, 3 * interval_for(cfg.hang_timeout_s))
-        found = silent_ranks(self.run_dir, self.restart, self.world_size, silent_s)
-        return [r for r in found if r != self.rank]
 
     def _on_uncaught(
         self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None
@@ -363,21 +265,7 @@ class Run:
             traceback.print_exception(kind, exc, tb, file=err)
             self._end(EXIT_TERMINATED, "KILLED")
             os._exit(130)
-        if hang_reported(self.run_dir, self.restart):
-            print(f"stoker: rank {self.rank}: stopped by the hang watchdog "
-                  "(heartbeat/…/hang.json)", file=err, flush=True)  # fmt: skip
-            self._end(EXIT_HANG, "FAILED")
-            os._exit(EXIT_HANG)
-        if isinstance(exc, StokerError):
-            print(f"stoker: rank {self.rank}: {exc}", file=err, flush=True)
-            code = 1
-        else:
-            traceback.print_exception(kind, exc, tb, file=err)
-            code = EXIT_PEER_LOST if dist_env.lost_peer(exc) else 1
-            if code == EXIT_PEER_LOST:
-                print(f"stoker: rank {self.rank}: a collective lost a peer; exit "
-                      f"{EXIT_PEER_LOST}", file=err, flush=True)  # fmt: skip
-                flight_recorder.dump(self.rank)
+        code = self.session.exit_code_for(exc, tb, err=err)
         err.flush()
         self._end(code, "FAILED")
         sys.stdout.flush()
@@ -399,33 +287,21 @@ def init(config: str | Path | None = None) -> Run:
     sys.excepthook = _user_errors_plainly  # until there is a Run to end
     stop = StopRequest()
     stop.install()
-    path = Path(config) if config is not None else _config_path()
-    cfg = load_frozen(path)
-    env = dist_env.detect()
-    device = dist_env.device_for(env)
-    if device.type == "cpu":
-        torch.set_num_threads(dist_env.cpu_threads(env))
-    run_dir = Path(os.environ.get(ENV_RUN_DIR) or path.resolve().parent)
-    restart = int(os.environ.get(ENV_RESTART) or 0)
-    run = Run(cfg, env, device, run_dir, restart, stop)
+    session = JobSession.start(Path(config) if config is not None else _config_path(), stop)
+    run = Run(session)
     _current = run
     sys.excepthook = run._on_uncaught
     atexit.register(run._at_exit)
-    rendezvous.join(
-        env,
-        device,
-        rendezvous_timeout_s=cfg.train.rendezvous_timeout_s,
-        collective_timeout_s=cfg.train.collective_timeout_s,
-    )
+    session.join()
     # Again: init_process_group wraps the hook in one that buffers stderr until the hook
     # returns, and this one ends the process (its exit code) before that.
     sys.excepthook = run._on_uncaught
-    run.mesh = dist_env.data_parallel_mesh(env, device)
-    run._tracking = open_tracking(cfg, env, device, run_dir, path)
-    if env.is_main:  # the data sets the config names (the synthetic one: run.loader())
-        record_data_sets(run._tracking, cfg.data, evaluates=True, synthetic=False)
+    run.mesh = dist_env.data_parallel_mesh(session.env, session.device)
+    tracking = session.open_tracking()
+    if session.env.is_main:  # the data sets the config names (the synthetic one: run.loader())
+        record_data_sets(tracking, session.config.data, evaluates=True, synthetic=False)
     # The same seed on every rank: the same initial weights before sharding.
-    torch.manual_seed(cfg.train.seed)
+    torch.manual_seed(session.config.train.seed)
     return run
 
 

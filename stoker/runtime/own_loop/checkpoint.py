@@ -17,6 +17,7 @@ loop starts its next step there (`for step in range(ckpt.restore(), total)` with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,20 +26,26 @@ from torch import nn
 from stoker.checkpoint.train_state import TrainState
 from stoker.errors import StokerError
 from stoker.runtime.job_checkpointer import checkpointer_for
+from stoker.runtime.session import JobSession
 
 if TYPE_CHECKING:
-    from stoker.runtime.own_loop import Run
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 class Checkpoint:
     def __init__(
         self,
-        run: Run,
+        session: JobSession,
         model: nn.Module,
         optim: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler | None,
         loader: Any,
+        *,
+        on_restore: Callable[[int], None],
+        mesh: DeviceMesh | None,
     ) -> None:
+        """`on_restore(step)`: the loop starts at `step` (the run's first heartbeat);
+        `mesh`: the one the model is sharded over (resharding on load)."""
         for name in ("state_dict", "load_state_dict"):
             if loader is not None and not callable(getattr(loader, name, None)):
                 raise StokerError(
@@ -46,19 +53,20 @@ class Checkpoint:
                     f"has no {name}(): its position cannot be saved",
                     fix="pass run.loader(), a torchdata StatefulDataLoader, or loader=None",
                 )
-        self._run = run
+        self._session, self._on_restore = session, on_restore
         self.model, self.optim, self.scheduler, self.loader = model, optim, scheduler, loader
-        cfg = run.config.checkpoint
-        self.root = cfg.root or str(run.run_dir / "checkpoints")
+        cfg = session.config.checkpoint
+        self.root = cfg.root or str(session.run_dir / "checkpoints")
         self.every = cfg.every
         """checkpoint.every: save when `due(step)`."""
+        env = session.env
         self._checkpointer = checkpointer_for(
-            run.config,
+            session.config,
             self.root,
-            rank=run.rank,
-            world_size=run.world_size,
-            mesh=run.mesh,
-            sink=run._tracking if run.is_main else None,
+            rank=env.rank,
+            world_size=env.world_size,
+            mesh=mesh,
+            sink=session.tracking if env.is_main else None,
         )
 
     def restore(self) -> int:
@@ -70,9 +78,9 @@ class Checkpoint:
             step = state.step
             if self.loader is not None and state.loader is not None:
                 self.loader.load_state_dict(state.loader)
-            if self._run.is_main:
+            if self._session.env.is_main:
                 print(f"resumed from {self.root}/step-{step}", flush=True)
-        self._run._set_start(step)
+        self._on_restore(step)
         return step
 
     def due(self, step: int) -> bool:
@@ -85,7 +93,8 @@ class Checkpoint:
         `exit_for_requeue()`). A save that failed raises here (with `wait`) or at
         the next save."""
         loader_state = self.loader.state_dict() if self.loader is not None else None
-        state = TrainState(step, loader_state, self._run.run_id)
+        tracking = self._session.tracking
+        state = TrainState(step, loader_state, tracking.run_id if tracking is not None else None)
         self._raise_failures()
         self._checkpointer.save(step, state, self.model, self.optim, self.scheduler)
         if wait:
