@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stoker.metric_names import goodput_metrics
 from stoker.protocol import ACCOUNTING_DIR, HANG_FILE, HEARTBEAT_DIR
 
 CAUSES = ("startup", "data_wait", "checkpoint", "sampling", "redone", "hang",
@@ -116,17 +117,14 @@ class JobTime:
     def metrics(self) -> dict[str, float]:
         """The account as MLflow metrics (`system/goodput/...`, on the run's System metrics
         tab: rank-hours and seconds)."""
-        out = {
-            "system/goodput/allocated_rank_hours": self.allocated_rank_s / 3600,
-            "system/goodput/productive_rank_hours": self.productive_rank_s / 3600,
-            "system/goodput/queue_after_requeue_s": self.queue_after_requeue,
-            "system/goodput/starts": float(len(self.starts)),
-        }
-        if self.goodput is not None:
-            out["system/goodput/goodput"] = self.goodput
-        for cause, value in self.lost_rank_s().items():
-            out[f"system/goodput/lost_{cause}_rank_hours"] = value / 3600
-        return out
+        return goodput_metrics(
+            allocated_rank_h=self.allocated_rank_s / 3600,
+            productive_rank_h=self.productive_rank_s / 3600,
+            queue_after_requeue_s=self.queue_after_requeue,
+            starts=float(len(self.starts)),
+            goodput=self.goodput,
+            lost_rank_h={cause: s / 3600 for cause, s in self.lost_rank_s().items()},
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

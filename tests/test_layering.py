@@ -40,6 +40,7 @@ HEAVY = ("torch", "triton", "mlflow", "submitit", "av", "soundfile")
 # own beyond each other, no heavy imports.
 LEAVES = (
     "stoker.version",
+    "stoker.metric_names",
     "stoker.errors",
     "stoker.home",
     "stoker.atomic_write",
@@ -90,7 +91,9 @@ LAZY_EXPORTS = {("stoker", "stoker.api")}
 FACE = "stoker"
 # Wings: a package's sub-folders, in tiers from the bottom up. A module of a wing may
 # import its own wing and the wings of the tiers below; never a sibling of its tier nor
-# one above. The package's top-level modules (and its face) may import every wing.
+# one above. The package's top-level modules (and its face) stand above every wing,
+# or where the tier TOP_LEVEL (".") is listed: the wings above it build on them.
+TOP_LEVEL = "."
 WINGS: dict[str, tuple[tuple[str, ...], ...]] = {}
 MAX_LINES = 600
 MAX_MODULES_SIDE_BY_SIDE = 20
@@ -182,10 +185,13 @@ def wing_tier(module: str) -> tuple[str, int] | None:
     if tiers is None:
         return None
     first = module[len(package) + 1 :].split(".")[0] if module != package else ""
+    top = len(tiers)
     for tier, wings in enumerate(tiers):
         if first in wings:
             return first, tier
-    return "", len(tiers)
+        if TOP_LEVEL in wings:
+            top = tier
+    return "", top
 
 
 def _within(module: str, prefix: str) -> bool:
@@ -491,6 +497,19 @@ def test_a_wing_importing_upward_or_sideways_is_named(
         "stoker/demo/right/top.py:2: stoker.demo.right.top imports stoker.demo.left.mid",
     ], found
     assert "the wing stoker.demo.low may import only the wings below its tier (none)" in found[0]
+    # A wing above the top-level modules builds on them; they may not import it.
+    (package / "high").mkdir()
+    (package / "high" / "loop.py").write_text("from stoker.demo import face\n")
+    (package / "face.py").write_text("from stoker.demo.high import loop\n")
+    (package / "low" / "base.py").write_text("")
+    (package / "right" / "top.py").write_text("from stoker.demo.low import base\n")
+    monkeypatch.setitem(
+        WINGS, "stoker.demo", (("low",), ("left", "right"), (TOP_LEVEL,), ("high",))
+    )
+    found = violations(tmp_path)
+    assert [v.split(";")[0] for v in found] == [
+        "stoker/demo/face.py:1: stoker.demo.face imports stoker.demo.high.loop"
+    ], found
 
 
 def test_a_long_module_and_a_crowded_folder_are_named(tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ from stoker.checkpoint.train_state import (
     state_to_save,
 )
 from stoker.errors import StokerError
+from stoker.metric_names import checkpoint_metrics
 
 
 @dataclass(frozen=True)
@@ -72,12 +73,7 @@ class SaveRecord:
 
 def save_metrics(record: SaveRecord) -> dict[str, float]:
     """The per-save metrics, as logged at the save's step."""
-    return {
-        "system/checkpoint/bytes": float(record.bytes),
-        "system/checkpoint/blocking_s": record.blocking_s,
-        "system/checkpoint/background_s": record.background_s,
-        "system/checkpoint/bytes_per_s": record.bytes_per_s,
-    }
+    return checkpoint_metrics(record.bytes, record.blocking_s, record.background_s)
 
 
 @dataclass

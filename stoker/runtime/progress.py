@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stoker import metric_names as names
 from stoker.atomic_write import write_text_atomic
 from stoker.protocol import ENV_PROGRESS_FILE, STRAGGLER_RATIO
 
@@ -48,8 +49,8 @@ class Progress:
             "step": step,
             "total_steps": self.total_steps,
             "loss": metrics.get("loss"),
-            "samples_per_s": metrics.get("system/throughput/samples_per_s"),
-            "tokens_per_s": metrics.get("system/throughput/tokens_per_s"),
+            "samples_per_s": metrics.get(names.SAMPLES_PER_S),
+            "tokens_per_s": metrics.get(names.TOKENS_PER_S),
             "eta_s": eta,
             "time": time.time(),
             "started": self.started,
@@ -90,9 +91,9 @@ class Progress:
             parts.append(f"gnorm {metrics['grad_norm']:.3g}")
         if "lr" in metrics:
             parts.append(f"lr {metrics['lr']:.3g}")
-        if "system/throughput/samples_per_s" in metrics:
-            parts.append(f"{metrics['system/throughput/samples_per_s']:.1f} samples/s")
-        if "mfu" in metrics:
+        if names.SAMPLES_PER_S in metrics:
+            parts.append(f"{metrics[names.SAMPLES_PER_S]:.1f} samples/s")
+        if names.MFU in metrics:
             parts.append(f"MFU {100 * metrics['mfu']:.1f}%")
         if eta is not None:
             parts.append(f"ETA {_duration(eta)}")

@@ -36,6 +36,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from stoker import metric_names as names
+
 
 def node_name() -> str:
     """This rank's node as SLURM names it (several slurmd may share a host), else the host."""
@@ -145,11 +147,11 @@ class Slowest:
 
     def metrics(self) -> dict[str, float]:
         return {
-            "system/stragglers/step_s_min": self.min_step_s,
-            "system/stragglers/step_s_median": self.median_step_s,
-            "system/stragglers/step_s_max": self.step_s,
-            "system/stragglers/slowest_rank": float(self.rank),
-            "system/stragglers/slowest_ratio": self.ratio,
-            "system/stragglers/slowest_data_wait_s": self.data_wait_s,
-            "system/stragglers/data_wait_s_median": self.median_data_wait_s,
+            names.STRAGGLER_STEP_S_MIN: self.min_step_s,
+            names.STRAGGLER_STEP_S_MEDIAN: self.median_step_s,
+            names.STRAGGLER_STEP_S_MAX: self.step_s,
+            names.STRAGGLER_RANK: float(self.rank),
+            names.STRAGGLER_RATIO: self.ratio,
+            names.STRAGGLER_DATA_WAIT_S: self.data_wait_s,
+            names.STRAGGLER_DATA_WAIT_S_MEDIAN: self.median_data_wait_s,
         }

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stoker import metric_names as names
 from stoker.protocol import ACCOUNTING_DIR, STRAGGLER_RATIO
 from stoker.runtime.metrics_sink import MetricsSink
 
@@ -86,7 +87,7 @@ class StartAccount:
         slowest: Slowest | None = None,
     ) -> None:
         extra: dict[str, Any] = {}
-        for key, name in (("system/throughput/samples_per_s", "samples_per_s"), ("mfu", "mfu")):
+        for key, name in ((names.SAMPLES_PER_S, "samples_per_s"), (names.MFU, "mfu")):
             value = (metrics or {}).get(key)
             if value is not None and math.isfinite(value):
                 extra[name] = round(value, 6)

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
+from stoker import metric_names as names
 from stoker.checkpoint.checkpointer import Checkpointer
 from stoker.checkpoint.train_state import TrainState
 from stoker.config import ExperimentConfig
@@ -436,7 +437,7 @@ class Trainer:
         if self.eval_loader is not None and (
             step % eval_every == 0 or step == self.cfg.train.steps
         ):
-            metrics["eval_loss"] = self.evaluate()
+            metrics[names.EVAL_LOSS] = self.evaluate()
         self.sink.log_metrics(metrics, step)
         self._tag_slowest_host()
         if progress is not None:
@@ -465,38 +466,38 @@ class Trainer:
         elapsed = time.perf_counter() - window.started
         rank_s = elapsed * env.world_size  # per GPU (rank)
         metrics: dict[str, float] = {
-            "loss": total["loss_sum"] / good if good else math.nan,
-            "grad_norm": total["grad_norm_max"],
-            "lr": float(self.scheduler.get_last_lr()[0]),
-            "system/throughput/samples_per_s": total["rows"] / rank_s,
-            "system/time/step_s": elapsed / window.steps,
-            "system/time/data_wait_s": window.data_s / window.steps,
-            "system/time/fwd_bwd_s": window.fwd_bwd_s / window.steps,
-            "system/time/optimizer_s": window.optim_s / window.steps,
-            "skipped_nonfinite_steps": float(window.skipped_steps),
+            names.LOSS: total["loss_sum"] / good if good else math.nan,
+            names.GRAD_NORM: total["grad_norm_max"],
+            names.LR: float(self.scheduler.get_last_lr()[0]),
+            names.SAMPLES_PER_S: total["rows"] / rank_s,
+            names.STEP_S: elapsed / window.steps,
+            names.DATA_WAIT_S: window.data_s / window.steps,
+            names.FWD_BWD_S: window.fwd_bwd_s / window.steps,
+            names.OPTIMIZER_S: window.optim_s / window.steps,
+            names.SKIPPED_NONFINITE_STEPS: float(window.skipped_steps),
         }
         if total["tokens"]:
-            metrics["system/throughput/tokens_per_s"] = total["tokens"] / rank_s
+            metrics[names.TOKENS_PER_S] = total["tokens"] / rank_s
         from stoker.runtime.models.flops import peak_flops
 
         peak = peak_flops(self.device)
         if peak and total["flops"]:  # each batch's FLOPs at its own shape (buckets)
-            metrics["mfu"] = total["flops"] / rank_s / peak
+            metrics[names.MFU] = total["flops"] / rank_s / peak
         if self.device.type == "cuda":
-            metrics["system/memory/peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
+            metrics[names.PEAK_GPU_MEMORY_GB] = torch.cuda.max_memory_allocated(self.device) / 1e9
         else:
             rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-            metrics["system/memory/peak_rss_gb"] = rss_kb / 1e6
+            metrics[names.PEAK_RSS_GB] = rss_kb / 1e6
         # Over the window's steps, summed over the ranks: the samples skipped in the
         # batches trained on (their rows were stand-ins, left out of the loss), and the
         # loader's other counters.
-        metrics["system/data/skipped_samples"] = total["skipped_samples"]
+        metrics[names.SKIPPED_SAMPLES] = total["skipped_samples"]
         for name in LOADER_COUNTERS:
-            metrics[f"system/data/{name}"] = total[name]
+            metrics[names.loader_counter(name)] = total[name]
         if self.loader.mixture:  # each data set's samples and epochs so far (all ranks)
             for name, (samples, epochs) in self.loader.progress().items():
-                metrics[f"data/source/{name}/samples"] = float(samples)
-                metrics[f"data/source/{name}/epochs"] = epochs
+                metrics[names.source_samples(name)] = float(samples)
+                metrics[names.source_epochs(name)] = epochs
         if self.slowest is not None:
             metrics.update(self.slowest.metrics())
         return metrics

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from stoker.errors import StokerError
+from stoker.metric_names import checkpoint_metrics
 from stoker.tracking.dataset_inputs import DataSetInput, dataset_entry
 from stoker.tracking.limits import (
     MAX_PARAM_VALUE,
@@ -49,7 +50,7 @@ from stoker.tracking.limits import (
     check_model_name,
     cut,
 )
-from stoker.tracking.logged_models import checkpoint_metrics, checkpoint_model, folder_model
+from stoker.tracking.logged_models import checkpoint_model, folder_model
 from stoker.tracking.logger import Status
 from stoker.tracking.spool import Record, Spool
 from stoker.tracking.stderr import first_line, warn

@@ -25,20 +25,6 @@ from stoker.tracking.limits import MAX_PARAM_VALUE, MAX_TAG_VALUE, cut
 EXTERNAL_MODEL_TAG = "mlflow.model.isExternal"
 
 
-def checkpoint_metrics(size: int, blocking_s: float, background_s: float) -> dict[str, float]:
-    """The `system/checkpoint/*` metrics of one save: its bytes, how long training waited
-    for it, how long the rest took, and bytes per second of the save, start to commit."""
-    values = {
-        "system/checkpoint/bytes": float(size),
-        "system/checkpoint/blocking_s": float(blocking_s),
-        "system/checkpoint/background_s": float(background_s),
-    }
-    seconds = float(blocking_s) + float(background_s)
-    if seconds > 0:
-        values["system/checkpoint/bytes_per_s"] = size / seconds
-    return values
-
-
 def checkpoint_model(step: int, uri: str, size: int, points: list[list[Any]]) -> dict[str, Any]:
     """The "lm" record of checkpoint `step-<step>` at `uri`: an external model whose
     metrics are the run's `points` for it."""

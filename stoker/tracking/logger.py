@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Literal
 
 from stoker.errors import StokerError
+from stoker.metric_names import checkpoint_metrics
 from stoker.tracking.dataset_inputs import DataSetInput, dataset_entry
 from stoker.tracking.limits import (
     MAX_PARAM_VALUE,
@@ -58,7 +59,7 @@ from stoker.tracking.limits import (
     check_model_name,
     cut,
 )
-from stoker.tracking.logged_models import checkpoint_metrics, checkpoint_model, folder_model
+from stoker.tracking.logged_models import checkpoint_model, folder_model
 from stoker.tracking.record_queue import RecordQueue
 from stoker.tracking.spool import Spool
 from stoker.tracking.stderr import first_line, warn

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stoker.metric_names import node_metric
 from stoker.tracking.file_logger import FileRunLogger
 from stoker.tracking.logger import RunLogger
 
@@ -90,7 +91,7 @@ class SystemSampler:
 
     def sample(self) -> dict[str, float]:
         """One reading of every metric this node has (keys as in the class docstring)."""
-        prefix = f"system/{self.node}"
+        prefix = node_metric(self.node, "").rstrip("/")
         values: dict[str, float] = {}
         cpu = self._cpu_percent()
         if cpu is not None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import torch
 from torch import nn
 
+from stoker import metric_names as names
 from stoker.config import ExperimentConfig
 from stoker.errors import StokerError
 from stoker.protocol import ENV_CONFIG, EXIT_REQUEUE, EXIT_TERMINATED
@@ -139,7 +140,7 @@ class Run:
         slowest = self._slowest()
         if self._window_steps:
             elapsed = time.perf_counter() - self._window_started
-            values["system/time/step_s"] = elapsed / self._window_steps
+            values[names.STEP_S] = elapsed / self._window_steps
         if slowest is not None:
             values.update(slowest.metrics())
         self._window_steps, self._window_sums = 0, []
