@@ -3,7 +3,7 @@ folder's records (no SLURM call). A leaf module (json and paths only): the runti
 it at a job's end, the launcher for a job that ended without doing so.
 
     attempts                      when each start of the batch script began
-    accounting/r<k>.jsonl         rank 0's account of start k (stoker/runtime/time_account.py)
+    accounting/r<k>.jsonl         rank 0's account of start k (runtime/observe/time_account.py)
     heartbeat/r<k>/hang.json      the watchdog's report, where start k hung
 
 Per start k, from its attempt line to its end (its account's `end` line; for a start

@@ -48,7 +48,7 @@ def source_epochs(source: str) -> str:
     return f"data/source/{source}/epochs"
 
 
-# The slowest rank of the log window (stoker/runtime/stragglers.py).
+# The slowest rank of the log window (stoker/runtime/observe/stragglers.py).
 STRAGGLER_STEP_S_MIN = "system/stragglers/step_s_min"
 STRAGGLER_STEP_S_MEDIAN = "system/stragglers/step_s_median"
 STRAGGLER_STEP_S_MAX = "system/stragglers/step_s_max"

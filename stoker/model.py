@@ -38,7 +38,7 @@ The factory gets the data's shapes (`DataShapes`) and its arguments, and returns
   this batch's shape. Optional: without it there is no MFU, said once in the log.
 - `sample(generators, steps)` -> {name: tensor [len(generators), ...]} of media in the
   batch's layouts, one sample per seeded `torch.Generator`: generation
-  (stoker/runtime/sampling.py; the built-in models have their own samplers), called
+  (stoker/runtime/sampling/draw.py; the built-in models have their own samplers), called
   with `prompts=` (one caption or label per generator) and `guidance=` as keywords
   when the caller has prompts. Optional: without it a run draws no samples (said
   once in the log) and `stoker sample` refuses the model with the fix.

@@ -55,7 +55,7 @@ ENV_STOP_FILE = "STOKER_STOP_FILE"  # exists once a stop was requested: save, ex
 ENV_PROGRESS_FILE = "STOKER_PROGRESS_FILE"  # rank 0 writes its progress here (JSON)
 ENV_CONFIG = "STOKER_CONFIG"  # the frozen experiment config (YAML)
 
-# The hang watchdog (stoker/runtime/heartbeat.py): every rank's heartbeat in
+# The hang watchdog (stoker/runtime/observe/heartbeat.py): every rank's heartbeat in
 # <run>/heartbeat/r<restart>/rank-<R>.json; when a rank stalls, global rank 0
 # writes HANG_FILE there, every rank dumps its Python stacks into its log after
 # a line starting with STACK_HEADER, and exits EXIT_HANG. `stoker why` reads both.
@@ -66,7 +66,7 @@ HANG_FILE = "hang.json"
 # after that (its step was cancelled while it exited) ended as it said, on a good node.
 EXIT_FILE = "rank-{rank}.exit.json"
 STACK_HEADER = "stoker: Python stacks of rank"
-# Where each start's time went (stoker/runtime/time_account.py writes, global rank 0):
+# Where each start's time went (stoker/runtime/observe/time_account.py writes, global rank 0):
 # <run>/accounting/r<restart>.jsonl, read into a job's time account (goodput).
 ACCOUNTING_DIR = "accounting"
 # PyTorch's flight recorder (its recent collectives, per rank): each rank writes

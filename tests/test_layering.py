@@ -94,7 +94,17 @@ FACE = "stoker"
 # one above. The package's top-level modules (and its face) stand above every wing,
 # or where the tier TOP_LEVEL (".") is listed: the wings above it build on them.
 TOP_LEVEL = "."
-WINGS: dict[str, tuple[tuple[str, ...], ...]] = {}
+WINGS: dict[str, tuple[tuple[str, ...], ...]] = {
+    # models < the process group < what a job reports, the samplers < the trainer and
+    # the job's lifecycle (top level) < a loop of one's own, built on that lifecycle.
+    "stoker.runtime": (
+        ("models",),
+        ("dist",),
+        ("observe", "sampling"),
+        (TOP_LEVEL,),
+        ("own_loop",),
+    ),
+}
 MAX_LINES = 600
 MAX_MODULES_SIDE_BY_SIDE = 20
 MANY_MODULES_ALLOWED = ("stoker/cli",)  # one module per command

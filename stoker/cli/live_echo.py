@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import TextIO
 
-# The runtime's progress line (stoker/runtime/progress.py), with the follower's prefix.
+# The runtime's progress line (stoker/runtime/observe/progress.py), with the follower's prefix.
 _PROGRESS = re.compile(r"^\[\d+\] step \d+/\d+ ")
 _CLEAR = "\r\x1b[K"  # back to the line's start, erase to its end
 

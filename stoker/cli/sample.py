@@ -81,7 +81,7 @@ def sample(
     import torch
     from rich.progress import Progress
 
-    from stoker.runtime.checkpoint_sampling import sample_checkpoint
+    from stoker.runtime.sampling.from_checkpoint import sample_checkpoint
 
     steps = steps or cfg.train.sample_steps
     seeds = seeds or cfg.train.sample_seeds

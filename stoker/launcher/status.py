@@ -33,7 +33,7 @@ key is optional and a missing or unreadable file shows as "-":
 
 and, from jobs with several ranks, the last log window's slowest rank: the one that took
 longest to be ready for the step's all-reduce (data wait + forward, backward, clipping;
-stoker/runtime/stragglers.py), mean seconds per step:
+stoker/runtime/observe/stragglers.py), mean seconds per step:
 
     slowest_rank        int    its global rank
     slowest_host        str    its node (SLURMD_NODENAME, else the host name)

@@ -35,9 +35,9 @@ import torch
 from stoker.kernels import use_backend
 from stoker.kernels.backend import Resolved
 from stoker.kernels.bench.run import device_name, device_slug
+from stoker.runtime.dist.parallelize import apply_activation_checkpointing, apply_compile
 from stoker.runtime.models import TrainingModel, build_model, peak_flops
 from stoker.runtime.optim import build_optimizer
-from stoker.runtime.parallelize import apply_activation_checkpointing, apply_compile
 
 
 # The settings build_model, build_optimizer and the data shapes read, as plain

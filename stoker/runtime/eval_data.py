@@ -7,7 +7,7 @@ from typing import Any
 
 from stoker.config import ExperimentConfig
 from stoker.errors import StokerError
-from stoker.runtime.dist_env import DistEnv
+from stoker.runtime.dist.dist_env import DistEnv
 
 
 def held_out_loader(cfg: ExperimentConfig, micro_cfg: ExperimentConfig, env: DistEnv) -> Any:

@@ -19,7 +19,7 @@ from typing import Literal
 
 from stoker.config import ExperimentConfig
 from stoker.errors import StokerError
-from stoker.runtime.metrics_sink import MetricsSink
+from stoker.runtime.observe.metrics_sink import MetricsSink
 
 
 def upload_final(checkpoint_url: str, run_dir: Path, sink: MetricsSink, step: int) -> None:

@@ -12,7 +12,7 @@ from stoker.config import ExperimentConfig, state_hash
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from stoker.runtime.metrics_sink import MetricsSink
+    from stoker.runtime.observe.metrics_sink import MetricsSink
 
 
 def checkpointer_for(

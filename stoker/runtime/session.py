@@ -36,12 +36,16 @@ import torch
 from stoker.config import DataConfig, ExperimentConfig, load_frozen
 from stoker.errors import StokerError
 from stoker.protocol import ENV_RESTART, ENV_RUN_DIR, EXIT_HANG, EXIT_PEER_LOST
-from stoker.runtime import dist_env, flight_recorder, rendezvous
-from stoker.runtime.dist_env import DistEnv
-from stoker.runtime.heartbeat import announce_exit, hang_reported, interval_for, silent_ranks
-from stoker.runtime.rank_tracking import Tracking, open_tracking
+from stoker.runtime.dist import dist_env, flight_recorder, rendezvous
+from stoker.runtime.dist.dist_env import DistEnv, node_name
+from stoker.runtime.observe.heartbeat import (
+    announce_exit,
+    hang_reported,
+    interval_for,
+    silent_ranks,
+)
+from stoker.runtime.observe.rank_tracking import Tracking, open_tracking
 from stoker.runtime.stop_request import StopRequest
-from stoker.runtime.stragglers import node_name
 
 # Stay on the host: the trainer's noise_for reads them, and reading them back from a
 # GPU would add a host sync to every micro-batch.

@@ -4,7 +4,7 @@
     python -m stoker.runtime.train --config RUN_DIR/config.yaml
 
 One process per GPU (or CPU rank). It reads where it stands from the
-launcher's variables (stoker/runtime/dist_env.py), builds, trains, closes, and
+launcher's variables (stoker/runtime/dist/dist_env.py), builds, trains, closes, and
 exits 0 when done, 75 (requeue) after saving on a stop request, 143 when
 terminated, 124 when the hang watchdog failed the job, 76 when a collective
 lost a peer (a rank or node gone: the batch script may restart the job), 1 on
@@ -36,10 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopRequest()
     stop.install(term=False)
 
-    from stoker.runtime import dist_env
-    from stoker.runtime.data_lineage import record_lineage
+    from stoker.runtime.dist import dist_env
+    from stoker.runtime.observe.data_lineage import record_lineage
+    from stoker.runtime.observe.time_account import log_job_time
     from stoker.runtime.session import JobSession
-    from stoker.runtime.time_account import log_job_time
     from stoker.runtime.trainer import Trainer
 
     session = JobSession.start(args.config, stop)

@@ -26,11 +26,11 @@ from torch import nn
 
 from stoker.config import ExperimentConfig
 from stoker.errors import StokerError
-from stoker.runtime.dist_env import DistEnv
+from stoker.runtime.dist.dist_env import DistEnv
 from stoker.runtime.ema import EMA
-from stoker.runtime.metrics_sink import MetricsSink
-from stoker.runtime.sample_files import write_samples
-from stoker.runtime.sampling import check_samplable, sample_model
+from stoker.runtime.observe.metrics_sink import MetricsSink
+from stoker.runtime.sampling.draw import check_samplable, sample_model
+from stoker.runtime.sampling.files import write_samples
 
 ARTIFACT_FOLDER = "samples"
 T = TypeVar("T")

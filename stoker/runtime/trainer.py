@@ -16,8 +16,8 @@
 Losses and norms stay on the device between log steps; the flags all-reduce is
 the one host sync per step (a skipped step must be decided on every rank).
 Heartbeat, profiler and per-rank timing watch the step from one object
-(stoker/runtime/step_watch.py); what is reported goes to a `MetricsSink`
-(stoker/runtime/metrics_sink.py).
+(stoker/runtime/observe/step_watch.py); what is reported goes to a `MetricsSink`
+(stoker/runtime/observe/metrics_sink.py).
 """
 
 from __future__ import annotations
@@ -42,12 +42,15 @@ from stoker.checkpoint.train_state import TrainState
 from stoker.config import ExperimentConfig
 from stoker.errors import StokerError
 from stoker.protocol import ENV_RESTART, EXIT_REQUEUE, EXIT_TERMINATED
-from stoker.runtime import dist_env
-from stoker.runtime.dist_env import DistEnv
+from stoker.runtime.dist import dist_env
+from stoker.runtime.dist.dist_env import DistEnv
+from stoker.runtime.dist.parallelize import parallelize
+from stoker.runtime.dist.precision import resolve_precision
 from stoker.runtime.ema import EMA, EMA_KEY
 from stoker.runtime.eval_data import held_out_loader
-from stoker.runtime.heartbeat import COLLECTIVE_PHASE
-from stoker.runtime.log_window import (
+from stoker.runtime.models import contract
+from stoker.runtime.observe.heartbeat import COLLECTIVE_PHASE
+from stoker.runtime.observe.log_window import (
     GATHERED,
     LOADER_COUNTERS,
     ModelMetrics,
@@ -55,18 +58,15 @@ from stoker.runtime.log_window import (
     across_ranks,
     column,
 )
-from stoker.runtime.metrics_sink import MetricsSink, NullSink
-from stoker.runtime.models import contract
+from stoker.runtime.observe.metrics_sink import MetricsSink, NullSink
+from stoker.runtime.observe.progress import Progress
+from stoker.runtime.observe.step_memory import StepMemory, local_bytes
+from stoker.runtime.observe.step_watch import StepWatch
+from stoker.runtime.observe.stragglers import Slowest
+from stoker.runtime.observe.time_account import StartAccount
 from stoker.runtime.optim import build_optimizer, build_scheduler
-from stoker.runtime.parallelize import parallelize
-from stoker.runtime.precision import resolve_precision
-from stoker.runtime.progress import Progress
 from stoker.runtime.session import check_batch_split, data_url, rank_hosts, to_device
-from stoker.runtime.step_memory import StepMemory, local_bytes
-from stoker.runtime.step_watch import StepWatch
 from stoker.runtime.stop_request import StopRequest
-from stoker.runtime.stragglers import Slowest
-from stoker.runtime.time_account import StartAccount
 from stoker.runtime.train_samples import TrainSampler
 
 # A step whose loss or gradient norm is not finite is skipped; this many in a

@@ -3,7 +3,7 @@
 `stoker submit` creates the MLflow run before the job is queued, so the user gets a
 link at once and the job only logs into an existing run (`MLFLOW_RUN_ID`). A job
 started without one (torchrun by hand) creates its run with the same `precreate_run`
-(stoker/runtime/rank_tracking.py). Runs are created SCHEDULED; the job's RunLogger
+(stoker/runtime/observe/rank_tracking.py). Runs are created SCHEDULED; the job's RunLogger
 marks them RUNNING. Every name is checked before the first run is created, and a
 failure half-way marks the runs already made FAILED.
 """

@@ -1,6 +1,6 @@
 """`SystemSampler`: a node's CPU, memory and GPUs, sampled into the job's MLflow run.
 
-Local rank 0 of every node runs one (stoker/runtime/rank_tracking.py). psutil and
+Local rank 0 of every node runs one (stoker/runtime/observe/rank_tracking.py). psutil and
 pynvml (nvidia-ml-py) are used where installed; without psutil, /proc is read;
 without pynvml, no GPU metrics. No torch: GPUs are numbered as CUDA_VISIBLE_DEVICES
 lists them, as torch numbers them.

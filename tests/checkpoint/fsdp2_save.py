@@ -33,11 +33,11 @@ from torch.distributed.fsdp import FSDPModule
 
 from stoker.checkpoint.commit import write_commit
 from stoker.config import DataConfig, resolve_config
-from stoker.runtime import dist_env, rendezvous
+from stoker.runtime.dist import dist_env, rendezvous
+from stoker.runtime.dist.parallelize import apply_fsdp
 from stoker.runtime.ema import EMA
 from stoker.runtime.models import AVDiT, build_model, clip_frames, clip_samples
 from stoker.runtime.optim import build_optimizer
-from stoker.runtime.parallelize import apply_fsdp
 
 TINY = Path(str(resources.files("stoker.runtime") / "tiny.yaml"))
 

@@ -28,8 +28,8 @@ import torch
 
 from stoker.checkpoint import checkpointer
 from stoker.config import load_frozen
-from stoker.runtime import dist_env, rendezvous
-from stoker.runtime.metrics_sink import MetricsOnlySink
+from stoker.runtime.dist import dist_env, rendezvous
+from stoker.runtime.observe.metrics_sink import MetricsOnlySink
 from stoker.runtime.trainer import Trainer
 
 

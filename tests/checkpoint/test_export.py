@@ -315,8 +315,8 @@ def test_stoker_sample_draws_from_a_two_rank_checkpoint_in_one_process(
 ) -> None:
     """`stoker sample` on the 2 FSDP2 ranks' checkpoint: the EMA's weights by default,
     the clips those weights give when loaded whole, the same files for the same seed."""
-    from stoker.runtime.sample_files import write_samples
-    from stoker.runtime.sampling import sample_model
+    from stoker.runtime.sampling.draw import sample_model
+    from stoker.runtime.sampling.files import write_samples
 
     out = tmp_path / "clips"
     # fp32 in both processes: `train.precision: auto` samples in bf16 on a CPU with native

@@ -38,8 +38,8 @@ from stoker.config import ExperimentConfig, resolve_config
 from stoker.data.synth import synth_dataset
 from stoker.errors import StokerError
 from stoker.protocol import EXIT_REQUEUE
-from stoker.runtime.dist_env import detect
-from stoker.runtime.metrics_sink import MetricsOnlySink
+from stoker.runtime.dist.dist_env import detect
+from stoker.runtime.observe.metrics_sink import MetricsOnlySink
 from stoker.runtime.trainer import Trainer
 from tests.clirun import stoker_text
 from tests.s3_server import S3Server

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from stoker.protocol import EXIT_HANG, STACK_HEADER
-from stoker.runtime.heartbeat import (
+from stoker.runtime.observe.heartbeat import (
     PY_SPY_HEADER,
     Beat,
     Heartbeat,

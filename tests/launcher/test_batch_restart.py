@@ -69,7 +69,7 @@ def _run_start(
         beat = {"rank": task, "host": "n1", "pid": 1, "step": 18, "phase": "backward",
                 "progress_at": written_at - 16, "written_at": written_at}  # fmt: skip
         (run_dir / "heartbeat" / "r0" / f"rank-{task}.json").write_text(json.dumps(beat))
-    for task, code in (announced or {}).items():  # as stoker/runtime/heartbeat.py writes it
+    for task, code in (announced or {}).items():  # as stoker/runtime/observe/heartbeat.py writes it
         exit_file = run_dir / "heartbeat" / "r0" / f"rank-{task}.exit.json"
         record = {"exit_code": code, "written_at": int(CANCEL_TIME)}
         if (silent or {}).get(task):

@@ -395,7 +395,7 @@ def test_watch_refreshes_on_a_terminal_until_ctrl_c(tmp_path: Path) -> None:
         proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     if proc.poll() is None:
         # Where it is stuck (seen twice in CI on a loaded machine, never alone): its stack.
-        from stoker.runtime.heartbeat import py_spy_dump
+        from stoker.runtime.observe.heartbeat import py_spy_dump
 
         stack = py_spy_dump(proc.pid) or "(no py-spy)"
         proc.kill()

@@ -80,9 +80,10 @@ def test_one_rank_is_traced_as_the_runtime_runs_it_without_fsdp() -> None:
     real step in this process, under PyTorch's MemTracker, peaks where the plan says."""
     import torch
 
+    from stoker.runtime.dist.parallelize import apply_activation_checkpointing
     from stoker.runtime.models import build_model
+    from stoker.runtime.observe.step_memory import tracked
     from stoker.runtime.optim import build_optimizer
-    from stoker.runtime.parallelize import apply_activation_checkpointing
     from stoker.runtime.planning.trace import (
         TraceSpec,
         close,
@@ -90,7 +91,6 @@ def test_one_rank_is_traced_as_the_runtime_runs_it_without_fsdp() -> None:
         trace_step,
         train_step,
     )
-    from stoker.runtime.step_memory import tracked
 
     for mode in ("none", "full"):
         overrides = ["data.batch_size=2", "train.precision=fp32",

@@ -11,7 +11,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from stoker.runtime import flight_recorder
+from stoker.runtime.dist import flight_recorder
 
 
 def main() -> None:

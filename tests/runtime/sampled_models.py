@@ -8,7 +8,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from stoker.runtime.sampling import seeded_generators
+from stoker.runtime.sampling.draw import seeded_generators
 
 M = TypeVar("M", bound=nn.Module)
 

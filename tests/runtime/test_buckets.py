@@ -19,10 +19,10 @@ from stoker.config import DataConfig, ExperimentConfig, ModelConfig, resolve_con
 from stoker.config.schema import BucketConfig
 from stoker.errors import StokerError
 from stoker.model import ClipShape, DataShapes
-from stoker.runtime.log_window import GATHERED, Window, across_ranks
 from stoker.runtime.models import AVDiT, build_model, contract, data_shapes
 from stoker.runtime.models.av_dit import av_rope_tables
 from stoker.runtime.models.build import DataDoesNotFitModel, ModelSetupError, av_dit
+from stoker.runtime.observe.log_window import GATHERED, Window, across_ranks
 from stoker.runtime.preflight import check_model
 from tests.runtime.batches import data_config, random_batch
 

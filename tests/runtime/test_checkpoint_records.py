@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from stoker.errors import StokerError
-from stoker.runtime.rank_tracking import SystemOnly, Tracking
+from stoker.runtime.observe.rank_tracking import SystemOnly, Tracking
 from stoker.tracking.logged_models import EXTERNAL_MODEL_TAG
 from stoker.tracking.logger import RunLogger
 from stoker.tracking.runs import precreate_run
@@ -297,7 +297,7 @@ def test_the_rank_sinks_offer_what_the_trainer_calls() -> None:
     MetricsSink with its signature, as RunLogger does (tests/runtime/test_trainer.py)."""
     import inspect
 
-    from stoker.runtime.metrics_sink import MetricsSink
+    from stoker.runtime.observe.metrics_sink import MetricsSink
 
     names = [n for n, v in vars(MetricsSink).items() if inspect.isfunction(v) and n[0] != "_"]
     assert names

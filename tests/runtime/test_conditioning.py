@@ -13,7 +13,7 @@ from stoker.errors import StokerError
 from stoker.runtime.models import AVDiT, build_model
 from stoker.runtime.models.build import build_av_dit
 from stoker.runtime.models.conditioning import ConditionArgs, words
-from stoker.runtime.sampling import sample_model, seeded_generators
+from stoker.runtime.sampling.draw import sample_model, seeded_generators
 from tests.runtime.batches import data_config, moving_square_batch, random_batch
 from tests.runtime.sampled_models import generators, scrambled
 

@@ -1,4 +1,4 @@
-"""Threads for torch on CPU ranks (stoker/runtime/dist_env.py cpu_threads). The suite
+"""Threads for torch on CPU ranks (stoker/runtime/dist/dist_env.py cpu_threads). The suite
 runs every process with OMP_NUM_THREADS=1 (scripts/test-suite), so the choice a user's
 job makes without it is checked here, with the environment given explicitly."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from stoker.runtime.dist_env import DistEnv, cpu_threads
+from stoker.runtime.dist.dist_env import DistEnv, cpu_threads
 
 
 def _ranks_on_node(local_world_size: int) -> DistEnv:

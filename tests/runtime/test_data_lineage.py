@@ -1,4 +1,4 @@
-"""A run's data lineage (stoker/runtime/data_lineage.py): which data sets a config makes
+"""A run's data lineage (stoker/runtime/observe/data_lineage.py): which data sets a config makes
 a run read, each recorded once in its MLflow run with its manifest's digest and
 totals, by the trainer (a restart into the same run adds nothing) and by a loop of
 one's own (`stoker.job.init()`)."""
@@ -20,7 +20,7 @@ from stoker.config import DataConfig
 from stoker.data.shard_format import MANIFEST_NAME, parse_manifest
 from stoker.data.synth import synth_dataset
 from stoker.data.synthetic import synthetic_data_path
-from stoker.runtime.data_lineage import data_sets_of, record_data_sets
+from stoker.runtime.observe.data_lineage import data_sets_of, record_data_sets
 from stoker.tracking.dataset_inputs import CONTEXT_TAG, DataSetInput
 
 

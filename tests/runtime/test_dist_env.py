@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from stoker.errors import StokerError
-from stoker.runtime.dist_env import DistEnv, detect, lost_peer
+from stoker.runtime.dist.dist_env import DistEnv, detect, lost_peer
 
 
 def test_one_process_without_variables() -> None:
@@ -58,7 +58,7 @@ def test_bad_variables_are_named(env: dict[str, str], message: str) -> None:
 
 PEER_SCRIPT = """
 import datetime, os, sys, time, torch, torch.distributed as dist
-from stoker.runtime.dist_env import lost_peer
+from stoker.runtime.dist.dist_env import lost_peer
 rank, how = int(sys.argv[1]), sys.argv[3]
 dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2,
                         timeout=datetime.timedelta(seconds=3))
@@ -102,7 +102,7 @@ def test_train_sharding_chooses_hsdp_or_fsdp_over_every_node() -> None:
     code = (
         "import torch, torch.distributed as dist\n"
         "from torch.testing._internal.distributed.fake_pg import FakeStore\n"
-        "from stoker.runtime.dist_env import DistEnv, data_parallel_mesh\n"
+        "from stoker.runtime.dist.dist_env import DistEnv, data_parallel_mesh\n"
         "dist.init_process_group('fake', store=FakeStore(), rank=0, world_size=4)\n"
         "env = DistEnv(0, 4, 0, 2, 0, 2, 'torchrun')\n"
         "cpu = torch.device('cpu')\n"

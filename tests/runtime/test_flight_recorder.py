@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from stoker.launcher.why.collectives import find_laggard, read_traces
-from stoker.runtime import flight_recorder
+from stoker.runtime.dist import flight_recorder
 from tests.mlflow_server import free_port
 
 WORKER = Path(__file__).with_name("flight_worker.py")

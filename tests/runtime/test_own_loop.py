@@ -149,7 +149,7 @@ def _run_on(device: str, tmp_path: Path, data: dict[str, object] | None = None) 
     """A one-rank `Run` on `device`, as init() makes it, without a process group."""
     torch = pytest.importorskip("torch")
     from stoker.config import ExperimentConfig
-    from stoker.runtime.dist_env import DistEnv
+    from stoker.runtime.dist.dist_env import DistEnv
     from stoker.runtime.own_loop import Run
     from stoker.runtime.session import JobSession
     from stoker.runtime.stop_request import StopRequest

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from stoker.runtime import precision
-from stoker.runtime.precision import resolve_precision
+from stoker.runtime.dist import precision
+from stoker.runtime.dist.precision import resolve_precision
 
 CPU = torch.device("cpu")
 

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from stoker.protocol import expand_nodelist
-from stoker.runtime.dist_env import DistEnv
-from stoker.runtime.rendezvous import describe_missing
+from stoker.runtime.dist.dist_env import DistEnv
+from stoker.runtime.dist.rendezvous import describe_missing
 
 JOIN_SCRIPT = """
 import sys, time, torch, torch.distributed as dist
 from stoker.errors import StokerError
-from stoker.runtime import dist_env, rendezvous
+from stoker.runtime.dist import dist_env, rendezvous
 env = dist_env.detect()
 started = time.monotonic()
 try:

@@ -56,7 +56,7 @@ def test_stoker_run_trains_the_builtin_experiment(isolated_home: Path) -> None:
     # auto precision: fp32 on a CPU that would emulate bf16 (several times slower)
     import torch
 
-    from stoker.runtime.precision import native_bf16
+    from stoker.runtime.dist.precision import native_bf16
 
     expected = "bf16" if native_bf16(torch.device("cpu")) else "fp32"
     assert run.data.tags["stoker.precision"] == expected

@@ -14,12 +14,12 @@ from torch import nn
 
 from stoker.config import DataConfig, ModelConfig
 from stoker.errors import StokerError
-from stoker.runtime.ar_sampling import sample_audio_ar
-from stoker.runtime.flow_sampling import Tokens, sample_av_dit, solve_flow
 from stoker.runtime.models import AV_DIT_SIZES, AudioAR, AVDiT, build_model
 from stoker.runtime.models.audio_ar import BOS
 from stoker.runtime.models.mu_law import mu_law_decode, mu_law_encode
-from stoker.runtime.sampling import sample_model
+from stoker.runtime.sampling.autoregressive import sample_audio_ar
+from stoker.runtime.sampling.draw import sample_model
+from stoker.runtime.sampling.flow import Tokens, sample_av_dit, solve_flow
 from tests.runtime.batches import data_config, random_batch
 from tests.runtime.sampled_models import generators, scrambled
 

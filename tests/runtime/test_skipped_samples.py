@@ -19,9 +19,9 @@ import yaml
 
 from stoker.config import ModelConfig, resolve_config
 from stoker.model import valid_mean
-from stoker.runtime.dist_env import detect
-from stoker.runtime.metrics_sink import MetricsOnlySink
+from stoker.runtime.dist.dist_env import detect
 from stoker.runtime.models import build_model
+from stoker.runtime.observe.metrics_sink import MetricsOnlySink
 from stoker.runtime.trainer import Trainer
 from tests.runtime.batches import data_config, random_batch
 

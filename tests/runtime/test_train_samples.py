@@ -73,11 +73,11 @@ def test_samples_use_the_ema_weights(tmp_path: Path, data_url: str) -> None:
     trainer.sampler.draw(trainer.model, 2)
     trainer.sampler.close()
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(), strict=True))
-    from stoker.runtime.sampling import sample_model
+    from stoker.runtime.sampling.draw import sample_model
 
     own = sample_model(trainer.model, seeds=[5], steps=2, method="euler")
     ema_clip = (tmp_path / "run/samples/step-2/seed-5.mp4").read_bytes()
-    from stoker.runtime.sample_files import write_samples
+    from stoker.runtime.sampling.files import write_samples
 
     write_samples(own, [5], tmp_path / "own", fps=cfg.data.fps, sample_rate=cfg.data.sample_rate)
     assert (tmp_path / "own/seed-5.mp4").read_bytes() != ema_clip
@@ -92,7 +92,7 @@ def test_each_rank_draws_an_equal_share() -> None:
 def test_sample_files_for_each_kind_of_model(tmp_path: Path) -> None:
     """Audio alone: WAVs; a rate AAC lacks: a silent mp4 beside a WAV; latents: one
     safetensors file; the folder is replaced whole; rows must match the seeds."""
-    from stoker.runtime.sample_files import write_samples
+    from stoker.runtime.sampling.files import write_samples
 
     audio = torch.rand(2, 2, 1600) * 2 - 1
     names = [p.name for p in write_samples({"audio": audio}, [3, 4], tmp_path / "a", fps=8,

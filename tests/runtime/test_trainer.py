@@ -215,7 +215,7 @@ def test_the_sink_interface_is_what_the_run_logger_offers() -> None:
     signatures, and the null sink answers them all: nothing is probed."""
     import inspect
 
-    from stoker.runtime.metrics_sink import MetricsSink, NullSink
+    from stoker.runtime.observe.metrics_sink import MetricsSink, NullSink
     from stoker.tracking.logger import RunLogger
 
     names = sorted(n for n, v in vars(MetricsSink).items() if inspect.isfunction(v) and n[0] != "_")

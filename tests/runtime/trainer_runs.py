@@ -10,8 +10,8 @@ import torch
 import yaml
 
 from stoker.config import ExperimentConfig, resolve_config
-from stoker.runtime.dist_env import detect
-from stoker.runtime.metrics_sink import MetricsOnlySink
+from stoker.runtime.dist.dist_env import detect
+from stoker.runtime.observe.metrics_sink import MetricsOnlySink
 from stoker.runtime.trainer import Trainer
 
 

@@ -1,5 +1,5 @@
 """The ranks' flight-recorder dumps (<run>/flight/r<R>/rank-<N>.json, PyTorch's JSON
-trace of each rank's recent collectives, stoker/runtime/flight_recorder.py): which rank
+trace of each rank's recent collectives, stoker/runtime/dist/flight_recorder.py): which rank
 fell behind, and in which collective the others wait for it.
 
 In each process group every member issues the same collectives in the same order, so

@@ -311,7 +311,7 @@ def _failed(facts: JobFacts, make: DiagnosisMaker) -> Diagnosis:
     if reported is not None:
         # The runtime's own words for an error the user can fix: the most specific cause.
         log = f"logs/r{facts.restart}/rank-{rank}.log"
-        # The rendezvous check's (stoker/runtime/rendezvous.py) has a cause of its own.
+        # The rendezvous check's (stoker/runtime/dist/rendezvous.py) has a cause of its own.
         cause = "rendezvous" if reported.message.startswith("rendezvous:") else "error"
         return make(
             cause,

@@ -21,16 +21,16 @@ from stoker import metric_names as names
 from stoker.config import ExperimentConfig
 from stoker.errors import StokerError
 from stoker.protocol import ENV_CONFIG, EXIT_REQUEUE, EXIT_TERMINATED
-from stoker.runtime import dist_env
-from stoker.runtime.data_lineage import record_data_sets
-from stoker.runtime.dist_env import DistEnv
-from stoker.runtime.heartbeat import COLLECTIVE_PHASE, Heartbeat
+from stoker.runtime.dist import dist_env
+from stoker.runtime.dist.dist_env import DistEnv
+from stoker.runtime.observe.data_lineage import record_data_sets
+from stoker.runtime.observe.heartbeat import COLLECTIVE_PHASE, Heartbeat
+from stoker.runtime.observe.progress import Progress
+from stoker.runtime.observe.stragglers import Slowest
 from stoker.runtime.own_loop.checkpoint import Checkpoint
 from stoker.runtime.own_loop.loader import DataWait, JobLoader
-from stoker.runtime.progress import Progress
 from stoker.runtime.session import JobSession, check_batch_split, data_url, rank_hosts
 from stoker.runtime.stop_request import StopRequest
-from stoker.runtime.stragglers import Slowest
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

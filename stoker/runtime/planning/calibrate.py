@@ -13,6 +13,7 @@ from typing import Any
 
 from stoker.errors import StokerError
 from stoker.gpus import gpu_spec
+from stoker.runtime.observe.step_memory import read_measured, shape_name
 from stoker.runtime.planning import trace
 from stoker.runtime.planning.plan import plan_batches
 from stoker.runtime.planning.search import (
@@ -25,7 +26,6 @@ from stoker.runtime.planning.search import (
     time_candidates,
 )
 from stoker.runtime.planning.trace import TraceSpec
-from stoker.runtime.step_memory import read_measured, shape_name
 
 
 @dataclass

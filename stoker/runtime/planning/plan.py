@@ -121,7 +121,7 @@ def _precisions(cfg: Any, target: Target) -> list[str]:
         return ["bf16", "fp32"]
     import torch
 
-    from stoker.runtime.precision import resolve_precision
+    from stoker.runtime.dist.precision import resolve_precision
 
     return [resolve_precision("auto", torch.device("cpu")).value]
 

@@ -152,10 +152,10 @@ def trace_step(cfg: Any, spec: TraceSpec) -> Traced:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.device_mesh import init_device_mesh
 
+    from stoker.runtime.dist.parallelize import apply_activation_checkpointing, apply_fsdp
     from stoker.runtime.models import build_model
+    from stoker.runtime.observe.step_memory import local_bytes, tracked
     from stoker.runtime.optim import build_optimizer
-    from stoker.runtime.parallelize import apply_activation_checkpointing, apply_fsdp
-    from stoker.runtime.step_memory import local_bytes, tracked
 
     _fake_process_group(spec.world)
     cpu = torch.device("cpu")

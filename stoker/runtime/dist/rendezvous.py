@@ -33,9 +33,8 @@ from torch._C._distributed_c10d import TCPStore
 
 from stoker.errors import StokerError
 from stoker.protocol import expand_nodelist
-from stoker.runtime import flight_recorder
-from stoker.runtime.dist_env import DistEnv
-from stoker.runtime.stragglers import node_name
+from stoker.runtime.dist import flight_recorder
+from stoker.runtime.dist.dist_env import DistEnv, node_name
 
 _JOINED = "stoker/joined"
 _VERDICT = "stoker/verdict"

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 from stoker import metric_names as names
 from stoker.protocol import ACCOUNTING_DIR, STRAGGLER_RATIO
-from stoker.runtime.metrics_sink import MetricsSink
+from stoker.runtime.observe.metrics_sink import MetricsSink
 
 if TYPE_CHECKING:
-    from stoker.runtime.stragglers import Slowest
+    from stoker.runtime.observe.stragglers import Slowest
 
 
 def account_path(run_dir: Path, restart: int) -> Path:

@@ -4,11 +4,11 @@
 and returns them by modality in the batch's layouts (stoker/model.py): "video" uint8
 [B, T, 3, H, W] and "audio" float32 [B, C, N] in [-1, 1]. By model:
 
-- the av_dit (stoker.runtime.flow_sampling): its flow ODE from noise to data, in
+- the av_dit (stoker.runtime.sampling.flow): its flow ODE from noise to data, in
   `steps` "euler" or "heun" steps, on its largest clip. On latents it returns the
   latents as the encoder gives them, float32 "video" [B, T, C, h, w] and "audio"
   [B, A, n], for the encoder's decoder to make media of.
-- the audio_ar (stoker.runtime.ar_sampling): one mu-law code per step, drawn with
+- the audio_ar (stoker.runtime.sampling.autoregressive): one mu-law code per step, drawn with
   `temperature` and `top_k`, its longest sequence: "audio" [B, 1, N]. `steps` and
   `method` mean nothing to it.
 - a model of your own, with a method
@@ -36,16 +36,16 @@ import torch
 from torch import nn
 
 from stoker.errors import StokerError
-from stoker.runtime.ar_sampling import sample_audio_ar
-from stoker.runtime.flow_sampling import (
+from stoker.runtime.models.audio_ar import AudioAR
+from stoker.runtime.models.av_dit import AVDiT
+from stoker.runtime.sampling.autoregressive import sample_audio_ar
+from stoker.runtime.sampling.flow import (
     FlowMethod,
     OnStep,
     check_flow_settings,
     check_prompts,
     sample_av_dit,
 )
-from stoker.runtime.models.audio_ar import AudioAR
-from stoker.runtime.models.av_dit import AVDiT
 
 
 def device_of(model: nn.Module) -> torch.device:
@@ -120,7 +120,7 @@ def check_samplable(model: nn.Module) -> None:
             "built-in models (av_dit, audio_ar) without one",
             fix="give the model a method `sample(self, generators: list[torch.Generator], "
             "steps: int) -> dict[str, torch.Tensor]` returning one sample per generator "
-            "(stoker/runtime/sampling.py), or set train.sample_every=0",
+            "(stoker/runtime/sampling/draw.py), or set train.sample_every=0",
         )
 
 
@@ -145,5 +145,5 @@ def checked_samples(model: nn.Module, out: object, count: int) -> dict[str, torc
         f"{type(model).__name__}.sample() returned {got}, not a non-empty dict of tensors "
         f"with one row per generator ({count})",
         fix="return {name: tensor [len(generators), ...]}, e.g. {'video': uint8 "
-        "[B, T, 3, H, W], 'audio': float32 [B, C, N]} (stoker/runtime/sampling.py)",
+        "[B, T, 3, H, W], 'audio': float32 [B, C, N]} (stoker/runtime/sampling/draw.py)",
     )

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from stoker.protocol import EXIT_FILE, EXIT_HANG, HANG_FILE, HEARTBEAT_DIR, STACK_HEADER
-from stoker.runtime import flight_recorder
+from stoker.runtime.dist import flight_recorder
 
 WARMUP_FACTOR = 3
 """A rank's first step in a process may take this many times train.hang_timeout_s before

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -55,6 +56,11 @@ class DistEnv:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
+
+
+def node_name() -> str:
+    """This rank's node as SLURM names it (several slurmd may share a host), else the host."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:

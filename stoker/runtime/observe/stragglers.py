@@ -24,8 +24,6 @@ node and its ratio to the median; `stoker status` flags it above STRAGGLER_RATIO
 
 from __future__ import annotations
 
-import os
-import socket
 import statistics
 import time
 from collections.abc import Iterable, Sequence
@@ -37,11 +35,6 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from stoker import metric_names as names
-
-
-def node_name() -> str:
-    """This rank's node as SLURM names it (several slurmd may share a host), else the host."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 class ForwardClock:

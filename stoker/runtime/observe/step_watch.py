@@ -1,12 +1,12 @@
 """What watches each training step without changing it, behind one object:
 
     heartbeat   the step and phase this rank is in, for the hang watchdog
-                (stoker/runtime/heartbeat.py; off when train.hang_timeout_s is 0)
+                (stoker/runtime/observe/heartbeat.py; off when train.hang_timeout_s is 0)
     profiler    the torch.profiler window of train.profile_steps and a named
-                range per phase (stoker/runtime/profiling.py)
+                range per phase (stoker/runtime/observe/profiling.py)
     timing      this rank's own time per step: data wait, forward + backward up to
                 the flags sync, optimizer, and the blocks' forward without waits for
-                other ranks (`ForwardClock`, stoker/runtime/stragglers.py)
+                other ranks (`ForwardClock`, stoker/runtime/observe/stragglers.py)
 
 The loop calls, per step:
 
@@ -32,9 +32,9 @@ from torch import nn
 
 from stoker.config import TrainConfig
 from stoker.protocol import ENV_RESTART
-from stoker.runtime.heartbeat import Heartbeat
-from stoker.runtime.profiling import StepProfiler
-from stoker.runtime.stragglers import ForwardClock
+from stoker.runtime.observe.heartbeat import Heartbeat
+from stoker.runtime.observe.profiling import StepProfiler
+from stoker.runtime.observe.stragglers import ForwardClock
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from stoker.checkpoint.export import EMA_PREFIX, read_weights, verified_folder
 from stoker.checkpoint.storage import storage_reader
 from stoker.config import ExperimentConfig
 from stoker.errors import StokerError
-from stoker.runtime.flow_sampling import FlowMethod, OnStep
-from stoker.runtime.precision import resolve_precision
-from stoker.runtime.sample_files import write_samples
-from stoker.runtime.sampling import sample_model
+from stoker.runtime.dist.precision import resolve_precision
+from stoker.runtime.sampling.draw import sample_model
+from stoker.runtime.sampling.files import write_samples
+from stoker.runtime.sampling.flow import FlowMethod, OnStep
 
 WeightsChoice = Literal["auto", "ema", "model"]
 

@@ -28,8 +28,8 @@ import torch
 
 from stoker.config import ExperimentConfig
 from stoker.protocol import ENV_JOB_ID
-from stoker.runtime.dist_env import DistEnv
-from stoker.runtime.metrics_sink import NullSink
+from stoker.runtime.dist.dist_env import DistEnv
+from stoker.runtime.observe.metrics_sink import NullSink
 from stoker.tracking.dataset_inputs import DataSetInput
 from stoker.tracking.file_logger import METRICS_FILE, FileRunLogger
 from stoker.tracking.logger import RunLogger, Status
@@ -54,7 +54,7 @@ class SystemOnly(NullSink):
 
 
 class Tracking:
-    """The trainer's metrics sink (stoker/runtime/metrics_sink.py): a RunLogger (or with
+    """The trainer's metrics sink (stoker/runtime/observe/metrics_sink.py): a RunLogger (or with
     tracking.uri none a FileRunLogger) on global rank 0, a `SystemOnly` on other nodes'
     local rank 0, nothing elsewhere."""
 
@@ -96,7 +96,7 @@ class Tracking:
 
     def log_dataset_inputs(self, inputs: Sequence[DataSetInput]) -> None:
         """The data sets the run reads, as its MLflow dataset inputs, from global rank 0
-        (stoker/runtime/data_lineage.py); other ranks and nodes drop them."""
+        (stoker/runtime/observe/data_lineage.py); other ranks and nodes drop them."""
         if isinstance(self.logger, (RunLogger, FileRunLogger)):
             self.logger.log_dataset_inputs(inputs)
 

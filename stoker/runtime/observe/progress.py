@@ -17,7 +17,7 @@ from stoker.atomic_write import write_text_atomic
 from stoker.protocol import ENV_PROGRESS_FILE, STRAGGLER_RATIO
 
 if TYPE_CHECKING:
-    from stoker.runtime.stragglers import Slowest
+    from stoker.runtime.observe.stragglers import Slowest
 
 
 class Progress:

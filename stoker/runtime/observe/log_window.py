@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from stoker.errors import StokerError
-from stoker.runtime.dist_env import DistEnv
+from stoker.runtime.dist.dist_env import DistEnv
 from stoker.runtime.models.contract import SampleCost
-from stoker.runtime.step_watch import StepTimes
+from stoker.runtime.observe.step_watch import StepTimes
 
 LOADER_COUNTERS = ("short_samples", "fetch_retries", "failed_shards")
 """The loader's counters (LoaderStats) logged as `system/data/<name>`, per log window."""
