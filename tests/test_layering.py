@@ -41,6 +41,7 @@ HEAVY = ("torch", "triton", "mlflow", "submitit", "av", "soundfile")
 LEAVES = (
     "stoker.version",
     "stoker.metric_names",
+    "stoker.modes",
     "stoker.errors",
     "stoker.home",
     "stoker.atomic_write",

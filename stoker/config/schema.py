@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from stoker import modes
 from stoker.redact import secret_word
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -213,7 +214,7 @@ class ModelConfig(Section):
     """Size preset of the built-in models (passed as size= to factories that take it)."""
     args: dict[str, Any] = {}
     """Keyword arguments of the model's factory (docs/bring-your-own.md)."""
-    kernels: Literal["auto", "triton", "reference"] = "auto"
+    kernels: modes.KernelChoice = "auto"
     """Kernel implementation: Triton on CUDA with auto, or force one everywhere."""
 
     @field_validator("arch")
@@ -271,7 +272,7 @@ class DataConfig(Section):
     """fsspec URL of a packed data set (file://, s3://, ...); null uses synthetic data."""
     sources: list[SourceConfig] = []
     """A mixture of data sets [{name, url, weight}], each with its own epochs; url must be null."""
-    mixing: Literal["random", "exact"] = "random"
+    mixing: modes.Mixing = "random"
     """How sources share the stream: seeded draws by weight, or exact proportions in every batch."""
     buckets: list[BucketConfig] = []
     """Buckets of size and length [{resolution, clip_seconds, batch_size}]; empty: one shape."""
@@ -389,15 +390,15 @@ class TrainConfig(Section):
     """Optimizer steps to train for."""
     seed: int = 0
     """Seed for weights, data order and noise; equal seeds give equal runs."""
-    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    precision: modes.Precision = "auto"
     """bf16 autocast (fp32 weights) or fp32; auto: bf16 where the device has it natively."""
     grad_accum: Annotated[int, Field(ge=1, le=1024)] = 1
     """Micro-batches accumulated per optimizer step."""
-    activation_checkpointing: Literal["none", "selective", "full"] = "none"
+    activation_checkpointing: modes.ActivationCheckpointing = "none"
     """Recompute activations in backward to save memory."""
     compile: bool = False
     """torch.compile each transformer block."""
-    sharding: Literal["node", "all"] = "node"
+    sharding: modes.Sharding = "node"
     """FSDP2 shards the weights over one node's ranks (HSDP: replicated across nodes) or all."""
     measure_memory: bool = False
     """CPU runs: trace each batch shape's second step for its peak memory (GPU runs always do)."""

@@ -41,6 +41,7 @@ from stoker.checkpoint.checkpointer import Checkpointer
 from stoker.checkpoint.train_state import TrainState
 from stoker.config import ExperimentConfig
 from stoker.errors import StokerError
+from stoker.modes import RunEnd
 from stoker.protocol import ENV_RESTART, EXIT_REQUEUE, EXIT_TERMINATED
 from stoker.runtime.dist import dist_env
 from stoker.runtime.dist.dist_env import DistEnv
@@ -88,7 +89,7 @@ class DeviceBatch(dict[str, Any]):
 @dataclass
 class Outcome:
     exit_code: int
-    status: str  # FINISHED, FAILED, KILLED, or REQUEUE (the run goes on)
+    status: RunEnd  # REQUEUE: the run goes on
     step: int
 
 

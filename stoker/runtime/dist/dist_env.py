@@ -29,6 +29,7 @@ from typing import Literal
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
+from stoker.modes import Sharding
 from stoker.errors import StokerError
 
 Source = Literal["torchrun", "slurm", "single"]
@@ -148,7 +149,7 @@ def all_gather_flat(output: torch.Tensor, tensor: torch.Tensor) -> None:
 
 
 def data_parallel_mesh(
-    env: DistEnv, device: torch.device, sharding: str = "node"
+    env: DistEnv, device: torch.device, sharding: Sharding = "node"
 ) -> DeviceMesh | None:
     """("shard",) over all ranks on one node, or with `sharding` "all" (train.sharding)
     over all ranks of every node; ("replicate", "shard") = (nodes, ranks per node)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from stoker.modes import ActivationCheckpointing, ResolvedPrecision
 from stoker.runtime.models.contract import block_slots
 
 if TYPE_CHECKING:  # pydantic stays optional for the benchmarks on GPU nodes
@@ -68,7 +69,7 @@ def parallelize(
     train: TrainConfig,
     mesh: DeviceMesh | None,
     device: torch.device,
-    precision: str,
+    precision: ResolvedPrecision,
 ) -> nn.Module:
     """`precision`: the resolved one (bf16 or fp32), see runtime/precision.py."""
     apply_activation_checkpointing(model, train.activation_checkpointing)

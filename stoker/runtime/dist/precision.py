@@ -10,11 +10,10 @@ explicit `bf16` is honoured with a warning that says what it costs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
 import torch
 
-Resolved = Literal["bf16", "fp32"]
+from stoker.modes import Precision as Requested
+from stoker.modes import ResolvedPrecision as Resolved
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,7 @@ def native_bf16(device: torch.device) -> bool:
     return False
 
 
-def resolve_precision(requested: str, device: torch.device) -> Precision:
+def resolve_precision(requested: Requested, device: torch.device) -> Precision:
     native = native_bf16(device)
     where = "this GPU" if device.type == "cuda" else "this CPU"
     if requested == "fp32":

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from stoker.atomic_write import write_text_atomic
+from stoker.modes import ResolvedPrecision
 from stoker.runtime.models.contract import shape_key
 
 MEASURED_FILE = "measured-steps.json"
@@ -88,7 +89,7 @@ class StepMemory:
             entry["step_s"] = statistics.median(seen[1:])
             entry["steps"] = len(seen)
 
-    def write(self, world_size: int, precision: str) -> None:
+    def write(self, world_size: int, precision: ResolvedPrecision) -> None:
         if not self.enabled or not self.shapes:
             return
         device = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
