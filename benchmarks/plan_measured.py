@@ -35,11 +35,11 @@ from stoker.config import resolve_config
 from stoker.gpus import gpu_spec
 from stoker.runtime.models import build_model
 from stoker.runtime.optim import build_optimizer
-from stoker.runtime.parallelize import apply_activation_checkpointing
+from stoker.runtime.dist.parallelize import apply_activation_checkpointing
 from stoker.runtime.planning.plan import make_plan
 from stoker.runtime.planning.search import GIB, Candidate, Target
 from stoker.runtime.planning.trace import random_batch, train_step
-from stoker.runtime.step_memory import tracked
+from stoker.runtime.observe.step_memory import tracked
 
 
 def measure(cfg: Any, c: Candidate, device: torch.device, steps: int) -> dict[str, Any]:

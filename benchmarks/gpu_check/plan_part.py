@@ -21,7 +21,7 @@ from stoker.config import resolve_config
 from stoker.gpus import gpu_spec
 from stoker.runtime.models import build_model
 from stoker.runtime.optim import build_optimizer
-from stoker.runtime.parallelize import apply_activation_checkpointing
+from stoker.runtime.dist.parallelize import apply_activation_checkpointing
 from stoker.runtime.planning import search
 from stoker.runtime.planning.plan import make_plan
 from stoker.runtime.planning.search import GIB, Candidate, Target

@@ -14,7 +14,7 @@ import torch
 from benchmarks.gpu_check.result import PartResult
 from stoker.config import resolve_config
 from stoker.runtime.models import build_model
-from stoker.runtime.sampling import sample_model
+from stoker.runtime.sampling.draw import sample_model
 
 SEEDS = (0, 1, 2, 3)
 

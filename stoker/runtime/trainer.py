@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
 
 from stoker import metric_names as names
 from stoker.checkpoint.checkpointer import Checkpointer
@@ -138,7 +140,7 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model, cfg.data).to(self.device)
         precision = self.precision.value
-        self.model: Any = parallelize(model, cfg.train, self.mesh, self.device, precision)
+        self.model: nn.Module = parallelize(model, cfg.train, self.mesh, self.device, precision)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
         torch.manual_seed(cfg.train.seed * 100_003 + self.env.rank)
@@ -375,7 +377,7 @@ class Trainer:
         valid_total = max(sum(m.valid_rows for m in micro), 1)
         loss_sum = torch.zeros((), device=self.device)
         for index, micro_batch in enumerate(micro):
-            if hasattr(self.model, "set_requires_gradient_sync"):
+            if isinstance(self.model, FSDPModule):
                 # FSDP2: reduce-scatter gradients on the last micro-batch only.
                 self.model.set_requires_gradient_sync(index == accum - 1)
             batch = self._with_noise(micro_batch)
@@ -391,7 +393,7 @@ class Trainer:
             loss_sum += loss.detach().float()
         return loss_sum
 
-    def _clip_grad_norm(self, params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    def _clip_grad_norm(self, params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
         """The global gradient norm (before clipping to `max_norm`), a plain tensor."""
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2

@@ -60,7 +60,8 @@ class Run:
         # Since the last log(), on rank 0: steps, and every rank's own and data seconds
         # summed (sums, not rows: a loop that never logs must not grow them).
         self._window_steps = 0
-        self._window_sums: list[float] = []  # [own_0, data_0, own_1, data_1, ...]
+        self._own_sums: list[float] = []  # by rank
+        self._data_sums: list[float] = []  # by rank
         self._window_started = time.perf_counter()
         self._hosts: list[str] | None = None
         self._checkpoints: list[Checkpoint] = []
@@ -143,7 +144,7 @@ class Run:
             values[names.STEP_S] = elapsed / self._window_steps
         if slowest is not None:
             values.update(slowest.metrics())
-        self._window_steps, self._window_sums = 0, []
+        self._window_steps, self._own_sums, self._data_sums = 0, [], []
         self._window_started = time.perf_counter()
         if self.session.tracking is not None:
             self.session.tracking.log_metrics(values, step)
@@ -175,9 +176,11 @@ class Run:
         if heartbeat is not None:
             heartbeat.beat(self._step + 1, "step")  # the next step has begun
         if self._synced_at is not None and self.is_main:
-            flat = [value for row in rows for value in row[1:]]
-            sums = self._window_sums or [0.0] * len(flat)
-            self._window_sums = [a + b for a, b in zip(sums, flat, strict=True)]
+            # Each row: [stop wanted, own seconds, data seconds] of one rank.
+            owns = self._own_sums or [0.0] * len(rows)
+            waits = self._data_sums or [0.0] * len(rows)
+            self._own_sums = [total + row[1] for total, row in zip(owns, rows, strict=True)]
+            self._data_sums = [total + row[2] for total, row in zip(waits, rows, strict=True)]
             self._window_steps += 1
         self._synced_at = time.perf_counter()
         return any(row[0] > 0 for row in rows)
@@ -222,9 +225,9 @@ class Run:
         """The slowest rank of the steps since the last log (several ranks)."""
         if not self._window_steps or self._hosts is None:
             return None
-        steps, sums = self._window_steps, self._window_sums
-        own = [sums[2 * r] / steps for r in range(self.world_size)]
-        data = [sums[2 * r + 1] / steps for r in range(self.world_size)]
+        steps = self._window_steps
+        own = [total / steps for total in self._own_sums]
+        data = [total / steps for total in self._data_sums]
         compute = [max(o - d, 0.0) for o, d in zip(own, data, strict=True)]
         return Slowest.of(data, compute, self._hosts)
 
