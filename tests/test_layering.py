@@ -77,6 +77,10 @@ MAY_IMPORT: dict[str, tuple[str, ...]] = {
         "stoker.kernels",
         "stoker.checkpoint",
     ),
+    # `stoker plan`'s engine: on the login node, inside the command's functions (it
+    # imports torch); it traces the runtime's step, so it stands above the runtime, and
+    # nothing of the runtime imports it.
+    "stoker.planning": ("stoker.runtime", "stoker.config", "stoker.data", "stoker.kernels"),
     # Your own loop's API (`from stoker import job`): the runtime's services, on a rank.
     "stoker.job": ("stoker.runtime", "stoker.config"),
     "stoker.data": ("stoker.config",),

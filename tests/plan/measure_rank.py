@@ -25,10 +25,10 @@ def measure(cfg: Any, shard: int, steps: list[tuple[int, int]]) -> list[int]:
     model of `cfg`."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    from stoker.planning.trace import random_batch, train_step
     from stoker.runtime.models import build_model
     from stoker.runtime.optim import build_optimizer
     from stoker.runtime.parallelize import apply_activation_checkpointing, apply_fsdp
-    from stoker.runtime.planning.trace import random_batch, train_step
     from stoker.runtime.step_memory import tracked
 
     mesh = init_device_mesh("cpu", (shard,), mesh_dim_names=("shard",))
