@@ -134,7 +134,7 @@ def make_target(cfg: ExperimentConfig, *, partition: str | None, nodes: int | No
     node_memory_mb: int | None = None
     partition_nodes: int | None = None
     if partition is not None or (gpus_per_node is None and gpu is None and job.partition):
-        from stoker.launcher.partition_facts import partition_facts
+        from stoker.launcher.slurm.partition_facts import partition_facts
 
         facts = partition_facts(partition or job.partition)
         source = f"partition {facts.name} (sinfo)"
@@ -275,7 +275,7 @@ def _run_folder(run: str) -> Path:
     path = Path(run)
     if path.is_dir():
         return path
-    from stoker.launcher.ledger import Ledger
+    from stoker.launcher.jobs.ledger import Ledger
 
     record = Ledger().get(run)
     if record is None:

@@ -12,7 +12,7 @@ from stoker.cli.plan import parse_memory, write_planned
 from stoker.config import resolve_config
 from stoker.errors import StokerError
 from stoker.gpus import gpu_spec
-from stoker.launcher.partition_facts import parse_gpu_gres, parse_partition
+from stoker.launcher.slurm.partition_facts import parse_gpu_gres, parse_partition
 from stoker.planning.search import (
     GIB,
     Batch,
