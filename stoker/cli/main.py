@@ -7,7 +7,6 @@ import sys
 
 import typer
 
-from stoker.version import __version__
 from stoker.cli import bench as bench_cmd
 from stoker.cli import check as check_cmd
 from stoker.cli import ckpt as ckpt_cmd
@@ -26,6 +25,7 @@ from stoker.cli import submit as submit_cmd
 from stoker.cli import sweep as sweep_cmd
 from stoker.cli import ui as ui_cmd
 from stoker.cli import why as why_cmd
+from stoker.version import __version__
 
 app = typer.Typer(
     name="stoker",

@@ -11,12 +11,12 @@ import hashlib
 import json
 from pathlib import Path
 
-from stoker.version import __version__
 from stoker.atomic_write import write_text_atomic
 from stoker.config.resolve import ResolvedConfig, resolve_config
 from stoker.config.schema import ExperimentConfig
 from stoker.config.yaml_source import dump_yaml
 from stoker.redact import printable_line
+from stoker.version import __version__
 
 
 def freeze_config(resolved: ResolvedConfig) -> str:
