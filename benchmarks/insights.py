@@ -40,10 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.machine import machine_info
 from benchmarks.status import timed
 from stoker.job_time import CAUSES
-from stoker.launcher import slurm_cli
-from stoker.launcher.insights import SACCT_BATCH, collect
-from stoker.launcher.job_account import ACCOUNTS_KEY, BLAME_KINDS, JobAccount, NodeBlame
-from stoker.launcher.ledger import JobRecord, Ledger
+from stoker.launcher.insights.report import SACCT_BATCH, collect
+from stoker.launcher.jobs.ledger import JobRecord, Ledger
+from stoker.launcher.slurm import cli as slurm_cli
+from stoker.launcher.watch.job_account import ACCOUNTS_KEY, BLAME_KINDS, JobAccount, NodeBlame
 
 TARGET_S = 2.0
 STOKER = str(Path(sys.executable).with_name("stoker"))
@@ -180,10 +180,10 @@ def main() -> int:
         [STOKER, "insights", "--since", "all", "--all-users", "--json"], env=env,
         stdout=subprocess.DEVNULL, check=True), max(1, args.repeats // 2))  # fmt: skip
 
-    from stoker.launcher.insights_html import render as html
-    from stoker.launcher.insights_prometheus import render as prometheus
-    from stoker.launcher.job_account import make_account
-    from stoker.launcher.targets import Target
+    from stoker.launcher.insights.html import render as html
+    from stoker.launcher.insights.prometheus import render as prometheus
+    from stoker.launcher.jobs.targets import Target
+    from stoker.launcher.watch.job_account import make_account
 
     results["html"] = timed(lambda: html(report), args.repeats)
     results["prometheus"] = timed(lambda: prometheus(report), args.repeats)

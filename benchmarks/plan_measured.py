@@ -33,13 +33,13 @@ import torch
 from benchmarks.machine import machine_info
 from stoker.config import resolve_config
 from stoker.gpus import gpu_spec
-from stoker.runtime.models import build_model
-from stoker.runtime.optim import build_optimizer
+from stoker.planning.plan import make_plan
+from stoker.planning.search import GIB, Candidate, Target
+from stoker.planning.trace import random_batch, train_step
 from stoker.runtime.dist.parallelize import apply_activation_checkpointing
-from stoker.runtime.planning.plan import make_plan
-from stoker.runtime.planning.search import GIB, Candidate, Target
-from stoker.runtime.planning.trace import random_batch, train_step
+from stoker.runtime.models import build_model
 from stoker.runtime.observe.step_memory import tracked
+from stoker.runtime.optim import build_optimizer
 
 
 def measure(cfg: Any, c: Candidate, device: torch.device, steps: int) -> dict[str, Any]:

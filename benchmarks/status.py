@@ -38,10 +38,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.machine import machine_info
-from stoker.launcher import slurm_cli
-from stoker.launcher.ledger import JobRecord, Ledger
-from stoker.launcher.status import collect_status
-from stoker.launcher.targets import select_jobs
+from stoker.launcher.jobs.ledger import JobRecord, Ledger
+from stoker.launcher.jobs.targets import select_jobs
+from stoker.launcher.slurm import cli as slurm_cli
+from stoker.launcher.watch.status import collect_status
 
 TARGET_S = 0.5
 STOKER = str(Path(sys.executable).with_name("stoker"))

@@ -54,7 +54,7 @@ class Job:
     def wait(self, timeout: float | None = None, poll_s: float = POLL_S) -> str:
         """Until the job has ended for good (a requeued job has not); its final state.
         TimeoutError after `timeout` seconds."""
-        from stoker.launcher.slurm_query import TERMINAL_STATES
+        from stoker.launcher.slurm.query import TERMINAL_STATES
 
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -68,7 +68,7 @@ class Job:
     def logs(self, rank: int | None = None, restart: int | None = None) -> list[str]:
         """The job's log lines as `stoker logs` prints them (`[rank] line`, the batch
         script's lines, a separator per restart); one rank's or one start's."""
-        from stoker.launcher.logs import LogFilter, LogReader
+        from stoker.launcher.watch.logs import LogFilter, LogReader
 
         lines: list[str] = []
         target = self._target()
@@ -78,8 +78,8 @@ class Job:
 
     def why(self) -> dict[str, Any]:
         """`stoker why --json`: how it ended or why it waits, the evidence and the fix."""
-        from stoker.launcher.job_end import Ended, settle
-        from stoker.launcher.ledger import Ledger
+        from stoker.launcher.jobs.ledger import Ledger
+        from stoker.launcher.watch.job_end import Ended, settle
         from stoker.launcher.why import diagnose
 
         target = self._target()
@@ -94,13 +94,13 @@ class Job:
         return cancel(self.job_id)
 
     def _target(self) -> Any:
-        from stoker.launcher.targets import resolve_job
+        from stoker.launcher.jobs.targets import resolve_job
 
         return resolve_job(self.job_id, command="status")
 
     def _status(self) -> dict[str, Any]:
-        from stoker.launcher.ledger import Ledger
-        from stoker.launcher.status import collect_status
+        from stoker.launcher.jobs.ledger import Ledger
+        from stoker.launcher.watch.status import collect_status
 
         ledger = Ledger()
         report = collect_status([self._target()], ledger)
@@ -135,8 +135,8 @@ def submit(
     command's flags (`nodes` is `--nodes`), with the same precedence. `cwd`: the folder
     to snapshot and run from (default: the current one). `check=False` is `--no-check`."""
     from stoker.config import resolve_config
-    from stoker.launcher.submit import SubmitOptions, job_flags
-    from stoker.launcher.submit import submit as launch
+    from stoker.launcher.launch.submit import SubmitOptions, job_flags
+    from stoker.launcher.launch.submit import submit as launch
 
     flags = job_flags(
         lambda flag: f"{flag}=",
@@ -193,8 +193,8 @@ def sweep(
     sweep axes and `KEY=V` overrides every task shares (every task's model is checked
     first unless `check=False`). One `Job` per task (`JOB_<index>`), in the order of the
     grid, each with its own MLflow run (children of one parent run)."""
-    from stoker.launcher.submit import SubmitOptions, job_flags
-    from stoker.launcher.sweep import submit_sweep
+    from stoker.launcher.launch.submit import SubmitOptions, job_flags
+    from stoker.launcher.launch.sweep import submit_sweep
 
     if isinstance(axes, str):
         raise StokerError(f"axes={axes!r} is one string", fix=f"pass a list: [{axes!r}]")
@@ -230,6 +230,6 @@ def sweep(
 
 def jobs(limit: int | None = None) -> list[Job]:
     """The jobs in the ledger (`stoker status --all`), newest first."""
-    from stoker.launcher.ledger import Ledger
+    from stoker.launcher.jobs.ledger import Ledger
 
     return [Job(r.job_id, r.mlflow_run_id, Path(r.run_dir)) for r in Ledger().list(limit=limit)]

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from stoker.launcher.ledger import JobRecord, Ledger
-from stoker.launcher.local_state import LocalState, read_local_state
-from stoker.launcher.rundir import RunDir
-from stoker.launcher.slurm_query import TERMINAL_STATES
+from stoker.launcher.jobs.ledger import JobRecord, Ledger
+from stoker.launcher.jobs.rundir import RunDir
+from stoker.launcher.local.state import LocalState, read_local_state
+from stoker.launcher.slurm.query import TERMINAL_STATES
 from tests.clirun import stoker, stoker_text
 
 JOBS = Path(__file__).parent / "jobs"

@@ -85,9 +85,10 @@ def test_import_stoker_and_its_python_api_load_no_training_stack() -> None:
     # The API's module and what its calls import (submit, status, logs, why, cancel).
     code = (
         "import stoker; stoker.submit; stoker.sweep; stoker.jobs; stoker.Job; "
-        "import stoker.model, stoker.launcher.sweep; "
-        "import stoker.launcher.submit, stoker.launcher.status, stoker.launcher.logs, "
-        "stoker.launcher.why, stoker.launcher.control, stoker.launcher.job_end"
+        "import stoker.model, stoker.launcher.launch.sweep; "
+        "import stoker.launcher.launch.submit, stoker.launcher.watch.status, "
+        "stoker.launcher.watch.logs, stoker.launcher.why, stoker.launcher.control, "
+        "stoker.launcher.watch.job_end"
     )
     result = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", code],
@@ -99,7 +100,7 @@ def test_import_stoker_and_its_python_api_load_no_training_stack() -> None:
         for line in result.stderr.splitlines()
         if line.startswith("import time:") and "|" in line
     }
-    assert {"stoker.api", "stoker.launcher.submit"} <= modules  # the parse saw them
+    assert {"stoker.api", "stoker.launcher.launch.submit"} <= modules  # the parse saw them
     heavy = sorted(m for m in modules if m.split(".")[0] in TRAINING_STACK)
     assert not heavy, f"`import stoker; stoker.submit` imports {heavy[:10]}"
 

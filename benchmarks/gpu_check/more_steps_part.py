@@ -14,9 +14,9 @@ import torch
 from benchmarks.gpu_check.result import PartResult
 from benchmarks.gpu_check.step_part import run_steps
 from stoker.config import resolve_config
+from stoker.planning.trace import random_batch, train_step
 from stoker.runtime.models import build_model
 from stoker.runtime.optim import build_optimizer
-from stoker.runtime.planning.trace import random_batch, train_step
 
 
 def latent_step(result: PartResult, *, dry_run: bool) -> None:

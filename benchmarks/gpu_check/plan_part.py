@@ -19,13 +19,13 @@ import torch
 from benchmarks.gpu_check.result import PartResult
 from stoker.config import resolve_config
 from stoker.gpus import gpu_spec
+from stoker.planning import search
+from stoker.planning.plan import make_plan
+from stoker.planning.search import GIB, Candidate, Target
+from stoker.planning.trace import random_batch, train_step
+from stoker.runtime.dist.parallelize import apply_activation_checkpointing
 from stoker.runtime.models import build_model
 from stoker.runtime.optim import build_optimizer
-from stoker.runtime.dist.parallelize import apply_activation_checkpointing
-from stoker.runtime.planning import search
-from stoker.runtime.planning.plan import make_plan
-from stoker.runtime.planning.search import GIB, Candidate, Target
-from stoker.runtime.planning.trace import random_batch, train_step
 
 PLANNED_MEMORY_GIB = 80.0
 TARGET_MEMORY_ERROR = 0.10

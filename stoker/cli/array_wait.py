@@ -27,7 +27,7 @@ def wait_for_array(job_id: str, poll_s: float = 2.0) -> dict[str, str]:
     """Until every task of array `job_id` has ended for good; each task's final state."""
     from stoker.api import Job
     from stoker.cli.output import note
-    from stoker.launcher.ledger import Ledger
+    from stoker.launcher.jobs.ledger import Ledger
 
     record = Ledger().require(job_id)
     states: dict[str, str] = {}

@@ -35,7 +35,7 @@ def check(
     from stoker.cli.doctor import print_findings
     from stoker.cli.output import note, print_json
     from stoker.config import resolve_config
-    from stoker.launcher.experiment_check import check_experiment
+    from stoker.launcher.launch.experiment_check import check_experiment
 
     experiment, overrides = split_experiment_args(args or [])
     resolved = resolve_config(experiment, overrides, profile=profile, use_profile=not no_profile)

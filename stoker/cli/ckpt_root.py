@@ -13,7 +13,7 @@ def checkpoint_path(path: str) -> str:
     if "://" in path or Path(path).exists():
         return path
     from stoker.config.frozen import load_frozen
-    from stoker.launcher.ledger import Ledger
+    from stoker.launcher.jobs.ledger import Ledger
 
     record = Ledger().get(path)
     if record is None:

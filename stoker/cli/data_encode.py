@@ -1,6 +1,6 @@
 """`stoker data encode SRC DST --encoder pkg.mod:factory`: latents of a data set, once
 (stoker/data/latent_encode.py); with --slurm, as a job array through stoker's launcher
-(stoker/launcher/data_array.py)."""
+(stoker/launcher/launch/data_array.py)."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def encode(
         device=device,
     )
     if slurm:
-        from stoker.launcher.data_array import ArrayOptions, submit_encode
+        from stoker.launcher.launch.data_array import ArrayOptions, submit_encode
 
         options = ArrayOptions(
             tasks=tasks, partition=partition, time=time, gpus_per_node=gpus_per_node,

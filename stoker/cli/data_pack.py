@@ -1,5 +1,5 @@
 """`stoker data pack SRC DST`: media files in, shards + manifest out (stoker/data/pack.py);
-with --slurm, as a job array through stoker's launcher (stoker/launcher/data_array.py,
+with --slurm, as a job array through stoker's launcher (stoker/launcher/launch/data_array.py,
 each task stoker/data/pack_task.py)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
     from stoker.data.pack import PackReport, PackRequest, PreparedPack
-    from stoker.launcher.data_array import ArrayOptions
+    from stoker.launcher.launch.data_array import ArrayOptions
 
 
 def pack(
@@ -130,7 +130,7 @@ def pack(
         restart=restart,
     )
     if slurm:
-        from stoker.launcher.data_array import ArrayOptions
+        from stoker.launcher.launch.data_array import ArrayOptions
 
         options = ArrayOptions(
             tasks=tasks, partition=partition, time=time_limit, cpus_per_task=cpus_per_task,
@@ -150,7 +150,7 @@ def _pack_on_slurm(request: PackRequest, options: ArrayOptions, wait: bool, as_j
     """Plan here, queue the missing shards as an array; with `wait`, follow it and report."""
     from stoker.cli.output import note, out
     from stoker.data.pack import prepare_pack
-    from stoker.launcher.data_array import submit_pack
+    from stoker.launcher.launch.data_array import submit_pack
 
     started = time.monotonic()
     prepared = prepare_pack(request)

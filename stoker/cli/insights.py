@@ -9,7 +9,7 @@ import typer
 
 if TYPE_CHECKING:
     from stoker.cli.output import Section
-    from stoker.launcher.insights import Report, Totals
+    from stoker.launcher.insights.report import Report, Totals
 
 
 def insights(
@@ -49,20 +49,20 @@ def insights(
     Example: stoker insights --since 7d --html report.html
     """
     from stoker.cli.output import note, print_json, print_sections
-    from stoker.launcher.insights import collect, parse_since
-    from stoker.launcher.ledger import Ledger
+    from stoker.launcher.insights.report import collect, parse_since
+    from stoker.launcher.jobs.ledger import Ledger
 
     window = None if since.strip().lower() == "all" else parse_since(since)
     report, notes = collect(Ledger(), since=window, all_users=all_users, partition=partition)
     for message in notes:
         note(f"note: {message}")
     if html is not None:
-        from stoker.launcher.insights_html import write_html
+        from stoker.launcher.insights.html import write_html
 
         write_html(report, html)
         note(f"wrote {html}")
     if prometheus is not None:
-        from stoker.launcher.insights_prometheus import write_prometheus
+        from stoker.launcher.insights.prometheus import write_prometheus
 
         write_prometheus(report, prometheus)
         note(f"wrote {prometheus}")

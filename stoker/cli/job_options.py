@@ -55,7 +55,7 @@ def job_flags(
     name: str | None,
 ) -> dict[str, tuple[Any, str]]:
     """The flags as `resolve_config` takes them: key -> (value or None, flag)."""
-    from stoker.launcher.submit import job_flags as flags_of
+    from stoker.launcher.launch.submit import job_flags as flags_of
 
     return flags_of(
         lambda flag: "--" + flag.replace("_", "-"),

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
-    from stoker.launcher.targets import Target
+    from stoker.launcher.jobs.targets import Target
 
 
 def logs(
@@ -60,17 +60,17 @@ def logs(
     import sys
 
     from stoker.cli.output import note
-    from stoker.launcher.logs import (
+    from stoker.launcher.jobs.targets import resolve_job
+    from stoker.launcher.watch.logs import (
         LogFilter,
         LogReader,
         compile_grep,
         job_state,
         parse_restart,
     )
-    from stoker.launcher.logs import (
+    from stoker.launcher.watch.logs import (
         follow as follow_logs,
     )
-    from stoker.launcher.targets import resolve_job
 
     target = resolve_job(job_id)
     log_filter = LogFilter(
@@ -123,8 +123,8 @@ def _say_how_it_ended(target: Target) -> None:
     first failing rank may not be the one followed); its MLflow run ended."""
     from stoker.cli.output import err
     from stoker.cli.why import print_diagnosis
-    from stoker.launcher.job_end import Ended, settle
-    from stoker.launcher.ledger import Ledger
+    from stoker.launcher.jobs.ledger import Ledger
+    from stoker.launcher.watch.job_end import Ended, settle
     from stoker.launcher.why import diagnose
 
     diagnosis = diagnose(target)

@@ -14,8 +14,8 @@ from stoker.errors import StokerError
 if TYPE_CHECKING:
     from stoker.cli.output import Section
     from stoker.config import ExperimentConfig
-    from stoker.runtime.planning.plan import Plan
-    from stoker.runtime.planning.search import Target
+    from stoker.planning.plan import Plan
+    from stoker.planning.search import Target
 
 _SIZE = re.compile(r"^\s*(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>[KMGT]i?B?|)\s*$", re.IGNORECASE)
 
@@ -103,7 +103,7 @@ def plan(
                          gpu=gpu, gpu_memory=gpu_memory, margin=margin,
                          inter_node_gbps=inter_node_gbps)  # fmt: skip
     note(f"planning for {target.source}: tracing candidates on fake tensors...")
-    from stoker.runtime.planning.plan import make_plan
+    from stoker.planning.plan import make_plan
 
     result = make_plan(cfg, target, trace_all=trace_all)
     if write is not None and result.chosen is not None:
@@ -124,8 +124,8 @@ def make_target(cfg: ExperimentConfig, *, partition: str | None, nodes: int | No
                 margin: float, inter_node_gbps: float | None) -> Target:  # fmt: skip
     """Where the plan is for: flags over the partition's facts over the experiment's job."""
     from stoker.gpus import gpu_spec, known_gpu_names
-    from stoker.runtime.planning.search import GIB, Target
-    from stoker.runtime.planning.timing import INTER_NODE_BYTES_S
+    from stoker.planning.search import GIB, Target
+    from stoker.planning.timing import INTER_NODE_BYTES_S
 
     job = cfg.job
     source = "the experiment's job settings"
@@ -134,7 +134,7 @@ def make_target(cfg: ExperimentConfig, *, partition: str | None, nodes: int | No
     node_memory_mb: int | None = None
     partition_nodes: int | None = None
     if partition is not None or (gpus_per_node is None and gpu is None and job.partition):
-        from stoker.launcher.partition_facts import partition_facts
+        from stoker.launcher.slurm.partition_facts import partition_facts
 
         facts = partition_facts(partition or job.partition)
         source = f"partition {facts.name} (sinfo)"
@@ -185,7 +185,7 @@ def _host_memory() -> int:
 
 
 def sections(result: Plan) -> list[Section]:
-    from stoker.runtime.planning.search import size_text
+    from stoker.planning.search import size_text
 
     head = ["#", "LAYOUT", "AC", "PRECISION", "MICRO x ACCUM", "STEP", "PEAK", "STATUS", "WHY"]
     rows = []
@@ -215,7 +215,7 @@ def sections(result: Plan) -> list[Section]:
 
 def _say_choice(result: Plan) -> None:
     from stoker.cli.output import out
-    from stoker.runtime.planning.plan import fits_note
+    from stoker.planning.plan import fits_note
 
     out().print(f"\n{fits_note(result)}", markup=False)
     settings = result.settings()
@@ -259,7 +259,7 @@ def write_planned(path: Path, experiment: Path | None, overrides: list[str],
 
 def _calibrate(run: str, *, as_json: bool) -> None:
     from stoker.cli.output import note, print_json, print_sections
-    from stoker.runtime.planning.calibrate import calibrate
+    from stoker.planning.calibrate import calibrate
 
     run_dir = _run_folder(run)
     report = calibrate(run_dir)
@@ -275,7 +275,7 @@ def _run_folder(run: str) -> Path:
     path = Path(run)
     if path.is_dir():
         return path
-    from stoker.launcher.ledger import Ledger
+    from stoker.launcher.jobs.ledger import Ledger
 
     record = Ledger().get(run)
     if record is None:

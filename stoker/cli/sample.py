@@ -136,7 +136,7 @@ def _checkpoint_and_config(source: str, config: Path | None) -> tuple[str, Exper
         if run_dir == path:
             url = None
     else:
-        from stoker.launcher.ledger import Ledger
+        from stoker.launcher.jobs.ledger import Ledger
 
         record = Ledger().get(source)
         if record is None:

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
     from rich.table import Table
 
-    from stoker.launcher.status import JobStatus
+    from stoker.launcher.watch.status import JobStatus
 
 COLUMNS = (
     "JOB",
@@ -73,9 +73,9 @@ def status(
     """
     from stoker.cli.output import note, out, print_json
     from stoker.errors import StokerError
-    from stoker.launcher.ledger import Ledger
-    from stoker.launcher.status import collect_status
-    from stoker.launcher.targets import select_jobs
+    from stoker.launcher.jobs.ledger import Ledger
+    from stoker.launcher.jobs.targets import select_jobs
+    from stoker.launcher.watch.status import collect_status
 
     if watch and as_json:
         raise StokerError(
@@ -139,7 +139,7 @@ def _watch(refresh: Callable[[], list[JobStatus]], interval: float) -> None:
 
 
 def _cells(row: JobStatus) -> list[str]:
-    from stoker.launcher.slurm_query import format_elapsed
+    from stoker.launcher.slurm.query import format_elapsed
 
     nodes = "-"
     if row.nodes is not None or row.node_list:

@@ -56,8 +56,8 @@ def submit(
     from stoker.cli.output import note, out
     from stoker.cli.trailing import trailing_command
     from stoker.config import resolve_config
-    from stoker.launcher.submit import SubmitOptions
-    from stoker.launcher.submit import submit as do_submit
+    from stoker.launcher.launch.submit import SubmitOptions
+    from stoker.launcher.launch.submit import submit as do_submit
 
     experiment, overrides = split_experiment_args(args or [])
     flags = opt.job_flags(

@@ -50,8 +50,8 @@ def sweep(
     from stoker.cli.config import split_experiment_args
     from stoker.cli.output import note, out
     from stoker.cli.trailing import trailing_command
-    from stoker.launcher.submit import SubmitOptions
-    from stoker.launcher.sweep import submit_sweep
+    from stoker.launcher.launch.submit import SubmitOptions
+    from stoker.launcher.launch.sweep import submit_sweep
 
     experiment, rest = split_experiment_args(args)
     flags = opt.job_flags(

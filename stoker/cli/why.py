@@ -32,13 +32,13 @@ def why(
     Example: stoker why 123 --json | jq -r .cause
     """
     from stoker.cli.output import out, print_json
-    from stoker.launcher.targets import resolve_job
+    from stoker.launcher.jobs.targets import resolve_job
     from stoker.launcher.why import diagnose
 
     target = resolve_job(job_id, command="why")
     diagnosis = diagnose(target)
-    from stoker.launcher.job_end import Ended, settle
-    from stoker.launcher.ledger import Ledger
+    from stoker.launcher.jobs.ledger import Ledger
+    from stoker.launcher.watch.job_end import Ended, settle
 
     # What `stoker status` would do on seeing the end: keep the reason, end the MLflow run.
     settle(Ledger(), [Ended(target, diagnosis.state)], {target.job_id: diagnosis})

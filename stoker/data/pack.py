@@ -2,7 +2,7 @@
 
     list SRC once -> plan (DST/pack-plan.json)              `prepare_pack`
       -> write the missing shards in parallel (local processes here; a SLURM
-         array through stoker.launcher.data_array and stoker.data.pack_task)
+         array through stoker.launcher.launch.data_array and stoker.data.pack_task)
       -> manifest.json from every index                      `finalize_pack`
 
 A shard is finished when its index is on storage (the writer puts it after the

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from stoker.errors import StokerError
-from stoker.launcher.ledger import JobRecord, Ledger
-from stoker.launcher.slurm_cli import SlurmError, run_slurm
+from stoker.launcher.jobs.ledger import JobRecord, Ledger
+from stoker.launcher.slurm.cli import SlurmError, run_slurm
 
 
 def _record(job_id: str, ledger: Ledger) -> JobRecord:
@@ -19,7 +19,7 @@ def cancel(job_id: str, ledger: Ledger | None = None) -> str:
     ledger = ledger or Ledger()
     record = _record(job_id, ledger)
     if record.backend == "local":
-        from stoker.launcher.local_backend import cancel_local
+        from stoker.launcher.local.backend import cancel_local
 
         if not cancel_local(Path(record.run_dir)):
             raise StokerError(

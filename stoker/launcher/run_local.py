@@ -88,14 +88,14 @@ def run_here(
     echo: Say,
 ) -> RunResult:
     from stoker.config import resolve_config
-    from stoker.launcher.launch_checks import check_launch
-    from stoker.launcher.local_backend import cancel_local
-    from stoker.launcher.local_state import read_local_state
-    from stoker.launcher.logs import LogFilter, LogReader, follow, job_state
-    from stoker.launcher.model_fit import check_model_fits
-    from stoker.launcher.rundir import RunDir
-    from stoker.launcher.submit import SubmitOptions, submit
-    from stoker.launcher.targets import resolve_job
+    from stoker.launcher.jobs.rundir import RunDir
+    from stoker.launcher.jobs.targets import resolve_job
+    from stoker.launcher.launch.checks import check_launch
+    from stoker.launcher.launch.model_fit import check_model_fits
+    from stoker.launcher.launch.submit import SubmitOptions, submit
+    from stoker.launcher.local.backend import cancel_local
+    from stoker.launcher.local.state import read_local_state
+    from stoker.launcher.watch.logs import LogFilter, LogReader, follow, job_state
     from stoker.launcher.why import diagnose
 
     ranks = nproc or default_nproc()
@@ -146,8 +146,8 @@ def run_here(
     # The first failing rank may not be rank 0, whose log was followed: say why here.
     diagnosis = diagnose(target) if state != "COMPLETED" else None
     if diagnosis is not None:
-        from stoker.launcher.job_end import Ended, ended_reasons
-        from stoker.launcher.ledger import Ledger
+        from stoker.launcher.jobs.ledger import Ledger
+        from stoker.launcher.watch.job_end import Ended, ended_reasons
 
         ended_reasons(Ledger(), [Ended(target, state)], {target.job_id: diagnosis})
     result = RunResult(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from stoker.launcher.slurm_query import TERMINAL_STATES
+from stoker.launcher.slurm.query import TERMINAL_STATES
 from tests.launcher_jobs import wait_final
 
 if TYPE_CHECKING:

@@ -31,9 +31,9 @@ from stoker.cli.main import main
 from stoker.config import ExperimentConfig, resolve_config
 from stoker.config.keys import dotted, leaf_paths
 from stoker.errors import StokerError
-from stoker.launcher.launch_checks import check_run_root
-from stoker.launcher.render import render_sbatch
-from stoker.launcher.spec import LaunchSpec
+from stoker.launcher.launch.checks import check_run_root
+from stoker.launcher.script.render import render_sbatch
+from stoker.launcher.script.spec import LaunchSpec
 from tests.faults.batch_shim import run_batch_script
 
 # Each would leave a file named PWNED behind if a shell ever ran it.
@@ -435,7 +435,7 @@ def test_hostile_but_valid_jobs_run_locally_and_stay_in_their_folder(
 ) -> None:
     from mlflow.tracking import MlflowClient
 
-    from stoker.launcher.ledger import Ledger
+    from stoker.launcher.jobs.ledger import Ledger
     from tests.launcher_jobs import wait_local
 
     # One store for all examples (creating a sqlite store takes seconds).

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from stoker.launcher import slurm_cli
-from stoker.launcher.ledger import JobRecord, Ledger
-from stoker.launcher.slurm_query import TERMINAL_STATES
-from stoker.launcher.status import collect_status
-from stoker.launcher.targets import select_jobs
+from stoker.launcher.jobs.ledger import JobRecord, Ledger
+from stoker.launcher.jobs.targets import select_jobs
+from stoker.launcher.slurm import cli as slurm_cli
+from stoker.launcher.slurm.query import TERMINAL_STATES
+from stoker.launcher.watch.status import collect_status
 from stoker.sqlite_retry import DatabaseLockedError, is_locked_error, retry_while_locked
 from tests.clirun import STOKER
 
@@ -373,7 +373,7 @@ def test_a_job_queued_while_the_ledger_stays_locked_keeps_its_folder_and_says_so
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from stoker.config import resolve_config
-    from stoker.launcher import submit as submit_module
+    from stoker.launcher.launch import submit as submit_module
     from tests.launcher_jobs import wait_final
 
     path, release = held_lock

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from stoker.config import ResolvedConfig, resolve_config
-from stoker.launcher.render import render_sbatch
-from stoker.launcher.spec import LaunchSpec
+from stoker.launcher.script.render import render_sbatch
+from stoker.launcher.script.spec import LaunchSpec
 from stoker.redact import REDACTED, hide_url_passwords, secret_assignments, secret_word
 from stoker.tracking.runs import config_params
 from tests.clirun import stoker, stoker_text

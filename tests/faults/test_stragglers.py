@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from stoker.launcher.ledger import Ledger
-from stoker.launcher.status import collect_status
-from stoker.launcher.targets import select_jobs
+from stoker.launcher.jobs.ledger import Ledger
+from stoker.launcher.jobs.targets import select_jobs
+from stoker.launcher.watch.status import collect_status
 from stoker.protocol import STRAGGLER_RATIO
 from tests.clirun import stoker
 from tests.faults.training_jobs import TWO_NODES, rank_pid, synth_experiment

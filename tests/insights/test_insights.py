@@ -16,8 +16,11 @@ from pathlib import Path
 import pytest
 
 from stoker.errors import StokerError
-from stoker.launcher.insights import parse_since, summarise
-from stoker.launcher.job_account import (
+from stoker.launcher.insights.report import parse_since, summarise
+from stoker.launcher.jobs.ledger import JobRecord, Ledger
+from stoker.launcher.jobs.targets import Target
+from stoker.launcher.slurm.query import AcctRow
+from stoker.launcher.watch.job_account import (
     HANG,
     KILLED_TASK,
     STRAGGLER,
@@ -25,9 +28,6 @@ from stoker.launcher.job_account import (
     NodeBlame,
     make_account,
 )
-from stoker.launcher.ledger import JobRecord, Ledger
-from stoker.launcher.slurm_query import AcctRow
-from stoker.launcher.targets import Target
 from tests.browser import headless_page
 from tests.clirun import stoker_text
 from tests.test_job_time import window, write_start
@@ -124,7 +124,7 @@ def test_status_asks_sacct_once_and_leaves_a_job_it_has_no_rows_for(
     """`stoker status` makes the accounts of the jobs it sees end from its one sacct
     answer: a job slurmdbd has not recorded yet is left for `insights`, not accounted
     without its allocation times and not asked about in a second sacct call."""
-    from stoker.launcher import job_end
+    from stoker.launcher.watch import job_end
 
     asked: list[list[str]] = []
     monkeypatch.setattr(job_end, "query_accounting", lambda ids: asked.append(ids) or {})
@@ -184,7 +184,7 @@ def test_sums_failure_classes_and_nodes_in_two_incidents() -> None:
 
 
 def test_the_html_escapes_what_the_ledger_holds() -> None:
-    from stoker.launcher.insights_html import render
+    from stoker.launcher.insights.html import render
 
     hostile = '<img src=x onerror="alert(1)">'
     nodes = [NodeBlame(hostile, HANG, 0), NodeBlame(hostile, HANG, 1)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stoker.config import resolve_config
-from stoker.launcher.spec import LaunchSpec
+from stoker.launcher.script.spec import LaunchSpec
 
 
 def make_spec(

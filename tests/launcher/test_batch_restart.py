@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.launcher.render import render_sbatch
+from stoker.launcher.script.render import render_sbatch
 from tests.faults.batch_shim import run_batch_script
 from tests.launcher.launch_specs import make_spec
 

@@ -26,7 +26,7 @@ from stoker.launcher.doctor import (
     run_checks,
     summarize_gpus,
 )
-from stoker.launcher.slurm_cli import CALLS
+from stoker.launcher.slurm.cli import CALLS
 from stoker.tracking.store import TrackingTarget, resolve_tracking_uri
 from tests.clirun import STOKER, stoker_in_tty, stoker_text
 from tests.cluster.localslurm import ClusterSettings

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.launcher.ledger import JobRecord, Ledger
+from stoker.launcher.jobs.ledger import JobRecord, Ledger
 
 
 def _writer(path: str, worker: int, count: int) -> None:

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from stoker.launcher.ledger import Ledger
+from stoker.launcher.jobs.ledger import Ledger
 from tests.clirun import stoker_text
 from tests.launcher_jobs import JOBS, mlflow_status, submit_json, wait_local
 

@@ -378,7 +378,7 @@ srun: launch/slurm: _step_signal: Terminating StepId=519.0
 
 
 def test_batch_log_is_split_by_restart() -> None:
-    from stoker.launcher.logs import split_batch_by_restart
+    from stoker.launcher.jobs.log_text import split_batch_by_restart
 
     parts = split_batch_by_restart(REQUEUED_BATCH, [0, 1])
     assert parts[0] == REQUEUED_BATCH[:7] and parts[1] == REQUEUED_BATCH[7:]
@@ -397,7 +397,7 @@ def test_batch_log_is_split_by_restart() -> None:
 
 
 def test_log_file_reads_whole_lines_and_progress_bars(tmp_path: Path) -> None:
-    from stoker.launcher.logs import LogFile
+    from stoker.launcher.watch.logs import LogFile
 
     path = tmp_path / "rank-0.log"
     path.write_bytes(b"start\n 10%|#   |\r 50%|##  |\r100%|####|\nhalf a li")

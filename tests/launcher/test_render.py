@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from stoker.errors import StokerError
-from stoker.launcher.render import Shell, render_sbatch
-from stoker.launcher.spec import LaunchSpec
+from stoker.launcher.script.render import Shell, render_sbatch
+from stoker.launcher.script.spec import LaunchSpec
 from stoker.protocol import TRAIN_MODULE
 from tests.launcher.launch_specs import make_spec
 
@@ -262,7 +262,7 @@ def test_sweep_script_gives_each_array_task_its_own_run() -> None:
     ],
 )
 def test_time_limit_forms(text: str, seconds: int | None) -> None:
-    from stoker.launcher.launch_checks import time_limit_seconds
+    from stoker.launcher.launch.checks import time_limit_seconds
 
     assert time_limit_seconds(text) == seconds
 

@@ -1,5 +1,5 @@
 """The squeue/sacct parsers, on outputs recorded from the test cluster (SLURM 22.05) with
-the exact argv that stoker/launcher/slurm_query.py runs."""
+the exact argv that stoker/launcher/slurm/query.py runs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from stoker.launcher.slurm_query import (
+from stoker.launcher.slurm.query import (
     SACCT_FORMAT,
     SQUEUE_FORMAT,
     count_hosts,

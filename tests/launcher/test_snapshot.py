@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from stoker.errors import StokerError
-from stoker.launcher import snapshot as snapshot_mod
-from stoker.launcher.snapshot import Snapshot, snapshot_code
+from stoker.launcher.launch import snapshot as snapshot_mod
+from stoker.launcher.launch.snapshot import Snapshot, snapshot_code
 
 
 @pytest.fixture(autouse=True)

@@ -25,17 +25,17 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from stoker.launcher import slurm_cli
-from stoker.launcher.ledger import JobRecord, Ledger
-from stoker.launcher.local_state import (
+from stoker.launcher.jobs.ledger import JobRecord, Ledger
+from stoker.launcher.jobs.rundir import RunDir
+from stoker.launcher.jobs.targets import select_jobs
+from stoker.launcher.local.state import (
     pid_exists,
     process_alive,
     read_local_state,
     write_local_state,
 )
-from stoker.launcher.rundir import RunDir
-from stoker.launcher.status import collect_status
-from stoker.launcher.targets import select_jobs
+from stoker.launcher.slurm import cli as slurm_cli
+from stoker.launcher.watch.status import collect_status
 from tests.clirun import STOKER, stoker_in_tty, stoker_text
 from tests.launcher_jobs import as_a_shell_starts_it, local_job
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from stoker.launcher.ledger import Ledger
+from stoker.launcher.jobs.ledger import Ledger
 from tests.clirun import stoker_text
 from tests.launcher_jobs import JOBS, rank_lines, submit_json, wait_final, wait_for
 

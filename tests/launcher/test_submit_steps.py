@@ -10,10 +10,10 @@ import pytest
 
 from stoker.config import resolve_config
 from stoker.errors import StokerError
-from stoker.launcher import submit as submit_module
-from stoker.launcher.ledger import Ledger
-from stoker.launcher.rundir import runs_root
-from stoker.launcher.submit import SubmitOptions, frozen_config_digest, submit
+from stoker.launcher.jobs.ledger import Ledger
+from stoker.launcher.jobs.rundir import runs_root
+from stoker.launcher.launch import submit as submit_module
+from stoker.launcher.launch.submit import SubmitOptions, frozen_config_digest, submit
 from stoker.tracking.runs import CreatedRun
 
 

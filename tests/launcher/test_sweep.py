@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from stoker.errors import StokerError
-from stoker.launcher.sweep import plan_sweep
+from stoker.launcher.launch.sweep import plan_sweep
 from tests.clirun import stoker_text
 from tests.launcher_jobs import scontrol_job, wait_final
 

@@ -128,8 +128,8 @@ def test_the_tasks_models_are_checked_in_one_child_process(
     """Four tasks, two distinct models (the learning rate does not change the model):
     one child process, given the two configs."""
     from stoker.config import resolve_config
-    from stoker.launcher.submit import SubmitOptions
-    from stoker.launcher.sweep import check_task_models, plan_sweep
+    from stoker.launcher.launch.submit import SubmitOptions
+    from stoker.launcher.launch.sweep import check_task_models, plan_sweep
 
     children: list[list[str]] = []
     real_run = subprocess.run

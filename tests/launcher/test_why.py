@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from stoker.launcher import slurm_cli
-from stoker.launcher.ledger import Ledger
-from stoker.launcher.slurm_query import (
+from stoker.launcher.jobs.ledger import Ledger
+from stoker.launcher.jobs.targets import resolve_job
+from stoker.launcher.slurm import cli as slurm_cli
+from stoker.launcher.slurm.query import (
     ScontrolJob,
     parse_mem,
     parse_sacct_steps,
     parse_scontrol_job,
 )
-from stoker.launcher.targets import resolve_job
 from stoker.launcher.why import (
     SIGNATURES,
     JobFacts,

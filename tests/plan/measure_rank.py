@@ -25,11 +25,11 @@ def measure(cfg: Any, shard: int, steps: list[tuple[int, int]]) -> list[int]:
     model of `cfg`."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    from stoker.planning.trace import random_batch, train_step
     from stoker.runtime.dist.parallelize import apply_activation_checkpointing, apply_fsdp
     from stoker.runtime.models import build_model
     from stoker.runtime.observe.step_memory import tracked
     from stoker.runtime.optim import build_optimizer
-    from stoker.runtime.planning.trace import random_batch, train_step
 
     mesh = init_device_mesh("cpu", (shard,), mesh_dim_names=("shard",))
     torch.manual_seed(cfg.train.seed)

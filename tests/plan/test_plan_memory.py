@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from stoker.config import resolve_config
-from stoker.runtime.planning.plan import make_plan
-from stoker.runtime.planning.search import GIB, Target
+from stoker.planning.plan import make_plan
+from stoker.planning.search import GIB, Target
 
 TOLERANCE = 0.10
 HERE = Path(__file__).parent
@@ -80,17 +80,17 @@ def test_one_rank_is_traced_as_the_runtime_runs_it_without_fsdp() -> None:
     real step in this process, under PyTorch's MemTracker, peaks where the plan says."""
     import torch
 
-    from stoker.runtime.dist.parallelize import apply_activation_checkpointing
-    from stoker.runtime.models import build_model
-    from stoker.runtime.observe.step_memory import tracked
-    from stoker.runtime.optim import build_optimizer
-    from stoker.runtime.planning.trace import (
+    from stoker.planning.trace import (
         TraceSpec,
         close,
         random_batch,
         trace_step,
         train_step,
     )
+    from stoker.runtime.dist.parallelize import apply_activation_checkpointing
+    from stoker.runtime.models import build_model
+    from stoker.runtime.observe.step_memory import tracked
+    from stoker.runtime.optim import build_optimizer
 
     for mode in ("none", "full"):
         overrides = ["data.batch_size=2", "train.precision=fp32",

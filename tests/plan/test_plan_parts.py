@@ -12,8 +12,8 @@ from stoker.cli.plan import parse_memory, write_planned
 from stoker.config import resolve_config
 from stoker.errors import StokerError
 from stoker.gpus import gpu_spec
-from stoker.launcher.partition_facts import parse_gpu_gres, parse_partition
-from stoker.runtime.planning.search import (
+from stoker.launcher.slurm.partition_facts import parse_gpu_gres, parse_partition
+from stoker.planning.search import (
     GIB,
     Batch,
     Target,
@@ -21,8 +21,8 @@ from stoker.runtime.planning.search import (
     search,
     time_candidates,
 )
-from stoker.runtime.planning.timing import StepWork, step_time
-from stoker.runtime.planning.trace import ModelFacts, Traced, TraceSpec
+from stoker.planning.timing import StepWork, step_time
+from stoker.planning.trace import ModelFacts, Traced, TraceSpec
 
 
 @pytest.mark.parametrize(

@@ -247,7 +247,7 @@ def test_preflight_runs_forward_on_every_bucket_and_names_the_one_refused(
 def test_check_refuses_a_bad_bucket_before_anything_starts(tmp_path: Path) -> None:
     """The launcher's check (a child process, as `stoker check` and `submit` run it)
     names the bucket and where data.buckets was set."""
-    from stoker.launcher.model_fit import check_model_fits
+    from stoker.launcher.launch.model_fit import check_model_fits
 
     buckets = [{"clip_seconds": 0.5, "batch_size": 2},
                {"resolution": [60, 64], "clip_seconds": 0.5, "batch_size": 2}]  # fmt: skip

@@ -175,7 +175,7 @@ def test_a_forward_that_breaks_the_contract_is_refused_before_the_ranks_start(
     """The check `stoker run` makes first: the model built on the meta device and its
     forward run on a meta batch of the loader's shapes, in a child process."""
     from stoker.errors import StokerError
-    from stoker.launcher.model_fit import check_model_fits
+    from stoker.launcher.launch.model_fit import check_model_fits
 
     with pytest.raises(StokerError) as info:
         check_model_fits(resolve_config(None, ["model.arch=myplug.models:build"]))

@@ -164,7 +164,7 @@ def test_a_model_that_cannot_take_the_data_is_refused_before_anything_starts(
     assert not (home / "runs").exists() or not any((home / "runs").iterdir())
     # The fix it names is one that the model takes (no data set needed to ask).
     from stoker.config import resolve_config
-    from stoker.launcher.model_fit import check_model_fits
+    from stoker.launcher.launch.model_fit import check_model_fits
     from stoker.launcher.run_local import builtin_experiment
 
     check_model_fits(resolve_config(builtin_experiment(), ["data.resolution=[64,64]"]))

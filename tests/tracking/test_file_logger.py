@@ -156,7 +156,7 @@ def test_tracking_none_is_no_store() -> None:
 
 def test_the_setting_is_spelt_none_and_refuses_register_final(tmp_path: Path) -> None:
     from stoker.config import resolve_config
-    from stoker.launcher.launch_checks import check_launch
+    from stoker.launcher.launch.checks import check_launch
 
     exp = tmp_path / "exp.yaml"
     exp.write_text("tracking:\n  uri: None\n")  # no YAML null: the word

@@ -191,7 +191,7 @@ def test_tracking_server_outage_mid_run_loses_and_repeats_no_step(tmp_path: Path
         )
     finally:
         if proc is not None and proc.poll() is None:  # failed mid-run: stop the ranks too
-            from stoker.launcher.local_backend import cancel_local
+            from stoker.launcher.local.backend import cancel_local
 
             for folder in (home / "runs").glob("*/"):
                 cancel_local(folder)

@@ -1,5 +1,5 @@
 """A job's MLflow run ends in the job's state, once, whoever sees the end first
-(stoker/tracking/run_end.py), and the ledger keeps what was done (launcher/job_end.py)."""
+(stoker/tracking/run_end.py), and the ledger keeps what was done (launcher/watch/job_end.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from stoker.launcher.job_end import Ended, end_mlflow_runs, short_reason
-from stoker.launcher.ledger import JobRecord, Ledger
-from stoker.launcher.targets import Target
+from stoker.launcher.jobs.ledger import JobRecord, Ledger
+from stoker.launcher.jobs.targets import Target
+from stoker.launcher.watch.job_end import Ended, end_mlflow_runs, short_reason
 from stoker.tracking.run_end import main, run_status_of
 from stoker.tracking.runs import precreate_run
 from stoker.tracking.store import TrackingTarget, resolve_tracking_uri

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stoker.launcher.doctor.check import COMMAND_TIMEOUT, Finding, not_checked
-from stoker.launcher.slurm_cli import SlurmError, run_slurm
-from stoker.launcher.slurm_query import parse_show_config
+from stoker.launcher.slurm.cli import SlurmError, run_slurm
+from stoker.launcher.slurm.query import parse_show_config
 
 # sinfo's node states (`%T`, suffix flags stripped) in which a node can take new jobs.
 USABLE_NODE_STATES = frozenset(["idle", "mixed", "allocated", "completing", "planned", "reserved"])

@@ -110,7 +110,7 @@ def writable_folder(folder: Path) -> str | None:
 
 
 def check_run_folder() -> list[Finding]:
-    from stoker.launcher.rundir import runs_root
+    from stoker.launcher.jobs.rundir import runs_root
 
     root = runs_root()
     fix = "set STOKER_HOME to a writable folder that compute nodes also see"

@@ -9,7 +9,7 @@ tracebacks (tracebacks.py), log signatures (signatures.py), pending reasons
 
 from __future__ import annotations
 
-from stoker.launcher.targets import Target
+from stoker.launcher.jobs.targets import Target
 from stoker.launcher.why.diagnosis import Diagnosis
 from stoker.launcher.why.facts import JobFacts, gather_facts
 from stoker.launcher.why.judge import judge

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stoker.launcher.logs import format_ranges
-from stoker.launcher.slurm_query import PENDING_STATES, RUNNING_STATES
+from stoker.launcher.jobs.log_text import format_ranges
+from stoker.launcher.slurm.query import PENDING_STATES, RUNNING_STATES
 from stoker.launcher.why.facts import JobFacts
 
 

@@ -3,7 +3,7 @@
 scontrol show job -o ID      one call, while slurmctld still knows the job
 sacct -j ID -n -P ...        one call, the job and its steps (not -X): State,
                              ExitCode, MaxRSS, ReqMem, Timelimit, Elapsed, End
-                             (both through stoker/launcher/slurm_query.py)
+                             (both through stoker/launcher/slurm/query.py)
 logs/batch.log               srun's "task N: Exited with exit code X" lines (the
                              first is the first failure: --kill-on-bad-exit kills
                              the others after it), slurmstepd's "*** ... DUE TO
@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stoker.launcher.local_state import process_alive, read_local_state
-from stoker.launcher.logs import split_batch_by_restart
-from stoker.launcher.rundir import RunDir
-from stoker.launcher.slurm_cli import SlurmError
-from stoker.launcher.slurm_query import (
+from stoker.launcher.jobs.log_text import split_batch_by_restart
+from stoker.launcher.jobs.rundir import RunDir
+from stoker.launcher.jobs.targets import Target
+from stoker.launcher.local.state import process_alive, read_local_state
+from stoker.launcher.slurm.cli import SlurmError
+from stoker.launcher.slurm.query import (
     PENDING_STATES,
     RUNNING_STATES,
     ScontrolJob,
@@ -38,7 +39,6 @@ from stoker.launcher.slurm_query import (
     query_job,
     query_steps,
 )
-from stoker.launcher.targets import Target
 from stoker.launcher.why.collectives import Laggard, find_laggard, read_traces
 from stoker.launcher.why.tracebacks import first_failure, parse_task_failures
 from stoker.protocol import HANG_FILE, HEARTBEAT_DIR

@@ -19,7 +19,7 @@ import pwd
 import re
 import time
 
-from stoker.launcher.slurm_query import PENDING_STATES, RUNNING_STATES, format_elapsed
+from stoker.launcher.slurm.query import PENDING_STATES, RUNNING_STATES, format_elapsed
 from stoker.launcher.why.diagnosis import Diagnosis, DiagnosisMaker, event_lines, rank_list
 from stoker.launcher.why.facts import JobFacts
 from stoker.launcher.why.hang import hung_by_watchdog, silent_ranks

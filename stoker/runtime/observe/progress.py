@@ -1,5 +1,5 @@
 """What global rank 0 tells people while it trains: the progress file that
-`stoker status` reads (stoker/launcher/status.py documents its keys) and a
+`stoker status` reads (stoker/launcher/watch/status.py documents its keys) and a
 line on the console (a rich live line in a terminal, a plain line per log
 interval otherwise, which is what a SLURM log wants)."""
 

@@ -19,7 +19,7 @@ avoids FSDP's reduce-scatter waits, which sit among its autograd hooks. The trai
 gathers each rank's mean data wait and forward compute over the log window to every
 rank (in the window's one all-gather), and `Slowest.of` names the slowest rank, its
 node and its ratio to the median; `stoker status` flags it above STRAGGLER_RATIO
-(stoker/launcher/status.py).
+(stoker/launcher/watch/status.py).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""`stoker insights`: the accounts of the jobs in the ledger (job_account.py) summed.
+"""`stoker insights`: the accounts of the jobs in the ledger (watch/job_account.py) summed.
 
 Pure arithmetic over `JobAccount`s: `summarise` makes the report that the terminal
-tables, `--json`, `--html` (insights_html.py) and `--prometheus`
-(insights_prometheus.py) print. `collect` picks the jobs (a window of time, a user,
+tables, `--json`, `--html` (html.py) and `--prometheus`
+(prometheus.py) print. `collect` picks the jobs (a window of time, a user,
 a partition) and settles those not yet seen ended, sacct asked in batches.
 """
 
@@ -18,10 +18,10 @@ from typing import Any
 
 from stoker.errors import StokerError
 from stoker.job_time import CAUSES
-from stoker.launcher.job_account import ACCOUNTS_KEY, JobAccount
-from stoker.launcher.job_end import Ended, keep_accounts
-from stoker.launcher.ledger import JobRecord, Ledger
-from stoker.launcher.targets import targets_of
+from stoker.launcher.jobs.ledger import JobRecord, Ledger
+from stoker.launcher.jobs.targets import targets_of
+from stoker.launcher.watch.job_account import ACCOUNTS_KEY, JobAccount
+from stoker.launcher.watch.job_end import Ended, keep_accounts
 
 NODE_INCIDENTS = 2
 """A node implicated in this many incidents (over all the jobs) is reported."""
@@ -323,7 +323,7 @@ def select_records(
 def settle_unfinished(ledger: Ledger, records: Sequence[JobRecord], now: float) -> list[str]:
     """Ask SLURM about the jobs not yet seen ended (squeue and sacct, SACCT_BATCH jobs a
     call): those that ended are settled, their accounts made. Returns notes."""
-    from stoker.launcher.status import collect_status
+    from stoker.launcher.watch.status import collect_status
 
     notes: list[str] = []
     waiting = [t for r in records if r.final_state is None for t in targets_of(r)]

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stoker.errors import StokerError
-from stoker.launcher.render import Shell
+from stoker.launcher.script.render import Shell
 
 if TYPE_CHECKING:
     from stoker.data.latent_encode import EncodeRequest
     from stoker.data.pack import PackRequest, PreparedPack
-    from stoker.launcher.submit import Submitted
+    from stoker.launcher.launch.submit import Submitted
 
 DEFAULT_MAX_TASKS = 100
 """Array tasks when --tasks is not given: one per shard up to this many (each task has
@@ -90,7 +90,7 @@ def submit_data_array(job: DataJob, options: ArrayOptions) -> Submitted:
     from stoker.config import resolve_config
     from stoker.data.shard_format import join
     from stoker.data.shard_writer import write_json_atomic
-    from stoker.launcher.submit import SubmitOptions, job_flags, submit
+    from stoker.launcher.launch.submit import SubmitOptions, job_flags, submit
 
     groups = group_evenly(job.pending, options.tasks or min(len(job.pending), DEFAULT_MAX_TASKS))
     flags = job_flags(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from stoker.atomic_write import write_text_atomic
 from stoker.job_time import CAUSES
-from stoker.launcher.insights import MFU_BINS, Report
+from stoker.launcher.insights.report import MFU_BINS, Report
 
 _STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #222; max-width: 1100px }

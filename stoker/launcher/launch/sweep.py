@@ -12,7 +12,7 @@ from stoker.errors import StokerError
 
 if TYPE_CHECKING:
     from stoker.config import ResolvedConfig
-    from stoker.launcher.submit import SubmitOptions, Submitted
+    from stoker.launcher.launch.submit import SubmitOptions, Submitted
 
 MAX_TASKS = 10_000  # far below SLURM's MaxArraySize on any cluster we know; a typo guard
 
@@ -77,13 +77,13 @@ def plan_sweep(args: Sequence[str]) -> SweepPlan:
 def check_task_models(
     plan: SweepPlan, configs: Sequence[ResolvedConfig], options: SubmitOptions
 ) -> None:
-    """Every task's model checked (stoker/launcher/model_fit.py) before anything is
+    """Every task's model checked (stoker/launcher/launch/model_fit.py) before anything is
     written, a dry run included: one config per distinct model and data settings (a
     sweep over model.args.width checks each value, one over optim.lr once), all in one
     child process. A refusal names the task and its values. As `submit` decides: only
     for the training runtime, and not in a container (whose Python imports the model)."""
-    from stoker.launcher.model_fit import check_all_models_fit
-    from stoker.launcher.submit import task_command
+    from stoker.launcher.launch.model_fit import check_all_models_fit
+    from stoker.launcher.launch.submit import task_command
     from stoker.protocol import runs_the_runtime
 
     if not runs_the_runtime(task_command(configs[0], options)) or configs[0].config.job.container:
@@ -115,7 +115,7 @@ def submit_sweep(
     from dataclasses import replace
 
     from stoker.config import resolve_config
-    from stoker.launcher.submit import submit
+    from stoker.launcher.launch.submit import submit
 
     plan = plan_sweep(args)
     configs = [

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from stoker.atomic_write import write_text_atomic
 from stoker.job_time import CAUSES
-from stoker.launcher.insights import Report
+from stoker.launcher.insights.report import Report
 
 PREFIX = "stoker_insights"
 

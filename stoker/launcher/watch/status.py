@@ -1,7 +1,7 @@
 """What `stoker status` shows: one row per job (or array task) of the ledger.
 
 One refresh makes at most one `squeue` and one `sacct` call, whatever the number
-of jobs (stoker/launcher/slurm_query.py). Where each value comes from:
+of jobs (stoker/launcher/slurm/query.py). Where each value comes from:
 
     state, reason, nodes, elapsed   squeue for live jobs (fresher), sacct for ended ones;
                                     a final state once seen is kept in the ledger and the
@@ -12,7 +12,7 @@ of jobs (stoker/launcher/slurm_query.py). Where each value comes from:
     straggler                       progress.json's slowest rank, when its ratio is above
                                     STRAGGLER_RATIO
     local jobs (backend "local")    the run folder's local-state.json
-                                    (stoker/launcher/local_state.py); no SLURM call
+                                    (stoker/launcher/local/state.py); no SLURM call
 
 Without accounting (sacct missing or failing) ended jobs that squeue has already
 forgotten show their cached final state, else "UNKNOWN"; `StatusReport.notes`
@@ -59,13 +59,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from stoker.launcher.job_end import Ended, settle
-from stoker.launcher.json_fields import int_field, number_field
-from stoker.launcher.ledger import JobRecord, Ledger
-from stoker.launcher.local_state import process_alive, read_local_state
-from stoker.launcher.rundir import RunDir
-from stoker.launcher.slurm_cli import SlurmError
-from stoker.launcher.slurm_query import (
+from stoker.launcher.jobs.json_fields import int_field, number_field
+from stoker.launcher.jobs.ledger import JobRecord, Ledger
+from stoker.launcher.jobs.rundir import RunDir
+from stoker.launcher.jobs.targets import Target, targets_of
+from stoker.launcher.local.state import process_alive, read_local_state
+from stoker.launcher.slurm.cli import SlurmError
+from stoker.launcher.slurm.query import (
     TERMINAL_STATES,
     AcctRow,
     QueueRow,
@@ -73,7 +73,7 @@ from stoker.launcher.slurm_query import (
     query_accounting,
     query_queue,
 )
-from stoker.launcher.targets import Target, targets_of
+from stoker.launcher.watch.job_end import Ended, settle
 from stoker.protocol import STRAGGLER_RATIO
 
 # A sacct row submitted this long before the ledger recorded the job belongs to an

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from stoker.errors import StokerError
-from stoker.launcher.spec import LaunchSpec
+from stoker.launcher.script.spec import LaunchSpec
 from stoker.protocol import EXIT_PEER_LOST, EXIT_REQUEUE, runs_the_runtime
 from stoker.redact import printable_line
 from stoker.version import __version__
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "slurm_templates"
+TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "slurm_templates"
 BUILTIN_TEMPLATES = ("default", "pyxis", "apptainer")
 CONTAINER_TEMPLATES = ("pyxis", "apptainer")
 

@@ -1,6 +1,6 @@
 """`stoker logs`: the per-rank logs of a job, merged, and followed across requeues.
 
-What is read (see rundir.py): `logs/r<R>/rank-<T>.log`, task T's output in restart R,
+What is read (see jobs/rundir.py): `logs/r<R>/rank-<T>.log`, task T's output in restart R,
 and `logs/batch.log`, the batch shell's output (srun's and slurmstepd's messages,
 the stop protocol's `stoker: ...` lines), one file for all restarts.
 
@@ -19,11 +19,10 @@ Each line is prefixed with its source: `[3] ` for rank 3, `[batch] ` for batch.l
 A line that redraws itself with carriage returns (a progress bar) shows its last
 state, as a terminal would.
 
-batch.log spans all restarts. It is split at the lines that end a restart: the
-batch script's `stoker: requeued after ...` line, and for a requeue from outside
-(`scontrol requeue`) slurmstepd's `... DUE TO JOB REQUEUE ***` line and srun's
-teardown messages that follow it. A `stoker: start restart=R` line, if the batch
-script prints one, marks the start of restart R exactly.
+batch.log spans all restarts; jobs/log_text.py splits it by restart, at the lines
+that end one (the batch script's `stoker: requeued after ...`, or slurmstepd's `... DUE
+TO JOB REQUEUE ***` and srun's teardown after a requeue from outside) or at a `stoker:
+start restart=R` line.
 """
 
 from __future__ import annotations
@@ -37,17 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stoker.errors import StokerError
-from stoker.launcher.local_state import process_alive, read_local_state
-from stoker.launcher.rundir import RunDir
-from stoker.launcher.targets import Target
+from stoker.launcher.jobs.log_text import format_ranges, split_batch_by_restart
+from stoker.launcher.jobs.rundir import RunDir
+from stoker.launcher.jobs.targets import Target
+from stoker.launcher.local.state import process_alive, read_local_state
 
 BATCH = "batch"
 _READ_CHUNK = 1 << 20
-# slurmd's teardown of a step, after a requeue from outside: the restart's last lines.
-_STEP_TEARDOWN_END = re.compile(r"^srun: launch/slurm: _step_signal: Terminating StepId=")
-_RESTART_START = re.compile(r"^stoker: start restart=(\d+)")
-_REQUEUED_BY_SCRIPT = re.compile(r"^stoker: requeued after .*: restart (\d+)")
-_REQUEUED_FROM_OUTSIDE = re.compile(r"\*\*\* JOB \S+ ON \S+ CANCELLED AT \S+ DUE TO JOB REQUEUE")
 
 
 # ---------------------------------------------------------------- filter
@@ -145,40 +140,6 @@ class LogFile:
         if final and self.partial:
             text, self.partial = self.partial, b""
             yield _clean(text)
-
-
-def split_batch_by_restart(lines: Sequence[str], restarts: Sequence[int]) -> dict[int, list[str]]:
-    """batch.log's lines by the restart they belong to (module docstring for the rules).
-
-    `restarts` are the restart numbers that have a log folder, oldest first; lines
-    before the first known boundary belong to the first of them.
-    """
-    known = list(restarts) or [0]
-    chunks: dict[int, list[str]] = {}
-    if any(_RESTART_START.match(line) for line in lines):
-        current = known[0]
-        for line in lines:
-            match = _RESTART_START.match(line)
-            if match:
-                current = int(match.group(1))
-            chunks.setdefault(current, []).append(line)
-        return chunks
-    index = 0  # position in `known`
-    after_outside_requeue = False
-    for line in lines:
-        current = known[min(index, len(known) - 1)]
-        chunks.setdefault(current, []).append(line)
-        match = _REQUEUED_BY_SCRIPT.match(line)
-        if match:
-            next_restart = int(match.group(1))
-            index = known.index(next_restart) if next_restart in known else index + 1
-            after_outside_requeue = False
-        elif _REQUEUED_FROM_OUTSIDE.search(line):
-            after_outside_requeue = True
-        elif after_outside_requeue and _STEP_TEARDOWN_END.match(line):
-            index += 1
-            after_outside_requeue = False
-    return chunks
 
 
 def _tail(lines: Iterable[str], count: int | None) -> Iterable[str]:
@@ -327,22 +288,6 @@ class LogReader:
             self._emit(prefix + text)
 
 
-def format_ranges(numbers: Sequence[int]) -> str:
-    """[0, 1, 2, 5] -> "0-2, 5"."""
-    parts: list[str] = []
-    start = prev = None
-    for n in numbers:
-        if prev is not None and n == prev + 1:
-            prev = n
-            continue
-        if start is not None:
-            parts.append(f"{start}-{prev}" if prev != start else str(start))
-        start = prev = n
-    if start is not None:
-        parts.append(f"{start}-{prev}" if prev != start else str(start))
-    return ", ".join(parts)
-
-
 # ---------------------------------------------------------------- job state
 
 
@@ -359,8 +304,8 @@ def job_state(target: Target) -> JobState:
     A job squeue no longer knows has ended; a failing squeue reads as "UNKNOWN",
     not ended, so a follower keeps going.
     """
-    from stoker.launcher.slurm_cli import SlurmError
-    from stoker.launcher.slurm_query import TERMINAL_STATES, query_queue
+    from stoker.launcher.slurm.cli import SlurmError
+    from stoker.launcher.slurm.query import TERMINAL_STATES, query_queue
 
     record = target.record
     if record.backend == "local":

@@ -1,5 +1,5 @@
 """The local backend's local-state.json: written by the supervisor of a `--local` job
-(stoker/launcher/local_supervisor.py) before the first rank starts and after the last
+(stoker/launcher/local/supervisor.py) before the first rank starts and after the last
 one ends; read by `stoker status`, `logs`, `why` and `cancel`.
 
     {"state": "RUNNING" | "COMPLETED" | "FAILED" | "CANCELLED",
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from stoker.atomic_write import write_text_atomic
-from stoker.launcher.json_fields import int_field, number_field
-from stoker.launcher.rundir import RunDir
+from stoker.launcher.jobs.json_fields import int_field, number_field
+from stoker.launcher.jobs.rundir import RunDir
 
 
 @dataclass(frozen=True)

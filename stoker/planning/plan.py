@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from stoker.errors import StokerError
-from stoker.runtime.planning import trace
-from stoker.runtime.planning.search import (
+from stoker.planning import trace
+from stoker.planning.search import (
     Batch,
     Candidate,
     Target,
@@ -21,8 +21,8 @@ from stoker.runtime.planning.search import (
     time_candidates,
     usable_bytes,
 )
-from stoker.runtime.planning.trace import ModelFacts
-from stoker.runtime.planning.tracers import tracer_for
+from stoker.planning.trace import ModelFacts
+from stoker.planning.tracers import tracer_for
 
 
 @dataclass

@@ -3,7 +3,7 @@ here before anything is queued. One finding each (ok or fail, with the fix):
 
 - model: the factory imports, its arguments validate, it builds on the meta device and
   its forward gives a scalar loss on a meta batch of the loader's shapes (a child
-  process: stoker/launcher/model_fit.py);
+  process: stoker/launcher/launch/model_fit.py);
 - data: each data set's manifest is there and lists samples (or the synthetic set);
 - buckets: each bucket's global batch (given or from data.batch_tokens) splits over the
   ranks and train.grad_accum;
@@ -64,7 +64,7 @@ def _run(check: str, probe: Callable[[], Finding | str]) -> Finding:
 
 
 def _check_model(resolved: ResolvedConfig) -> str:
-    from stoker.launcher.model_fit import check_model_fits
+    from stoker.launcher.launch.model_fit import check_model_fits
 
     notes: list[str] = []
     check_model_fits(resolved, say=notes.append)
@@ -93,7 +93,7 @@ def _check_data(url: str | None, key: str, modalities: list[str]) -> str:
 
 def _check_buckets(resolved: ResolvedConfig) -> str:
     from stoker.data.buckets import resolve_buckets
-    from stoker.launcher.launch_checks import check_buckets
+    from stoker.launcher.launch.checks import check_buckets
 
     check_buckets(resolved)
     buckets = resolve_buckets(resolved.config.data)
@@ -152,7 +152,7 @@ def _check_transform(resolved: ResolvedConfig) -> str:
 
 def _check_checkpoint_root(root: str | None) -> Finding | str:
     from stoker.launcher.doctor.storage import writable_folder
-    from stoker.launcher.rundir import runs_root
+    from stoker.launcher.jobs.rundir import runs_root
 
     if root is None:
         folder = runs_root()

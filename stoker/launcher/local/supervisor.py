@@ -1,7 +1,7 @@
-"""The supervisor of a `--local` job: `python -m stoker.launcher.local_supervisor RUN_DIR`.
+"""The supervisor of a `--local` job: `python -m stoker.launcher.local.supervisor RUN_DIR`.
 
 Its own output is the job's logs/batch.log. It writes local-state.json
-(stoker/launcher/local_state.py) before the first rank starts and after the last one ends,
+(stoker/launcher/local/state.py) before the first rank starts and after the last one ends,
 and then ends the job's MLflow run in the job's state if no rank did.
 """
 
@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stoker.launcher.local_backend import LAUNCH_FILE
-from stoker.launcher.local_state import write_local_state
-from stoker.launcher.rundir import RunDir
+from stoker.launcher.jobs.rundir import RunDir
+from stoker.launcher.local.backend import LAUNCH_FILE
+from stoker.launcher.local.state import write_local_state
 from stoker.protocol import EXIT_PEER_LOST
 
 KILL_WAIT_S = 5.0  # as SLURM's KillWait: TERM, then KILL

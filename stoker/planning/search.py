@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stoker.gpus import GPUSpec
-from stoker.runtime.planning.timing import INTER_NODE_BYTES_S, StepWork, step_time
-from stoker.runtime.planning.trace import ModelFacts, Traced, TraceSpec
+from stoker.planning.timing import INTER_NODE_BYTES_S, StepWork, step_time
+from stoker.planning.trace import ModelFacts, Traced, TraceSpec
 
 GIB = 1024**3
 ALLOCATOR_SLACK = 0.10

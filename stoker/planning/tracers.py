@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from stoker.errors import StokerError
-from stoker.runtime.planning import trace
-from stoker.runtime.planning.trace import Traced, TraceSpec
+from stoker.planning import trace
+from stoker.planning.trace import Traced, TraceSpec
 
 MAX_WORKERS = 4
 _WORKER_CFG: list[Any] = []

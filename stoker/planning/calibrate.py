@@ -13,10 +13,9 @@ from typing import Any
 
 from stoker.errors import StokerError
 from stoker.gpus import gpu_spec
-from stoker.runtime.observe.step_memory import read_measured, shape_name
-from stoker.runtime.planning import trace
-from stoker.runtime.planning.plan import plan_batches
-from stoker.runtime.planning.search import (
+from stoker.planning import trace
+from stoker.planning.plan import plan_batches
+from stoker.planning.search import (
     ALLOCATOR_SLACK,
     CUDA_CONTEXT_BYTES,
     GIB,
@@ -25,7 +24,8 @@ from stoker.runtime.planning.search import (
     Target,
     time_candidates,
 )
-from stoker.runtime.planning.trace import TraceSpec
+from stoker.planning.trace import TraceSpec
+from stoker.runtime.observe.step_memory import read_measured, shape_name
 
 
 @dataclass

@@ -3,7 +3,7 @@
 - How it ended, in one line: `stoker why`'s headline (the first failing rank's
   error, a signature, a time limit...), shortened for the REASON column. It is
   judged once per job (or array task) and kept in the ledger's `extra["reasons"]`.
-- Its account (stoker/launcher/job_account.py: the time it was given and where it
+- Its account (stoker/launcher/watch/job_account.py: the time it was given and where it
   went, the nodes it implicates) is made once and kept in `extra["accounts"]`, for
   `stoker insights`; `stoker why`'s cause is kept in `extra["causes"]`.
 - Its MLflow run ends in the job's state (stoker/tracking/run_end.py) if the job
@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from stoker.errors import StokerError
-from stoker.launcher.ledger import Ledger
-from stoker.launcher.slurm_cli import SlurmError
-from stoker.launcher.slurm_query import TERMINAL_STATES, AcctRow, query_accounting
-from stoker.launcher.targets import Target
+from stoker.launcher.jobs.ledger import Ledger
+from stoker.launcher.jobs.targets import Target
+from stoker.launcher.slurm.cli import SlurmError
+from stoker.launcher.slurm.query import TERMINAL_STATES, AcctRow, query_accounting
 
 if TYPE_CHECKING:
-    from stoker.launcher.job_account import JobAccount
+    from stoker.launcher.watch.job_account import JobAccount
     from stoker.launcher.why import Diagnosis
 
 REASON_WIDTH = 72
@@ -116,7 +116,7 @@ def keep_accounts(
     SLURM is not asked again; a job it has no rows for yet (slurmdbd lags the end by a
     moment) is left for a later `stoker insights` rather than accounted without its
     allocation times. `causes`: those just judged, not yet in the records."""
-    from stoker.launcher.job_account import ACCOUNTS_KEY, JobAccount, make_account
+    from stoker.launcher.watch.job_account import ACCOUNTS_KEY, JobAccount, make_account
 
     todo = []
     for item in ended:

@@ -29,17 +29,17 @@ from typing import Any
 from stoker.atomic_write import write_text_atomic
 from stoker.config import ResolvedConfig, freeze_config
 from stoker.errors import StokerError
-from stoker.launcher.launch_checks import (
+from stoker.launcher.jobs.ledger import JobRecord, Ledger
+from stoker.launcher.jobs.rundir import RunDir, new_run_dir, runs_root
+from stoker.launcher.launch.checks import (
     check_command,
     check_launch,
     check_run_root,
     check_same_job,
 )
-from stoker.launcher.ledger import JobRecord, Ledger
-from stoker.launcher.render import RenderedScript, Shell, render_sbatch
-from stoker.launcher.rundir import RunDir, new_run_dir, runs_root
-from stoker.launcher.slurm_cli import run_slurm
-from stoker.launcher.spec import LaunchSpec
+from stoker.launcher.script.render import RenderedScript, Shell, render_sbatch
+from stoker.launcher.script.spec import LaunchSpec
+from stoker.launcher.slurm.cli import run_slurm
 from stoker.protocol import TRAIN_MODULE, runs_the_runtime
 from stoker.tracking.runs import (
     ChildSpec,
@@ -193,12 +193,12 @@ def task_command(resolved: ResolvedConfig, options: SubmitOptions) -> list[str]:
 
 
 def check_models(request: SubmitRequest) -> None:
-    """The model check of stoker/launcher/model_fit.py for a runtime job, once per
+    """The model check of stoker/launcher/launch/model_fit.py for a runtime job, once per
     distinct model and data settings of its configs (a sweep over the learning rate
     checks once). Not for a container job: its Python, not this one, imports the model."""
     if not runs_the_runtime(list(request.command)) or request.base.config.job.container:
         return
-    from stoker.launcher.model_fit import check_model_fits
+    from stoker.launcher.launch.model_fit import check_model_fits
 
     seen: set[str] = set()
     for resolved in request.configs:
@@ -327,7 +327,7 @@ def _submit_in(request: SubmitRequest, run_dir: RunDir) -> Submitted:
 
 def _snapshot(request: SubmitRequest, run_dir: RunDir) -> _Code:
     """The code snapshot in the run folder, unless --no-snapshot or outside git."""
-    from stoker.launcher.snapshot import snapshot_code
+    from stoker.launcher.launch.snapshot import snapshot_code
 
     options = request.options
     if not options.snapshot:
@@ -443,7 +443,7 @@ def _spec(
 def _queue(request: SubmitRequest, run_dir: RunDir, spec: LaunchSpec) -> str:
     """Start the job: `sbatch --test-only`, then `sbatch`; or the local backend. Its id."""
     if request.options.local:
-        from stoker.launcher.local_backend import start_local
+        from stoker.launcher.local.backend import start_local
 
         return start_local(spec, Ledger())
     preflight(run_dir.script)
@@ -514,7 +514,7 @@ def _record_in_runs(
 
 def preflight(script: Path) -> None:
     """`sbatch --test-only`: SLURM judges the request (partition, limits, GRES) up front."""
-    from stoker.launcher.slurm_cli import SlurmError
+    from stoker.launcher.slurm.cli import SlurmError
 
     try:
         run_slurm(["sbatch", "--test-only", str(script)])

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stoker.errors import StokerError
-from stoker.launcher.ledger import JobRecord, Ledger
-from stoker.launcher.rundir import RunDir
+from stoker.launcher.jobs.ledger import JobRecord, Ledger
+from stoker.launcher.jobs.rundir import RunDir
 
 # Jobs that ended this long ago still show without --all.
 RECENT_S = 24 * 3600

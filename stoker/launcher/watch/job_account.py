@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from stoker.job_time import CAUSES, job_time
-from stoker.launcher.slurm_query import AcctRow
-from stoker.launcher.targets import Target
+from stoker.launcher.jobs.targets import Target
+from stoker.launcher.slurm.query import AcctRow
 from stoker.protocol import HANG_FILE, HEARTBEAT_DIR, expand_nodelist, runs_the_runtime
 
 ACCOUNTS_KEY = "accounts"

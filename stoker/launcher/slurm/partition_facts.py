@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 
 from stoker.errors import StokerError
-from stoker.launcher.slurm_cli import SlurmError, run_slurm
+from stoker.launcher.slurm.cli import SlurmError, run_slurm
 
 SINFO_FORMAT = "%P|%D|%G|%m"
 _GPU_GRES = re.compile(r"(?:^|,)gpu(?::(?P<type>[^:,(]+))?:(?P<count>\d+)")

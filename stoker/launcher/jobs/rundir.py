@@ -3,7 +3,7 @@
 <STOKER_HOME>/runs/<name>-<UTC time>-<4 hex>/
   config.yaml          the frozen experiment config (the job's only input)
   job.sbatch           the exact script given to sbatch
-  code/                the code snapshot the tasks run from (see snapshot.py)
+  code/                the code snapshot the tasks run from (see launch/snapshot.py)
   code-<sha12>.tar     the same snapshot as one deterministic tar
   logs/batch.log       the batch shell's output (srun's own messages land here)
   logs/r<R>/rank-<T>.log   task T's stdout+stderr during restart R (0 first)

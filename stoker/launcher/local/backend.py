@@ -2,7 +2,7 @@
 
 Same variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, STOKER_*,
 MLFLOW_*), same log layout (logs/r0/rank-<r>.log), same ledger entry. A detached
-supervisor (`python -m stoker.launcher.local_supervisor RUN_DIR`) starts the ranks,
+supervisor (`python -m stoker.launcher.local.supervisor RUN_DIR`) starts the ranks,
 kills the others when one fails (like `srun --kill-on-bad-exit=1`) and records the
 outcome in `local-state.json`, which `status`, `why` and `cancel` read.
 """
@@ -21,10 +21,10 @@ from typing import Any
 
 from stoker.atomic_write import write_text_atomic
 from stoker.errors import StokerError
-from stoker.launcher.ledger import Ledger
-from stoker.launcher.render import ENV_DEFAULTS
-from stoker.launcher.rundir import RunDir
-from stoker.launcher.spec import LaunchSpec
+from stoker.launcher.jobs.ledger import Ledger
+from stoker.launcher.jobs.rundir import RunDir
+from stoker.launcher.script.render import ENV_DEFAULTS
+from stoker.launcher.script.spec import LaunchSpec
 from stoker.protocol import (
     ENV_CONFIG,
     ENV_JOB_ID,
@@ -116,7 +116,7 @@ def _start_supervisor(spec: LaunchSpec, job_id: str) -> None:
     run_dir.logs.mkdir(parents=True, exist_ok=True)
     with open(run_dir.batch_log, "ab") as log:
         subprocess.Popen(
-            [sys.executable, "-m", "stoker.launcher.local_supervisor", str(run_dir.path)],
+            [sys.executable, "-m", "stoker.launcher.local.supervisor", str(run_dir.path)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -137,7 +137,7 @@ def cancel_local(run_dir: Path) -> bool:
     """Send the supervisor SIGTERM; it stops the ranks. False when it is not running:
     also when it died and its pid now belongs to a younger process, which must not get
     the signal (pids wrap around in minutes on a busy machine)."""
-    from stoker.launcher.local_state import process_alive, read_local_state
+    from stoker.launcher.local.state import process_alive, read_local_state
 
     state = read_local_state(RunDir(run_dir))
     if state is None or state.state != "RUNNING" or state.supervisor_pid is None:

@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from stoker.launcher.slurm_cli import SlurmError, run_slurm
+from stoker.launcher.slurm.cli import SlurmError, run_slurm
 
 # States of a job that has not started (again) yet, and of one that runs.
 PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED"})
