@@ -91,7 +91,15 @@ FACE = "stoker"
 # Wings: a package's sub-folders, in tiers from the bottom up. A module of a wing may
 # import its own wing and the wings of the tiers below; never a sibling of its tier nor
 # one above. The package's top-level modules (and its face) may import every wing.
-WINGS: dict[str, tuple[tuple[str, ...], ...]] = {}
+WINGS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "stoker.data": (
+        ("format",),
+        ("media", "write"),
+        ("sets",),
+        ("stream", "pack", "encode"),
+        ("jobs", "synthetic"),
+    ),
+}
 MAX_LINES = 600
 MAX_MODULES_SIDE_BY_SIDE = 20
 MANY_MODULES_ALLOWED = ("stoker/cli",)  # one module per command

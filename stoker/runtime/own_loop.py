@@ -66,7 +66,7 @@ from stoker.runtime.stragglers import Slowest, node_name
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from stoker.data.loader import StreamingLoader
+    from stoker.data.stream.loader import StreamingLoader
     from stoker.runtime.own_checkpoint import Checkpoint
 
 EXIT_TERMINATED = 128 + 15
@@ -187,12 +187,12 @@ class Run:
         mixture data.sources, with data.buckets if set; the synthetic audio-video set
         when neither is set), this rank's share of each global batch (of data.batch_size
         samples, or of its bucket's batch size). Call on every rank."""
-        from stoker.data.loader import loader_from_config
+        from stoker.data.stream.loader import loader_from_config
 
         cfg = self.config
         url = cfg.data.url
         if url is None and not cfg.data.sources:
-            from stoker.data.synthetic import ensure_synthetic_data
+            from stoker.data.synthetic.default_set import ensure_synthetic_data
 
             url = str(ensure_synthetic_data(cfg.data, progress=print if self.is_main else None))
             if self.is_main and self._tracking is not None:

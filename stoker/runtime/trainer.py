@@ -127,7 +127,7 @@ class Trainer:
     # --- build -------------------------------------------------------------------
 
     def build(self) -> None:
-        from stoker.data.loader import loader_from_config
+        from stoker.data.stream.loader import loader_from_config
         from stoker.kernels import set_backend
         from stoker.runtime.models import build_model
 
@@ -148,7 +148,7 @@ class Trainer:
         torch.manual_seed(cfg.train.seed * 100_003 + self.env.rank)
         url = cfg.data.url
         if url is None and not cfg.data.sources:
-            from stoker.data.synthetic import ensure_synthetic_data
+            from stoker.data.synthetic.default_set import ensure_synthetic_data
 
             say = print if self.env.is_main else None
             url = str(ensure_synthetic_data(cfg.data, progress=say))
