@@ -182,7 +182,7 @@ def frozen_node(tmp: Path, timeout_s: float) -> dict[str, Any]:
 
 
 def hang(tmp: Path, timeout_s: float) -> dict[str, Any]:
-    from stoker.data.synth import synth_dataset
+    from stoker.data.synthetic.shapes import synth_dataset
 
     data = tmp / "hang-data"
     synth_dataset(str(data), clips=8, seconds=2.0, size=(32, 32), fps=8)

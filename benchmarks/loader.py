@@ -9,7 +9,7 @@ same clips buys (the latents stream).
         [--decode-clips 64] [--latent-epochs 30] [--encode-workers 1] [--data DIR]
         [--out DIR] [--out-name FILE]
 
-Writes synthetic data sets (stoker.data.synth: H.264 with a keyframe a second, and
+Writes synthetic data sets (stoker.data.synthetic.shapes: H.264 with a keyframe a second, and
 FLAC) into a temporary folder, or reads the packed data set at --data (a local
 folder) for the plain and latents streams, and times each stream
 (benchmarks/loader_streams.py, benchmarks/loader_latents.py):
@@ -109,7 +109,7 @@ from benchmarks.loader_streams import (
 from benchmarks.machine import machine_info
 
 if TYPE_CHECKING:
-    from stoker.data.dataset import DataSource
+    from stoker.data.sets.source import DataSource
 
 
 def parse_size(text: str) -> tuple[int, int] | None:
@@ -229,8 +229,8 @@ def build_streams(
 ) -> tuple[list[StreamBench], DataSource | None]:
     """The streams asked for, with their data written (or opened) under `work`; and the
     plain stream's data set, which the latents stream encodes (None without either)."""
-    from stoker.data.dataset import open_dataset
-    from stoker.data.synth import synth_dataset
+    from stoker.data.sets.dataset import open_dataset
+    from stoker.data.synthetic.shapes import synth_dataset
 
     cores = os.cpu_count() or 1
     options = {"seed": args.seed, "epochs": args.epochs, "start_method": args.start_method}
@@ -286,7 +286,9 @@ def build_streams(
     if square is not None:
         sets = {SQUARE.name: square, **sets}
     print(f"  {time.perf_counter() - began:.1f} s")
-    clip = stream_clip(args, args.out_size, "mp4", "flac")  # what stoker.data.synth writes
+    clip = stream_clip(
+        args, args.out_size, "mp4", "flac"
+    )  # what stoker.data.synthetic.shapes writes
     if "bucketed" in args.streams:
         began = time.perf_counter()
         merge_as_plain_tars(sets, work / "bucketed")

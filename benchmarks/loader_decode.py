@@ -62,7 +62,7 @@ def raw_pyav(data: bytes, start_s: float, clip_seconds: float, threads: int | No
 def measure_decode(spans: list[Span], repeats: int) -> dict[str, Any]:
     """CPU and wall time of each decoder on each span; the efficiency is plain PyAV's
     CPU time over decode_video's at the same output (every source frame, source size)."""
-    from stoker.data.decode import decode_video
+    from stoker.data.media.decode import decode_video
 
     decoders: dict[str, Callable[[Span], Any]] = {
         "plain PyAV, naive": lambda s: raw_pyav(s.data, s.start_s, s.clip_seconds, None),

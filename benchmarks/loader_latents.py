@@ -38,9 +38,9 @@ from benchmarks.loader_runs import RATIO_TARGET, Run, drive
 from benchmarks.loader_stream_bench import SHUFFLE_BUFFER, Clip, shard_urls, wds_version
 
 if TYPE_CHECKING:
-    from stoker.data.dataset import DataSource
-    from stoker.data.latent_encode import EncodeReport
-    from stoker.data.loader import StreamingLoader
+    from stoker.data.encode.pipeline import EncodeReport
+    from stoker.data.sets.source import DataSource
+    from stoker.data.stream.loader import StreamingLoader
 
 LATENTS = "latents"
 ENCODER = "stoker.data.tiny_encoder:build"
@@ -52,13 +52,17 @@ def encode_latents(
 ) -> tuple[DataSource, EncodeReport]:
     """The latent data set of `raw` at `dst`: `run_encode` with the tiny encoder, each
     clip decoded as the raw stream decodes it."""
-    from stoker.data.dataset import open_dataset
-    from stoker.data.encode_shard import DecodeSpec
-    from stoker.data.latent_encode import EncodeRequest, run_encode
+    from stoker.data.encode.pipeline import EncodeRequest, run_encode
+    from stoker.data.encode.shard import DecodeSpec
+    from stoker.data.sets.dataset import open_dataset
 
     # Imported before the encode's clock starts, which would count them otherwise: 32
     # clips at 64x64 encoded at 11 clips/s in a fresh process, 57 after the plain stream.
-    for module in ("stoker.data.decode", "stoker.data.tiny_encoder", "safetensors.torch"):
+    for module in (
+        "stoker.data.media.decode",
+        "stoker.data.encode.tiny_encoder",
+        "safetensors.torch",
+    ):
         importlib.import_module(module)
 
     if clip.size is None:
@@ -140,7 +144,7 @@ class LatentsBench:
     def loader(
         self, source: DataSource, workers: int, modalities: tuple[str, ...]
     ) -> StreamingLoader:
-        from stoker.data.loader import StreamingLoader
+        from stoker.data.stream.loader import StreamingLoader
 
         c = self.clip
         return StreamingLoader(
@@ -258,7 +262,7 @@ class LatentsBench:
         deterministic, so bit-equal is the right test)."""
         import torch
 
-        from stoker.data.tiny_encoder import build
+        from stoker.data.encode.tiny_encoder import build
 
         encoder = build()
         for key, (video, audio) in self.raw_clips.items():

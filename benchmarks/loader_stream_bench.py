@@ -21,9 +21,9 @@ from benchmarks.loader_decode import Span
 from benchmarks.loader_runs import Run, drive
 
 if TYPE_CHECKING:
-    from stoker.data.dataset import DataSource
-    from stoker.data.loader import StreamingLoader
-    from stoker.data.shard_format import SampleEntry
+    from stoker.data.format.shard_format import SampleEntry
+    from stoker.data.sets.source import DataSource
+    from stoker.data.stream.loader import StreamingLoader
 
 SHUFFLE_BUFFER = 64
 COMPARED_SAMPLES = 16  # clips decoded by both pipelines and compared
@@ -86,7 +86,7 @@ class WebDatasetDecode:
     def __call__(self, sample: dict[str, Any]) -> dict[str, Any]:
         import torch
 
-        from stoker.data.decode import decode_audio, decode_video
+        from stoker.data.media.decode import decode_audio, decode_video
 
         c = self.clip
         name = self.prefix + sample["__key__"]
@@ -245,9 +245,9 @@ class StreamBench:
         return run
 
     def _record(self, n: int, batch: dict[str, Any]) -> None:
-        """The clip start of each sample of the loader's batch (stoker/data/stream.py
+        """The clip start of each sample of the loader's batch (stoker/data/stream/worker.py
         draws it from the sample's position), and a few clips to compare."""
-        from stoker.data.decode import clip_start
+        from stoker.data.media.decode import clip_start
 
         names = self.bucket_names()
         compared = 0

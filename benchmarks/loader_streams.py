@@ -35,10 +35,10 @@ from benchmarks.loader_stream_bench import (
 )
 
 if TYPE_CHECKING:
-    from stoker.data.buckets import Bucket
-    from stoker.data.dataset import DataSource
-    from stoker.data.loader import StreamingLoader
-    from stoker.data.shard_format import SampleEntry
+    from stoker.data.format.shard_format import SampleEntry
+    from stoker.data.sets.buckets import Bucket
+    from stoker.data.sets.source import DataSource
+    from stoker.data.stream.loader import StreamingLoader
 
 STREAMS = ("plain", "bucketed", "mixed")
 
@@ -121,7 +121,7 @@ class PlainStream(StreamBench):
         self.batch = batch
 
     def loader(self, workers: int) -> StreamingLoader:
-        from stoker.data.loader import StreamingLoader
+        from stoker.data.stream.loader import StreamingLoader
 
         return StreamingLoader(self.source, batch_size=self.batch, **self.loader_options(workers))
 
@@ -159,7 +159,7 @@ class BucketedStream(StreamBench):
         epochs: int,
         start_method: str,
     ) -> None:
-        from stoker.data.buckets import assign_bucket
+        from stoker.data.sets.buckets import assign_bucket
 
         def shape_of(entry: SampleEntry) -> Shape:
             i = assign_bucket(entry, buckets, video=True)
@@ -185,7 +185,7 @@ class BucketedStream(StreamBench):
         self.made_of = made_of
 
     def loader(self, workers: int) -> StreamingLoader:
-        from stoker.data.loader import StreamingLoader
+        from stoker.data.stream.loader import StreamingLoader
 
         return StreamingLoader(self.source, buckets=self.buckets, **self.loader_options(workers))
 
@@ -255,7 +255,7 @@ class MixedStream(StreamBench):
         self.batch = batch
 
     def loader(self, workers: int) -> StreamingLoader:
-        from stoker.data.loader import MixSource, StreamingLoader
+        from stoker.data.stream.loader import MixSource, StreamingLoader
 
         mixture = [MixSource(name, source, weight) for name, source, weight in self.sources]
         return StreamingLoader(
@@ -311,8 +311,8 @@ def write_sets(
     seed: int,
     workers: int,
 ) -> dict[str, str]:
-    """Synthetic data sets (stoker.data.synth) under `folder`, by name -> URL."""
-    from stoker.data.synth import synth_dataset
+    """Synthetic data sets (stoker.data.synthetic.shapes) under `folder`, by name -> URL."""
+    from stoker.data.synthetic.shapes import synth_dataset
 
     urls = {}
     for i, spec in enumerate(specs):
@@ -351,6 +351,6 @@ def merge_as_plain_tars(sets: dict[str, DataSource], folder: Path) -> None:
 
 def set_buckets(sets: Sequence[SetSpec], clip_seconds: float, batch: int) -> list[Bucket]:
     """A bucket per set of the bucketed stream, at the set's own frame size."""
-    from stoker.data.buckets import Bucket
+    from stoker.data.sets.buckets import Bucket
 
     return [Bucket(s.size, clip_seconds * s.bucket_clip, batch * s.bucket_batch) for s in sets]

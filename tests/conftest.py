@@ -62,12 +62,12 @@ SyntheticSet = Callable[..., Path]
 @pytest.fixture(scope="session")
 def synthetic_av_set(tmp_path_factory: pytest.TempPathFactory) -> SyntheticSet:
     """`synthetic_av_set(clips=16, size=(64, 64), ...)`: a synthetic AV data set
-    (stoker.data.synth) with those arguments, written once per session and shared
+    (stoker.data.synthetic.shapes) with those arguments, written once per session and shared
     by every test that asks for the same arguments. Read it, never write into it."""
     made: dict[str, Path] = {}
 
     def make(**kwargs: Any) -> Path:
-        from stoker.data.synth import synth_dataset
+        from stoker.data.synthetic.shapes import synth_dataset
 
         args = {"seconds": 2.0, "fps": 8, **kwargs}
         key = repr(sorted(args.items()))

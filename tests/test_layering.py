@@ -120,6 +120,16 @@ WINGS: dict[str, tuple[tuple[str, ...], ...]] = {
         ("watch",),
         ("insights",),
     ),
+    # Shard and latent formats < media (decode, encode, probe) and the shard writers <
+    # data sets (indexes, buckets, sources) < the streaming loader, the pack and the
+    # latent-encode pipelines < the SLURM array tasks and the synthetic sets.
+    "stoker.data": (
+        ("format",),
+        ("media", "write"),
+        ("sets",),
+        ("stream", "pack", "encode"),
+        ("jobs", "synthetic"),
+    ),
 }
 MAX_LINES = 600
 MAX_MODULES_SIDE_BY_SIDE = 20

@@ -1,5 +1,5 @@
 """`stoker data encode SRC DST --encoder pkg.mod:factory`: latents of a data set, once
-(stoker/data/latent_encode.py); with --slurm, as a job array through stoker's launcher
+(stoker/data/encode/pipeline.py); with --slurm, as a job array through stoker's launcher
 (stoker/launcher/launch/data_array.py)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:
-    from stoker.data.encode_shard import DecodeSpec
+    from stoker.data.encode.shard import DecodeSpec
 
 
 def encode(
@@ -111,8 +111,8 @@ def encode(
     """
     from stoker.cli.array_wait import refuse_slurm_flags
     from stoker.cli.output import err, note
-    from stoker.data.encoder_api import parse_encoder_args
-    from stoker.data.latent_encode import EncodeRequest
+    from stoker.data.encode.encoder_api import parse_encoder_args
+    from stoker.data.encode.pipeline import EncodeRequest
 
     refuse_slurm_flags(slurm, {
         "--tasks": tasks, "--partition": partition, "--time": time,
@@ -151,7 +151,7 @@ def encode(
         return
 
     from stoker.cli.data_pack import _BarProgress, _NoteProgress
-    from stoker.data.latent_encode import run_encode
+    from stoker.data.encode.pipeline import run_encode
 
     if err().is_terminal:
         with _BarProgress() as progress:
@@ -172,8 +172,8 @@ def decode_settings(experiment: Path | None, settings: list[str]) -> DecodeSpec:
     """The decode settings: the experiment's data.* (the built-in defaults without one)
     with `settings` (data.KEY=VALUE) over them."""
     from stoker.config import resolve_config
-    from stoker.data.buckets import Bucket
-    from stoker.data.encode_shard import DecodeSpec
+    from stoker.data.encode.shard import DecodeSpec
+    from stoker.data.sets.buckets import Bucket
     from stoker.errors import StokerError
 
     for item in settings:
@@ -207,9 +207,9 @@ def decode_settings(experiment: Path | None, settings: list[str]) -> DecodeSpec:
 
 def _finish_local(request: Any, as_json: bool) -> None:
     """After a SLURM encode ended: the manifest (when every shard is there) and the report."""
-    from stoker.data.latent_encode import finalize, read_skipped
-    from stoker.data.latent_plan import load_plan
-    from stoker.data.pack_plan import open_location
+    from stoker.data.encode.pipeline import finalize, read_skipped
+    from stoker.data.encode.plan import load_plan
+    from stoker.data.write.location import open_location
     from stoker.errors import StokerError
 
     manifest = finalize(request.dst)
@@ -217,7 +217,7 @@ def _finish_local(request: Any, as_json: bool) -> None:
     plan = load_plan(fs, root)
     assert plan is not None
     if manifest is None:
-        from stoker.data.shard_set import finished_shards
+        from stoker.data.write.shard_set import finished_shards
 
         done = len(finished_shards(fs, root, range(plan.shards)))
         raise StokerError(

@@ -1,6 +1,6 @@
-"""`stoker data pack SRC DST`: media files in, shards + manifest out (stoker/data/pack.py);
+"""`stoker data pack SRC DST`: media files in, shards + manifest out (stoker/data/pack/pipeline.py);
 with --slurm, as a job array through stoker's launcher (stoker/launcher/launch/data_array.py,
-each task stoker/data/pack_task.py)."""
+each task stoker/data/jobs/pack_task.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import typer
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from stoker.data.pack import PackReport, PackRequest, PreparedPack
+    from stoker.data.pack.pipeline import PackReport, PackRequest, PreparedPack
     from stoker.launcher.launch.data_array import ArrayOptions
 
 
@@ -113,8 +113,8 @@ def pack(
     """
     from stoker.cli.array_wait import refuse_slurm_flags
     from stoker.cli.output import err
-    from stoker.data.pack import PackRequest, run_pack
-    from stoker.data.pack_plan import PackOptions
+    from stoker.data.pack.pipeline import PackRequest, run_pack
+    from stoker.data.pack.plan import PackOptions
 
     refuse_slurm_flags(slurm, {
         "--tasks": tasks, "--partition": partition, "--time": time_limit,
@@ -149,7 +149,7 @@ def pack(
 def _pack_on_slurm(request: PackRequest, options: ArrayOptions, wait: bool, as_json: bool) -> None:
     """Plan here, queue the missing shards as an array; with `wait`, follow it and report."""
     from stoker.cli.output import note, out
-    from stoker.data.pack import prepare_pack
+    from stoker.data.pack.pipeline import prepare_pack
     from stoker.launcher.launch.data_array import submit_pack
 
     started = time.monotonic()
@@ -184,9 +184,9 @@ def _finish(
     states: dict[str, str],
 ) -> None:
     """After the array ended (or with nothing left to write): the manifest and the report."""
-    from stoker.data.pack import finish_pack
-    from stoker.data.shard_format import MANIFEST_NAME
-    from stoker.data.shard_set import finished_shards
+    from stoker.data.format.shard_format import MANIFEST_NAME
+    from stoker.data.pack.pipeline import finish_pack
+    from stoker.data.write.shard_set import finished_shards
     from stoker.errors import StokerError
 
     report = finish_pack(request.src, prepared, started)

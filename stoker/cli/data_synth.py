@@ -60,12 +60,12 @@ def synth(
     from contextlib import ExitStack
 
     from stoker.cli.output import out
-    from stoker.data.synth import synth_dataset
+    from stoker.data.synthetic.shapes import synth_dataset
 
     height, width = parse_size(size)
     start = time.perf_counter()
     if files:
-        from stoker.data.synth import synth_media_files
+        from stoker.data.synthetic.shapes import synth_media_files
 
         with ExitStack() as stack:
             written = synth_media_files(

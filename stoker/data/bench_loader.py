@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from stoker.data.loader import StreamingLoader
+from stoker.data.stream.loader import StreamingLoader
 
 
 def bench_loader(

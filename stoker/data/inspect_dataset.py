@@ -9,8 +9,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from stoker.data.dataset import DataSource, open_dataset
-from stoker.data.shard_format import MANIFEST_NAME, Manifest, SampleEntry, join, parse_manifest
+from stoker.data.format.shard_format import (
+    MANIFEST_NAME,
+    Manifest,
+    SampleEntry,
+    join,
+    parse_manifest,
+)
+from stoker.data.sets.dataset import open_dataset
+from stoker.data.sets.source import DataSource
 from stoker.errors import StokerError
 
 
@@ -87,7 +94,7 @@ def inspect_dataset(
     if frames_dir is not None and frames > 0:
         report["frames_written"] = _write_frames(source, entries[: frames * 4], frames, frames_dir)
     if suggest_buckets is not None:
-        from stoker.data.buckets import suggest_buckets as suggest
+        from stoker.data.sets.buckets import suggest_buckets as suggest
 
         report["suggested_buckets"] = suggest(entries, max_side=suggest_buckets)
     return report
@@ -96,7 +103,7 @@ def inspect_dataset(
 def _latents(manifest: Any, entries: list[SampleEntry], url: str) -> dict[str, Any]:
     """A latent data set's encoder, its lineage (raw -> packed -> encoded), and each
     bucket's samples and tensor shapes."""
-    from stoker.data.latent_format import chain
+    from stoker.data.format.latent_format import chain
 
     encoding = manifest.encoding
     counts = Counter((e.latent.bucket or "") for e in entries if e.latent is not None)
@@ -154,10 +161,10 @@ def read_manifest(url: str, storage_options: dict[str, Any] | None = None) -> Ma
 def _write_frames(
     source: DataSource, entries: list[SampleEntry], count: int, folder: Path
 ) -> list[str]:
-    from stoker.data.decode import decode_video
-    from stoker.data.fetch import SampleFetcher
-    from stoker.data.loader_stats import LoaderStats
-    from stoker.data.probe import MediaError
+    from stoker.data.media.decode import decode_video
+    from stoker.data.media.errors import MediaError
+    from stoker.data.stream.fetch import SampleFetcher
+    from stoker.data.stream.loader_stats import LoaderStats
 
     folder.mkdir(parents=True, exist_ok=True)
     fetcher = SampleFetcher(source, ("video",), LoaderStats())

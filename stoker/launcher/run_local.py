@@ -123,7 +123,7 @@ def run_here(
         # Before a data set is written or a rank started: does the model take the data?
         check_model_fits(resolved, say=say)
         if resolved.config.data.url is None and not resolved.config.data.sources:
-            from stoker.data.synthetic import ensure_synthetic_data
+            from stoker.data.synthetic.default_set import ensure_synthetic_data
 
             ensure_synthetic_data(resolved.config.data, progress=say)
     # The model was checked above, before the synthetic data set; a command of the

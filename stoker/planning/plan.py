@@ -76,7 +76,7 @@ class Plan:
 
 def plan_batches(cfg: Any) -> list[Batch]:
     """The shapes a run's steps come in, with their global batches."""
-    from stoker.data.buckets import resolve_buckets
+    from stoker.data.sets.buckets import resolve_buckets
 
     buckets = resolve_buckets(cfg.data)
     if not buckets:

@@ -14,7 +14,7 @@ def held_out_loader(cfg: ExperimentConfig, micro_cfg: ExperimentConfig, env: Dis
     """The held-out split's loader: clips from their start, the same batches every
     evaluation (the trainer resets its position each time). `micro_cfg`: the run's
     config with the per-loader-batch (micro) batch size."""
-    from stoker.data.loader import loader_from_config
+    from stoker.data.stream.loader import loader_from_config
 
     url = cfg.data.eval_url
     if url is None:
@@ -23,7 +23,7 @@ def held_out_loader(cfg: ExperimentConfig, micro_cfg: ExperimentConfig, env: Dis
                 "train.eval_every is set but data.eval_url is null: no held-out data set",
                 fix="set data.eval_url to a held-out data set, or train.eval_every=0",
             )
-        from stoker.data.synthetic import ensure_synthetic_data
+        from stoker.data.synthetic.default_set import ensure_synthetic_data
 
         say = print if env.is_main else None
         url = str(ensure_synthetic_data(cfg.data, say, split="eval"))

@@ -171,7 +171,7 @@ def data_url(data: DataConfig, *, say: Callable[[str], Any] | None = None) -> st
     made on first use (`say`: its progress, on one rank)."""
     if data.url is not None or data.sources:
         return data.url
-    from stoker.data.synthetic import ensure_synthetic_data
+    from stoker.data.synthetic.default_set import ensure_synthetic_data
 
     return str(ensure_synthetic_data(data, progress=say))
 

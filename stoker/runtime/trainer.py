@@ -125,7 +125,7 @@ class Trainer:
     # --- build -------------------------------------------------------------------
 
     def build(self) -> None:
-        from stoker.data.loader import loader_from_config
+        from stoker.data.stream.loader import loader_from_config
         from stoker.kernels import set_backend
         from stoker.runtime.models import build_model
 

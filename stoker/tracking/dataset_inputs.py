@@ -84,7 +84,7 @@ class DataSetInput:
     """A latent data set's encoder: 'package.module:factory (identity digest)'."""
     lineage: tuple[str, ...] = ()
     """A latent data set's chain, oldest first: the raw or packed source, then each
-    encode (stoker/data/latent_format.py `chain`)."""
+    encode (stoker/data/format/latent_format.py `chain`)."""
 
 
 def dataset_entry(data_set: DataSetInput) -> dict[str, Any]:

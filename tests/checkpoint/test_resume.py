@@ -35,7 +35,7 @@ import yaml
 
 from stoker.checkpoint import commit as ck
 from stoker.config import ExperimentConfig, resolve_config
-from stoker.data.synth import synth_dataset
+from stoker.data.synthetic.shapes import synth_dataset
 from stoker.errors import StokerError
 from stoker.protocol import EXIT_REQUEUE
 from stoker.runtime.dist.dist_env import detect

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.data.synth import synth_dataset
+from stoker.data.synthetic.shapes import synth_dataset
 from tests.clirun import stoker_text
 from tests.s3_server import S3Server
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import av
 import pytest
 
-from stoker.data.synth import synth_dataset
+from stoker.data.synthetic.shapes import synth_dataset
 from tests.clirun import stoker_text
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from stoker.data.tiny_encoder import TinyAVEncoder
+from stoker.data.encode.tiny_encoder import TinyAVEncoder
 
 FAILS_ON = "clip-000003"
 SLOW_KEYS = "STOKER_TEST_ENCODE_SLOW_KEYS"

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from stoker.data.decode import decode_audio, decode_video
-from stoker.data.pack import PackRequest, run_pack
-from stoker.data.pack_plan import PackOptions
-from stoker.data.probe import probe_media
+from stoker.data.media.decode import decode_audio, decode_video
+from stoker.data.media.probe import probe_media
+from stoker.data.pack.pipeline import PackRequest, run_pack
+from stoker.data.pack.plan import PackOptions
 from tests.data.media_files import (
     EVENTS,
     AudioSpec,
@@ -112,7 +112,7 @@ def test_packed_clips_keep_sync(tmp_path: Path) -> None:
     dst = tmp_path / "dst"
     report = run_pack(PackRequest(str(src), str(dst), PackOptions(clip_seconds=1.0), workers=1))
     assert report.skipped == [] and report.samples == 4
-    from stoker.data.shard_format import parse_index
+    from stoker.data.format.shard_format import parse_index
 
     index = parse_index((dst / "shards/shard-000000.index.json").read_bytes(), "index")
     raw = (dst / "shards/shard-000000.tar").read_bytes()

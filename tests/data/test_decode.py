@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from stoker.data.decode import clip_start, decode_audio, decode_video
-from stoker.data.encode import encode_flac, encode_h264
-from stoker.data.probe import MediaError, probe_audio, probe_video
+from stoker.data.media.decode import clip_start, decode_audio, decode_video
+from stoker.data.media.errors import MediaError
+from stoker.data.media.h264_flac import encode_flac, encode_h264
+from stoker.data.media.probe import probe_audio, probe_video
 
 SOURCE_FPS = 24
 FRAMES = 72  # 3 s

@@ -13,8 +13,8 @@ import av
 import numpy as np
 import pytest
 
-from stoker.data.decode import decode_video
-from stoker.data.probe import probe_video
+from stoker.data.media.decode import decode_video
+from stoker.data.media.probe import probe_video
 
 WIDTH, HEIGHT = 64, 48
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from stoker.data.shard_format import MANIFEST_NAME, parse_index, parse_manifest
-from stoker.data.synth import synth_dataset, synth_media_files
+from stoker.data.format.shard_format import MANIFEST_NAME, parse_index, parse_manifest
+from stoker.data.synthetic.shapes import synth_dataset, synth_media_files
 from tests.clirun import stoker, stoker_text
 
 TINY = "stoker.data.tiny_encoder:build"
@@ -67,8 +67,8 @@ def test_latents_are_the_encoders_output_and_the_manifest_names_encoder_and_sour
 ) -> None:
     from safetensors.torch import load
 
-    from stoker.data.decode import decode_audio, decode_video
-    from stoker.data.tiny_encoder import TinyAVEncoder
+    from stoker.data.encode.tiny_encoder import TinyAVEncoder
+    from stoker.data.media.decode import decode_audio, decode_video
 
     dst = tmp_path / "latents"
     summary = encode(source, dst, "--args", "channels=6")
@@ -204,7 +204,7 @@ def test_a_broken_encoder_is_stopped_with_its_error(
 
 def test_buckets_are_kept_and_the_loader_streams_latents_by_them(tmp_path: Path) -> None:
     from stoker.config import resolve_config
-    from stoker.data.loader import loader_from_config
+    from stoker.data.stream.loader import loader_from_config
 
     media = tmp_path / "media"
     synth_media_files(str(media / "wide"), clips=3, seconds=1.0, size=(32, 64))
@@ -287,9 +287,9 @@ def test_an_encode_task_takes_its_share_stops_between_batches_and_completes_the_
     import subprocess
     import sys
 
-    from stoker.data import encode_task
-    from stoker.data.encode_shard import DecodeSpec
-    from stoker.data.latent_encode import EncodeRequest, prepare
+    from stoker.data.encode.pipeline import EncodeRequest, prepare
+    from stoker.data.encode.shard import DecodeSpec
+    from stoker.data.jobs import encode_task
     from stoker.protocol import EXIT_REQUEUE
 
     local, dst = tmp_path / "local", tmp_path / "dst"
@@ -308,7 +308,7 @@ def test_an_encode_task_takes_its_share_stops_between_batches_and_completes_the_
     assert files(dst) == files(local)  # the last task wrote the manifest
 
     beyond = subprocess.run(
-        [sys.executable, "-m", "stoker.data.encode_task", str(dst), "--work", str(work),
+        [sys.executable, "-m", "stoker.data.jobs.encode_task", str(dst), "--work", str(work),
          "--task", "2"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
@@ -320,7 +320,7 @@ def test_an_encode_task_takes_its_share_stops_between_batches_and_completes_the_
     (dst / "encode-plan.json").write_text(json.dumps(plan))
     (dst / "shards" / "shard-000000.index.json").unlink()
     changed = subprocess.run(
-        [sys.executable, "-m", "stoker.data.encode_task", str(dst), "--work", str(work),
+        [sys.executable, "-m", "stoker.data.jobs.encode_task", str(dst), "--work", str(work),
          "--task", "0"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip

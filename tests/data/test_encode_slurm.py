@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from stoker.data.synth import synth_dataset
+from stoker.data.synthetic.shapes import synth_dataset
 from tests.clirun import stoker_text
 from tests.data.sample_encoders import SLOW_KEYS
 from tests.launcher_jobs import run_story, wait_final, wait_for

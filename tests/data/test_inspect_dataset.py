@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from stoker.data.inspect_dataset import read_manifest
-from stoker.data.synth import synth_dataset
+from stoker.data.synthetic.shapes import synth_dataset
 from stoker.errors import StokerError
 from tests.clirun import stoker_text
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 import webdataset as wds
 
-from stoker.data.decode import decode_audio, decode_video
-from stoker.data.loader import StreamingLoader
-from stoker.data.shard_format import MANIFEST_NAME, ShardIndex, parse_index, parse_manifest
+from stoker.data.format.shard_format import MANIFEST_NAME, ShardIndex, parse_index, parse_manifest
+from stoker.data.media.decode import decode_audio, decode_video
+from stoker.data.stream.loader import StreamingLoader
 
 CLIPS = 10
 PER_SHARD = 4  # 4, 4, 2: a short last shard

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import torch
 
-from stoker.data.fetch import RetryPolicy
-from stoker.data.loader import StreamingLoader
-from stoker.data.shard_format import MANIFEST_NAME, join, parse_index, parse_manifest
-from stoker.data.shard_writer import SampleToWrite, write_shard
-from stoker.data.synth import synth_dataset
+from stoker.data.format.shard_format import MANIFEST_NAME, join, parse_index, parse_manifest
+from stoker.data.stream.fetch import RetryPolicy
+from stoker.data.stream.loader import StreamingLoader
+from stoker.data.synthetic.shapes import synth_dataset
+from stoker.data.write.shard_writer import SampleToWrite, write_shard
 from stoker.errors import StokerError
 from tests.s3_server import S3Server
 
@@ -236,8 +236,8 @@ def test_bad_loader_configs_fail_at_start(dataset: str, tmp_path: Path) -> None:
 
 
 def _write_set(root: Path, shards: list[list[SampleToWrite]]) -> None:
-    from stoker.data.shard_format import build_manifest, dump, record_for, shard_file_name
-    from stoker.data.shard_writer import write_json_atomic
+    from stoker.data.format.shard_format import build_manifest, dump, record_for, shard_file_name
+    from stoker.data.write.shard_writer import write_json_atomic
 
     fs = fsspec.filesystem("file")
     records, indexes = [], []
@@ -350,7 +350,7 @@ def test_s3_gives_the_same_stream_in_worker_processes(dataset: str, s3_env: S3Se
 
 def test_the_experiment_file_configures_the_loader(dataset: str, tmp_path: Path) -> None:
     from stoker.config import resolve_config
-    from stoker.data.loader import loader_from_config
+    from stoker.data.stream.loader import loader_from_config
 
     exp = tmp_path / "exp.yaml"
     exp.write_text(
@@ -383,7 +383,7 @@ def test_clips_longer_than_their_sample_are_padded_and_counted(dataset: str) -> 
 # included (SIGUSR2 before the time limit, SIGTERM on scancel, requeue and preemption).
 STOP_SIGNALS_RANK = """
 import os, signal, sys
-from stoker.data.loader import StreamingLoader
+from stoker.data.stream.loader import StreamingLoader
 got = []
 for sig in (signal.SIGUSR2, signal.SIGTERM):
     signal.signal(sig, lambda signum, frame: got.append(signum))
@@ -423,7 +423,7 @@ def test_stop_signals_to_the_whole_step_leave_the_loader_running(dataset: str) -
     ],
 )
 def test_the_fix_for_a_missing_filesystem_names_its_own_package(url: str, fix: str) -> None:
-    from stoker.data.dataset import _package_fix
+    from stoker.data.sets.dataset import _package_fix
 
     assert fix in _package_fix(url)
     if not url.startswith("s3"):
@@ -431,7 +431,7 @@ def test_the_fix_for_a_missing_filesystem_names_its_own_package(url: str, fix: s
 
 
 def test_a_url_no_filesystem_serves_is_refused_with_that_fix() -> None:
-    from stoker.data.dataset import open_dataset
+    from stoker.data.sets.dataset import open_dataset
     from stoker.errors import StokerError
 
     with pytest.raises(StokerError) as caught:

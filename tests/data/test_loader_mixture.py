@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from stoker.data.buckets import Bucket
-from stoker.data.loader import MixSource, StreamingLoader
+from stoker.data.sets.buckets import Bucket
+from stoker.data.stream.loader import MixSource, StreamingLoader
 from stoker.errors import StokerError
 
 BUCKETS = (Bucket((32, 32), 1.0, 4), Bucket((32, 64), 1.0, 2), Bucket((32, 32), 2.0, 2))

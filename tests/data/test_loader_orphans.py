@@ -1,5 +1,5 @@
 """A rank killed with SIGKILL leaves no loader process behind: the fork server, its
-workers and the resource tracker end with it (stoker/data/parent_death.py)."""
+workers and the resource tracker end with it (stoker/data/stream/parent_death.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tests.process_table import marked_processes, wait_none_marked
 
 RANK = """\
 import sys, time
-from stoker.data.loader import StreamingLoader
+from stoker.data.stream.loader import StreamingLoader
 loader = StreamingLoader(sys.argv[1], batch_size=2, num_workers=2, seed=1, fps=8,
                          size=(32, 32), clip_seconds=1.0, sample_rate=8000,
                          start_method=sys.argv[2])

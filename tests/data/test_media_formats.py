@@ -16,8 +16,8 @@ import av
 import numpy as np
 import pytest
 
-from stoker.data.decode import decode_audio, decode_video
-from stoker.data.shard_format import SampleEntry, parse_index
+from stoker.data.format.shard_format import SampleEntry, parse_index
+from stoker.data.media.decode import decode_audio, decode_video
 from tests.clirun import stoker_text
 from tests.data.media_files import (
     AudioSpec,
@@ -315,7 +315,7 @@ def test_each_sample_decodes_upright_with_its_sound(
 def test_the_loader_reads_video_with_its_audio_track(
     packed: tuple[Path, Path, dict[str, Any]], tmp_path: Path
 ) -> None:
-    from stoker.data.loader import StreamingLoader
+    from stoker.data.stream.loader import StreamingLoader
 
     src, _, _ = packed
     av_only = tmp_path / "av"
@@ -409,7 +409,7 @@ def test_the_tar_members_keep_their_extensions(
 def test_plain_webdataset_shards_give_a_videos_audio_track(tmp_path: Path) -> None:
     """The loader's in-memory index of plain tars follows the packer's rule: a video's
     audio track is the sample's audio, unless an audio member is there."""
-    from stoker.data.wds_index import index_tar
+    from stoker.data.sets.wds_index import index_tar
 
     mp4 = _media("mp4", **H264_AAC)
     flac = _media("flac", audio=[AudioSpec(codec="flac", rate=16000)])

@@ -17,10 +17,7 @@ import pytest
 import torch
 from safetensors.torch import save as save_safetensors
 
-from stoker.data.decode import decode_array
-from stoker.data.loader import StreamingLoader
-from stoker.data.probe import MediaError
-from stoker.data.shard_format import (
+from stoker.data.format.shard_format import (
     MANIFEST_NAME,
     build_manifest,
     dump,
@@ -29,8 +26,11 @@ from stoker.data.shard_format import (
     record_for,
     shard_file_name,
 )
-from stoker.data.shard_writer import SampleToWrite, write_json_atomic, write_shard
-from stoker.data.stream import collate
+from stoker.data.media.decode import decode_array
+from stoker.data.media.errors import MediaError
+from stoker.data.stream.loader import StreamingLoader
+from stoker.data.stream.worker import collate
+from stoker.data.write.shard_writer import SampleToWrite, write_json_atomic, write_shard
 
 CLIPS = 8
 BATCH = 4

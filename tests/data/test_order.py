@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stoker.data.order import SampleOrder
+from stoker.data.stream.order import SampleOrder
 
 SIZES = (5, 9, 1, 7, 12, 3, 8)  # uneven shards on purpose
 N = sum(SIZES)

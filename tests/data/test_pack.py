@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from stoker.data.encode import encode_flac, encode_h264
-from stoker.data.pack_plan import InputFile, assign_shards, group_samples
-from stoker.data.probe import probe_audio, probe_video
-from stoker.data.shard_format import parse_index, parse_manifest
+from stoker.data.format.shard_format import parse_index, parse_manifest
+from stoker.data.media.h264_flac import encode_flac, encode_h264
+from stoker.data.media.probe import probe_audio, probe_video
+from stoker.data.pack.plan import InputFile, assign_shards, group_samples
 from stoker.errors import StokerError
 from tests.clirun import stoker_text
 
@@ -499,9 +499,9 @@ def test_pack_task_writes_its_share_and_the_last_one_the_manifest(tmp_path: Path
     import subprocess
     import sys
 
-    from stoker.data import pack_task
-    from stoker.data.pack import PackRequest, plan_digest, prepare_pack
-    from stoker.data.pack_plan import PackOptions
+    from stoker.data.jobs import pack_task
+    from stoker.data.pack.pipeline import PackRequest, plan_digest, prepare_pack
+    from stoker.data.pack.plan import PackOptions
     from stoker.protocol import EXIT_REQUEUE
 
     src, dst = tmp_path / "src", tmp_path / "dst"
@@ -526,7 +526,7 @@ def test_pack_task_writes_its_share_and_the_last_one_the_manifest(tmp_path: Path
     assert (dst / "manifest.json").read_bytes() == (local / "manifest.json").read_bytes()
 
     beyond = subprocess.run(
-        [sys.executable, "-m", "stoker.data.pack_task", str(dst), "--work", str(work),
+        [sys.executable, "-m", "stoker.data.jobs.pack_task", str(dst), "--work", str(work),
          "--task", "2"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""The loader's prefetcher (stoker/data/prefetch.py) bounds what it queues by bytes and by
+"""The loader's prefetcher (stoker/data/stream/prefetch.py) bounds what it queues by bytes and by
 count: small clips must not queue by the thousand at every loader start, large ones must
 not pass the byte budget."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from stoker.data.prefetch import AHEAD_PER_THREAD, Prefetcher
+from stoker.data.stream.prefetch import AHEAD_PER_THREAD, Prefetcher
 
 
 def _pulled(size: int, budget: int, threads: int) -> int:

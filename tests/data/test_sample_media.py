@@ -1,4 +1,4 @@
-"""stoker/data/sample_media.py on real media: the mp4 decodes (PyAV) to the frames,
+"""stoker/data/media/sample_media.py on real media: the mp4 decodes (PyAV) to the frames,
 colours, tone and timing it was made from, and the same input gives the same bytes; the
 WAV reads back (soundfile) to its samples; the contact sheet is a PNG of the size its
 docstring gives, each row showing its clip; bad arrays are refused with their fix.
@@ -18,7 +18,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from stoker.data.sample_media import (
+from stoker.data.media.sample_media import (
     AAC_FRAME,
     SHEET_BACKGROUND,
     SHEET_GAP,

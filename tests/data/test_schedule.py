@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from stoker.data.buckets import Bucket, assign_bucket, resolve_buckets, suggest_buckets
-from stoker.data.mixture import choose_sources
-from stoker.data.order import SampleOrder
-from stoker.data.schedule import BatchSchedule, ScheduleState
-from stoker.data.shard_format import AudioInfo, Member, SampleEntry, VideoInfo
+from stoker.data.format.shard_format import AudioInfo, Member, SampleEntry, VideoInfo
+from stoker.data.sets.buckets import Bucket, assign_bucket, resolve_buckets, suggest_buckets
+from stoker.data.stream.mixture import choose_sources
+from stoker.data.stream.order import SampleOrder
+from stoker.data.stream.schedule import BatchSchedule, ScheduleState
 from stoker.errors import StokerError
 
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from stoker.data.shard_format import Manifest, parse_index, parse_manifest
-from stoker.data.synth import FREQ_RANGE_HZ, PALETTE, synth_dataset
+from stoker.data.format.shard_format import Manifest, parse_index, parse_manifest
+from stoker.data.synthetic.shapes import FREQ_RANGE_HZ, PALETTE, synth_dataset
 from stoker.errors import StokerError
 from tests.clirun import stoker_in_tty, stoker_text
 

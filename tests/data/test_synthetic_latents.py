@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from stoker.config import ExperimentConfig
-from stoker.data.dataset import open_dataset
-from stoker.data.synthetic_latents import synthetic_latent_shapes, write_synthetic_latents
+from stoker.data.sets.dataset import open_dataset
+from stoker.data.synthetic.shapes_latents import synthetic_latent_shapes, write_synthetic_latents
 from stoker.errors import StokerError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,8 +57,8 @@ def test_made_and_read_without_pyav(tmp_path: Path) -> None:
 import sys
 from pathlib import Path
 from stoker.config import ExperimentConfig
-from stoker.data.loader import loader_from_config
-from stoker.data.synthetic_latents import write_synthetic_latents
+from stoker.data.stream.loader import loader_from_config
+from stoker.data.synthetic.shapes_latents import write_synthetic_latents
 cfg = ExperimentConfig.model_validate({{"data": {{"modalities": ["latent"], "num_workers": 0,
                                         "batch_size": 2, "url": {str(tmp_path)!r}}}}})
 write_synthetic_latents(Path({str(tmp_path)!r}), cfg.data, clips=4, seed=0)

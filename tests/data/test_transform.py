@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from stoker.config import resolve_config
-from stoker.data.loader import StreamingLoader, loader_from_config
+from stoker.data.stream.loader import StreamingLoader, loader_from_config
 from stoker.errors import StokerError
 from tests.data.sample_transforms import FAILS_ON
 

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slurm
 # A main guard: the loader's workers import the main module (multiprocessing's spawn).
 RANK = """\
 import os, signal, sys
-from stoker.data.loader import StreamingLoader
+from stoker.data.stream.loader import StreamingLoader
 if __name__ == "__main__":
     loader = StreamingLoader(sys.argv[1], batch_size=2, num_workers=2, seed=1, fps=8,
                              size=(32, 32), clip_seconds=1.0, sample_rate=8000)

@@ -29,12 +29,12 @@ _SYNTHETIC_SETS: dict[str, Path] = {}
 
 def link_synthetic_data(factory: Any, *overrides: str) -> None:
     """Puts into this test's STOKER_HOME the synthetic data set that `data.url: null` reads
-    (stoker/data/synthetic.py) for tiny.yaml with these overrides, made once per session
+    (stoker/data/synthetic/default_set.py) for tiny.yaml with these overrides, made once per session
     (`factory`: pytest's tmp_path_factory) and linked. Otherwise the first start of each
     test's job writes the same 256 clips in a rank (~4 CPU-s, ~6 s on the loaded VM)
     while the other ranks wait for it; the tests here are about faults, not that."""
     from stoker.config import resolve_config
-    from stoker.data.synthetic import ensure_synthetic_data, synthetic_data_path
+    from stoker.data.synthetic.default_set import ensure_synthetic_data, synthetic_data_path
 
     data = resolve_config(Path(TINY), overrides, use_profile=False).config.data
     name = synthetic_data_path(data).name
@@ -136,7 +136,7 @@ def synth_experiment(tmp_path: Path, job: dict[str, Any], train: dict[str, Any])
     checkpoints), for tests whose ranks run the runtime under a test wrapper."""
     import yaml
 
-    from stoker.data.synth import synth_dataset
+    from stoker.data.synthetic.shapes import synth_dataset
 
     data = tmp_path / "data"
     synth_dataset(str(data), clips=8, seconds=2.0, size=(64, 64), fps=8)

@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from stoker.config import DataConfig
-from stoker.data.shard_format import MANIFEST_NAME, parse_manifest
-from stoker.data.synth import synth_dataset
-from stoker.data.synthetic import synthetic_data_path
+from stoker.data.format.shard_format import MANIFEST_NAME, parse_manifest
+from stoker.data.synthetic.default_set import synthetic_data_path
+from stoker.data.synthetic.shapes import synth_dataset
 from stoker.runtime.observe.data_lineage import data_sets_of, record_data_sets
 from stoker.tracking.dataset_inputs import CONTEXT_TAG, DataSetInput
 

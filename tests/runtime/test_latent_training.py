@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from stoker.config import resolve_config
-from stoker.data.encode_shard import DecodeSpec
-from stoker.data.latent_encode import EncodeRequest, run_encode
-from stoker.data.synth import synth_dataset
+from stoker.data.encode.pipeline import EncodeRequest, run_encode
+from stoker.data.encode.shard import DecodeSpec
+from stoker.data.synthetic.shapes import synth_dataset
 from stoker.errors import StokerError
 from tests.clirun import stoker
 
@@ -95,7 +95,7 @@ def build(data: DataShapes) -> LatentMLP:
 def test_a_plugin_model_gets_the_latent_shapes_and_tensors(
     latents: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from stoker.data.loader import loader_from_config
+    from stoker.data.stream.loader import loader_from_config
     from stoker.runtime.models import build_model
     from stoker.runtime.preflight import check_model
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from stoker.data.synth import synth_dataset
+from stoker.data.synthetic.shapes import synth_dataset
 from tests.clirun import stoker, stoker_text
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from stoker.data.synth import synth_dataset
+from stoker.data.synthetic.shapes import synth_dataset
 from tests.clirun import stoker
 from tests.faults.training_jobs import (
     committed_steps,

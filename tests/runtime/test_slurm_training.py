@@ -37,7 +37,7 @@ def test_four_ranks_on_two_nodes_train_like_one(
     run_dir = Path(job["run_dir"])
     # The 1-rank reference, here, while the job waits on SLURM and starts. The synthetic
     # data set both use is written once: the first to take its lock writes it, the other
-    # waits for it (stoker/data/synthetic.py). One torch thread, as each SLURM rank has
+    # waits for it (stoker/data/synthetic/default_set.py). One torch thread, as each SLURM rank has
     # (--cpus-per-task=1): two would spin against the job's ranks for the 2 cores.
     local = stoker("run", TINY, *SHORT, "--nproc", "1", "--json", cwd=tmp_path, timeout=600,
                    env={"OMP_NUM_THREADS": "1"})  # fmt: skip

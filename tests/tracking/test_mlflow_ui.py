@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stoker.data.synth import synth_dataset
+from stoker.data.synthetic.shapes import synth_dataset
 from tests.browser import headless_page
 from tests.clirun import stoker
 

@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stoker.data.shard_format import MANIFEST_NAME, parse_manifest
-from stoker.data.synth import synth_dataset
+from stoker.data.format.shard_format import MANIFEST_NAME, parse_manifest
+from stoker.data.synthetic.shapes import synth_dataset
 from tests.browser import headless_page
 from tests.clirun import stoker
 

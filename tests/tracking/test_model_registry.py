@@ -191,7 +191,7 @@ def test_a_run_registers_its_ema_weights_with_their_lineage_and_samples_join_it(
     """train.register_final through `stoker run`: the version names the run, the final
     checkpoint's COMMIT.json digest, the data set's digest and the final step's samples,
     and holds the EMA's weights."""
-    from stoker.data.synth import synth_dataset
+    from stoker.data.synthetic.shapes import synth_dataset
 
     data = tmp_path / "data"
     synth_dataset(str(data), clips=4, seconds=1.0, size=(32, 32), fps=8)

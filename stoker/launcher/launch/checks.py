@@ -144,7 +144,7 @@ def check_eval_data(resolved: ResolvedConfig) -> None:
 def check_buckets(resolved: ResolvedConfig) -> None:
     """data.buckets: each bucket's batch size (given, or from data.batch_tokens) splits
     over the job's ranks and train.grad_accum, as the loader on every rank will need."""
-    from stoker.data.buckets import resolve_buckets
+    from stoker.data.sets.buckets import resolve_buckets
 
     cfg = resolved.config
     ranks = cfg.job.nodes * cfg.job.tasks_per_node

@@ -26,8 +26,8 @@ from stoker.errors import StokerError
 from stoker.launcher.script.render import Shell
 
 if TYPE_CHECKING:
-    from stoker.data.latent_encode import EncodeRequest
-    from stoker.data.pack import PackRequest, PreparedPack
+    from stoker.data.encode.pipeline import EncodeRequest
+    from stoker.data.pack.pipeline import PackRequest, PreparedPack
     from stoker.launcher.launch.submit import Submitted
 
 DEFAULT_MAX_TASKS = 100
@@ -88,8 +88,8 @@ def submit_data_array(job: DataJob, options: ArrayOptions) -> Submitted:
     as an array of one task per group. A refusal by SLURM leaves the work file,
     harmless, for the next try."""
     from stoker.config import resolve_config
-    from stoker.data.shard_format import join
-    from stoker.data.shard_writer import write_json_atomic
+    from stoker.data.format.shard_format import join
+    from stoker.data.write.shard_writer import write_json_atomic
     from stoker.launcher.launch.submit import SubmitOptions, job_flags, submit
 
     groups = group_evenly(job.pending, options.tasks or min(len(job.pending), DEFAULT_MAX_TASKS))
@@ -145,9 +145,9 @@ def work_name() -> str:
 def submit_encode(request: EncodeRequest, options: ArrayOptions) -> Submitted | None:
     """`stoker data encode --slurm`: plan (or check) the encode here, then queue the
     shards not encoded yet as an array; None when none is left."""
-    from stoker.data.latent_encode import WORK_DIR, prepare
-    from stoker.data.pack import process_local
-    from stoker.data.pack_plan import open_location
+    from stoker.data.encode.pipeline import WORK_DIR, prepare
+    from stoker.data.pack.pipeline import process_local
+    from stoker.data.write.location import open_location
 
     if any(process_local(open_location(url)[0]) for url in (request.src, request.dst)):
         raise StokerError(
@@ -158,7 +158,7 @@ def submit_encode(request: EncodeRequest, options: ArrayOptions) -> Submitted | 
     if not prepared.pending:
         return None
     job = DataJob(
-        "stoker-encode", "stoker.data.encode_task", prepared.dst_fs, prepared.dst_root,
+        "stoker-encode", "stoker.data.jobs.encode_task", prepared.dst_fs, prepared.dst_root,
         prepared.dst_url, prepared.pending, WORK_DIR,
         {"batch_size": request.batch_size, "device": request.device},
     )  # fmt: skip
@@ -171,8 +171,8 @@ def submit_pack(
     """`stoker data pack --slurm`: list SRC and plan the pack here (or check the plan
     under DST), then queue the shards not written yet as an array; None when none is
     left. `prepared`: the pack as `prepare_pack(request)` already planned it."""
-    from stoker.data.pack import WORK_DIR, plan_digest, prepare_pack, process_local
-    from stoker.data.pack_plan import open_location
+    from stoker.data.pack.pipeline import WORK_DIR, plan_digest, prepare_pack, process_local
+    from stoker.data.write.location import open_location
 
     if any(process_local(open_location(url)[0]) for url in (request.src, request.dst)):
         raise StokerError(
@@ -183,7 +183,7 @@ def submit_pack(
     if not planned.pending:
         return None
     job = DataJob(
-        "stoker-pack", "stoker.data.pack_task", planned.dst_fs, planned.dst_root,
+        "stoker-pack", "stoker.data.jobs.pack_task", planned.dst_fs, planned.dst_root,
         planned.dst_url, planned.pending, WORK_DIR,
         # The tasks run elsewhere (another node, the job's folder): SRC by absolute URL.
         {"src_url": planned.src_url, "plan_sha256": plan_digest(planned.plan)},

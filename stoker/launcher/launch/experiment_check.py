@@ -78,7 +78,7 @@ def _check_model(resolved: ResolvedConfig) -> str:
 def _check_data(url: str | None, key: str, modalities: list[str]) -> str:
     if url is None:
         return "synthetic data set, written on first use"
-    from stoker.data.dataset import open_dataset
+    from stoker.data.sets.dataset import open_dataset
 
     manifest = open_dataset(url).manifest
     missing = [m for m in modalities if manifest.modalities and m not in manifest.modalities]
@@ -92,7 +92,7 @@ def _check_data(url: str | None, key: str, modalities: list[str]) -> str:
 
 
 def _check_buckets(resolved: ResolvedConfig) -> str:
-    from stoker.data.buckets import resolve_buckets
+    from stoker.data.sets.buckets import resolve_buckets
     from stoker.launcher.launch.checks import check_buckets
 
     check_buckets(resolved)
@@ -105,7 +105,7 @@ _TRANSFORM_REFUSED = 3
 # Run by the child: the loader's own import, so the check says what the workers will.
 _IMPORT_TRANSFORM = """
 import inspect, json, sys
-from stoker.data.stream import import_transform
+from stoker.data.stream.worker import import_transform
 from stoker.errors import StokerError
 try:
     function = import_transform(sys.argv[1], key="data.transform")

@@ -1,13 +1,13 @@
 """The shapes of a run on latents (`data.modalities: [latent]`): read from the latent
-data sets' manifests, which record each bucket's tensor shapes (stoker/data/latent_format.py),
-so a model is built for the latents before any is read."""
+data sets' manifests, which record each bucket's tensor shapes
+(stoker/data/format/latent_format.py), so a model is built for the latents before any is read."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from stoker.data.buckets import Bucket, encoded_buckets, resolve_buckets
-from stoker.data.dataset import open_dataset
+from stoker.data.sets.buckets import Bucket, encoded_buckets, resolve_buckets
+from stoker.data.sets.dataset import open_dataset
 from stoker.errors import StokerError
 from stoker.model import ClipShape, DataShapes, LatentShape
 
@@ -18,12 +18,12 @@ if TYPE_CHECKING:
 def latent_data_shapes(data: DataConfig) -> DataShapes:
     """DataShapes of latent data sets: the encode's decode settings in the clip fields,
     one LatentShape per bucket trained on (data.buckets, else the encoded ones). With
-    data.url null, those of the synthetic latent set (stoker/data/synthetic_latents.py)."""
+    data.url null, those of the synthetic latent set (stoker/data/synthetic/shapes_latents.py)."""
     buckets: list[Bucket]
     if not data.sources and data.url is None:
         # The synthetic latent set: its shapes follow from the settings (it may not
         # exist yet: the model is checked before it is written).
-        from stoker.data.synthetic_latents import synthetic_decode, synthetic_latent_shapes
+        from stoker.data.synthetic.shapes_latents import synthetic_decode, synthetic_latent_shapes
 
         urls = ["the synthetic latent set"]
         found = [{"": synthetic_latent_shapes(data)}]

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from stoker.config import DataConfig
+from stoker.data.format.latent_format import chain
 from stoker.data.inspect_dataset import read_manifest
-from stoker.data.latent_format import chain
-from stoker.data.synthetic import synthetic_data_path
+from stoker.data.synthetic.default_set import synthetic_data_path
 from stoker.tracking.dataset_inputs import EVAL, NO_MANIFEST, TRAINING, DataSetInput
 from stoker.tracking.stderr import first_line, warn
 

@@ -18,7 +18,7 @@ the last one, and readers skip it).
      "checkpoint_s": s, "sample_s": s}           the same seconds since the last window
 
 Times are epoch seconds (time.time()); durations are rank 0's, as measured by the
-trainer's own clocks. stoker.launcher.job_time reads these files (a line cut short by
+trainer's own clocks. stoker.job_time reads these files (a line cut short by
 a kill, and any after it, left out), the batch script's `attempts` and the watchdog's
 hang.json into the job's time account (goodput and the time lost by cause).
 """

@@ -12,7 +12,7 @@ from stoker.runtime.session import to_device
 if TYPE_CHECKING:
     import torch
 
-    from stoker.data.loader import StreamingLoader
+    from stoker.data.stream.loader import StreamingLoader
 
 
 class DataWait:

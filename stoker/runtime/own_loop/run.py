@@ -116,7 +116,7 @@ class Run:
         mixture data.sources, with data.buckets if set; the synthetic audio-video set
         when neither is set), this rank's share of each global batch (of data.batch_size
         samples, or of its bucket's batch size). Call on every rank."""
-        from stoker.data.loader import loader_from_config
+        from stoker.data.stream.loader import loader_from_config
 
         cfg = self.config
         url = data_url(cfg.data, say=print if self.is_main else None)

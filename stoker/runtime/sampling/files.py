@@ -25,7 +25,12 @@ from typing import Any
 
 import torch
 
-from stoker.data.sample_media import AAC_SAMPLE_RATES, contact_sheet, encode_av_clip, encode_wav
+from stoker.data.media.sample_media import (
+    AAC_SAMPLE_RATES,
+    contact_sheet,
+    encode_av_clip,
+    encode_wav,
+)
 
 RECORD = "samples.json"
 CONTACT_SHEET = "contact.png"
