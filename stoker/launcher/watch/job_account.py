@@ -27,6 +27,7 @@ from typing import Any
 from stoker.job_time import CAUSES, job_time
 from stoker.launcher.jobs.targets import Target
 from stoker.launcher.slurm.query import AcctRow
+from stoker.metric_names import goodput_metrics
 from stoker.protocol import HANG_FILE, HEARTBEAT_DIR, expand_nodelist, runs_the_runtime
 
 ACCOUNTS_KEY = "accounts"
@@ -102,17 +103,14 @@ class JobAccount:
         """As the runtime logs a job's time account at its end (stoker.job_time's
         `system/goodput/...`, in rank-hours), for a run the runtime could not log it to."""
         rank_h = 1 / self.per_rank if self.per_rank else 0.0
-        out = {
-            "system/goodput/allocated_rank_hours": self.allocated_h * rank_h,
-            "system/goodput/productive_rank_hours": self.productive_h * rank_h,
-            "system/goodput/queue_after_requeue_s": self.queue_after_requeue_h * 3600,
-            "system/goodput/starts": float(self.starts),
-        }
-        if self.goodput is not None:
-            out["system/goodput/goodput"] = self.goodput
-        for cause, hours in self.lost_h.items():
-            out[f"system/goodput/lost_{cause}_rank_hours"] = hours * rank_h
-        return out
+        return goodput_metrics(
+            allocated_rank_h=self.allocated_h * rank_h,
+            productive_rank_h=self.productive_h * rank_h,
+            queue_after_requeue_s=self.queue_after_requeue_h * 3600,
+            starts=float(self.starts),
+            goodput=self.goodput,
+            lost_rank_h={cause: hours * rank_h for cause, hours in self.lost_h.items()},
+        )
 
     @classmethod
     def from_json(cls, data: Any) -> JobAccount | None:
