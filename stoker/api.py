@@ -135,14 +135,20 @@ def submit(
     command's flags (`nodes` is `--nodes`), with the same precedence. `cwd`: the folder
     to snapshot and run from (default: the current one). `check=False` is `--no-check`."""
     from stoker.config import resolve_config
-    from stoker.launcher.launch.submit import SubmitOptions, job_flags
+    from stoker.launcher.launch.job_flags import JobFlags, keyword
+    from stoker.launcher.launch.submit import SubmitOptions
     from stoker.launcher.launch.submit import submit as launch
 
-    flags = job_flags(
-        lambda flag: f"{flag}=",
-        nodes=nodes, ntasks_per_node=ntasks_per_node, gpus_per_node=gpus_per_node,
-        cpus_per_task=cpus_per_task, mem=mem, time=time, partition=partition, name=name,
-    )  # fmt: skip
+    flags = JobFlags(
+        nodes=nodes,
+        ntasks_per_node=ntasks_per_node,
+        gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus_per_task,
+        mem=mem,
+        time=time,
+        partition=partition,
+        name=name,
+    ).for_config(keyword)
     if isinstance(overrides, str):
         raise StokerError(
             f"overrides={overrides!r} is one string", fix=f"pass a list: [{overrides!r}]"
@@ -193,16 +199,22 @@ def sweep(
     sweep axes and `KEY=V` overrides every task shares (every task's model is checked
     first unless `check=False`). One `Job` per task (`JOB_<index>`), in the order of the
     grid, each with its own MLflow run (children of one parent run)."""
-    from stoker.launcher.launch.submit import SubmitOptions, job_flags
+    from stoker.launcher.launch.job_flags import JobFlags, keyword
+    from stoker.launcher.launch.submit import SubmitOptions
     from stoker.launcher.launch.sweep import submit_sweep
 
     if isinstance(axes, str):
         raise StokerError(f"axes={axes!r} is one string", fix=f"pass a list: [{axes!r}]")
-    flags = job_flags(
-        lambda flag: f"{flag}=",
-        nodes=nodes, ntasks_per_node=ntasks_per_node, gpus_per_node=gpus_per_node,
-        cpus_per_task=cpus_per_task, mem=mem, time=time, partition=partition, name=name,
-    )  # fmt: skip
+    flags = JobFlags(
+        nodes=nodes,
+        ntasks_per_node=ntasks_per_node,
+        gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus_per_task,
+        mem=mem,
+        time=time,
+        partition=partition,
+        name=name,
+    ).for_config(keyword)
     options = SubmitOptions(
         command=list(command),
         after=after,

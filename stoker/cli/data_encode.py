@@ -113,12 +113,17 @@ def encode(
     from stoker.cli.output import err, note
     from stoker.data.encode.encoder_api import parse_encoder_args
     from stoker.data.encode.pipeline import EncodeRequest
+    from stoker.launcher.launch.job_flags import JobFlags, command_line
 
-    refuse_slurm_flags(slurm, {
-        "--tasks": tasks, "--partition": partition, "--time": time,
-        "--gpus-per-node": gpus_per_node, "--cpus-per-task": cpus_per_task, "--mem": mem,
-        "--max-parallel": max_parallel, "--wait": wait,
-    }, "encode")  # fmt: skip
+    slurm_flags = JobFlags(
+        partition=partition,
+        time=time,
+        gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus_per_task,
+        mem=mem,
+    )
+    given = {"--tasks": tasks, **slurm_flags.given(command_line)}
+    refuse_slurm_flags(slurm, {**given, "--max-parallel": max_parallel, "--wait": wait}, "encode")
     request = EncodeRequest(
         src=src,
         dst=dst,
@@ -133,10 +138,7 @@ def encode(
     if slurm:
         from stoker.launcher.launch.data_array import ArrayOptions, submit_encode
 
-        options = ArrayOptions(
-            tasks=tasks, partition=partition, time=time, gpus_per_node=gpus_per_node,
-            cpus_per_task=cpus_per_task, mem=mem, max_parallel=max_parallel,
-        )  # fmt: skip
+        options = ArrayOptions(tasks=tasks, slurm=slurm_flags, max_parallel=max_parallel)
         submitted = submit_encode(request, options)
         if submitted is None:
             note("every shard is already encoded: nothing to submit")

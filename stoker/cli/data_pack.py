@@ -67,7 +67,7 @@ def pack(
     partition: str | None = typer.Option(
         None, "--partition", "-p", help="With --slurm: the partition.", show_default=False
     ),
-    time_limit: str | None = typer.Option(
+    time: str | None = typer.Option(
         None,
         "--time",
         help="With --slurm: each task's time limit (sbatch's forms: 30, 2:00:00, 1-0).",
@@ -115,11 +115,11 @@ def pack(
     from stoker.cli.output import err
     from stoker.data.pack.pipeline import PackRequest, run_pack
     from stoker.data.pack.plan import PackOptions
+    from stoker.launcher.launch.job_flags import JobFlags, command_line
 
-    refuse_slurm_flags(slurm, {
-        "--tasks": tasks, "--partition": partition, "--time": time_limit,
-        "--cpus-per-task": cpus_per_task, "--wait": wait,
-    }, "pack")  # fmt: skip
+    slurm_flags = JobFlags(partition=partition, time=time, cpus_per_task=cpus_per_task)
+    given = {"--tasks": tasks, **slurm_flags.given(command_line), "--wait": wait}
+    refuse_slurm_flags(slurm, given, "pack")
     request = PackRequest(
         src=src,
         dst=dst,
@@ -132,10 +132,7 @@ def pack(
     if slurm:
         from stoker.launcher.launch.data_array import ArrayOptions
 
-        options = ArrayOptions(
-            tasks=tasks, partition=partition, time=time_limit, cpus_per_task=cpus_per_task,
-            max_parallel=workers,
-        )  # fmt: skip
+        options = ArrayOptions(tasks=tasks, slurm=slurm_flags, max_parallel=workers)
         _pack_on_slurm(request, options, wait, as_json)
         return
     if err().is_terminal:

@@ -41,24 +41,3 @@ NO_CHECK: Any = typer.Option(
 )  # fmt: skip
 PROFILE: Any = typer.Option(None, "--profile", help="Site profile to use.")
 NO_PROFILE: Any = typer.Option(False, "--no-profile", help="Ignore the site profile.")
-
-
-def job_flags(
-    *,
-    nodes: int | None,
-    ntasks_per_node: int | None,
-    gpus_per_node: int | None,
-    cpus_per_task: int | None,
-    mem: str | None,
-    time: str | None,
-    partition: str | None,
-    name: str | None,
-) -> dict[str, tuple[Any, str]]:
-    """The flags as `resolve_config` takes them: key -> (value or None, flag)."""
-    from stoker.launcher.launch.submit import job_flags as flags_of
-
-    return flags_of(
-        lambda flag: "--" + flag.replace("_", "-"),
-        nodes=nodes, ntasks_per_node=ntasks_per_node, gpus_per_node=gpus_per_node,
-        cpus_per_task=cpus_per_task, mem=mem, time=time, partition=partition, name=name,
-    )  # fmt: skip

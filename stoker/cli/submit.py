@@ -56,11 +56,12 @@ def submit(
     from stoker.cli.output import note, out
     from stoker.cli.trailing import trailing_command
     from stoker.config import resolve_config
+    from stoker.launcher.launch.job_flags import JobFlags, command_line
     from stoker.launcher.launch.submit import SubmitOptions
     from stoker.launcher.launch.submit import submit as do_submit
 
     experiment, overrides = split_experiment_args(args or [])
-    flags = opt.job_flags(
+    flags = JobFlags(
         nodes=nodes,
         ntasks_per_node=ntasks_per_node,
         gpus_per_node=gpus_per_node,
@@ -69,7 +70,7 @@ def submit(
         time=time,
         partition=partition,
         name=name,
-    )
+    ).for_config(command_line)
     resolved = resolve_config(
         experiment, overrides, flags, profile=profile, use_profile=not no_profile
     )

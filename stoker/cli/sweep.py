@@ -50,11 +50,12 @@ def sweep(
     from stoker.cli.config import split_experiment_args
     from stoker.cli.output import note, out
     from stoker.cli.trailing import trailing_command
+    from stoker.launcher.launch.job_flags import JobFlags, command_line
     from stoker.launcher.launch.submit import SubmitOptions
     from stoker.launcher.launch.sweep import submit_sweep
 
     experiment, rest = split_experiment_args(args)
-    flags = opt.job_flags(
+    flags = JobFlags(
         nodes=nodes,
         ntasks_per_node=ntasks_per_node,
         gpus_per_node=gpus_per_node,
@@ -63,7 +64,7 @@ def sweep(
         time=time,
         partition=partition,
         name=name,
-    )
+    ).for_config(command_line)
     options = SubmitOptions(
         command=trailing_command(),
         after=after,

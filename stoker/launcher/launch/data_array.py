@@ -18,11 +18,12 @@ import secrets
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stoker.errors import StokerError
+from stoker.launcher.launch.job_flags import JobFlags, command_line
 from stoker.launcher.script.render import Shell
 
 if TYPE_CHECKING:
@@ -40,11 +41,9 @@ class ArrayOptions:
     """The command line's SLURM flags of a data job."""
 
     tasks: int | None = None
-    partition: str | None = None
-    time: str | None = None
-    gpus_per_node: int | None = None
-    cpus_per_task: int | None = None
-    mem: str | None = None
+    slurm: JobFlags = field(default_factory=JobFlags)
+    """Each task's SLURM options (`--partition`, `--time`, `--gpus-per-node`, ...); its
+    job name and one task per array task are the array's own."""
     max_parallel: int | None = None
     cwd: Path | None = None
     """The folder snapshotted and run from (the encoder's code); default: the current one."""
@@ -90,14 +89,10 @@ def submit_data_array(job: DataJob, options: ArrayOptions) -> Submitted:
     from stoker.config import resolve_config
     from stoker.data.format.shard_format import join
     from stoker.data.write.shard_writer import write_json_atomic
-    from stoker.launcher.launch.submit import SubmitOptions, job_flags, submit
+    from stoker.launcher.launch.submit import SubmitOptions, submit
 
     groups = group_evenly(job.pending, options.tasks or min(len(job.pending), DEFAULT_MAX_TASKS))
-    flags = job_flags(
-        lambda flag: f"--{flag.replace('_', '-')}",
-        partition=options.partition, time=options.time, gpus_per_node=options.gpus_per_node,
-        cpus_per_task=options.cpus_per_task, mem=options.mem,
-    )  # fmt: skip
+    flags = options.slurm.for_config(command_line)
     # One process per array task, whatever its GPUs: the task's encoder uses them.
     resolved = resolve_config(None, [f"job.name={job.name}", "job.ntasks_per_node=1"], flags)
     work_path = join(job.dst_root, f"{job.work_dir}/{work_name()}")

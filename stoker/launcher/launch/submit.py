@@ -21,7 +21,7 @@ import importlib.util
 import shutil
 import socket
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,23 +158,6 @@ class _Runs:
     @property
     def all_ids(self) -> list[str]:
         return [i for i in dict.fromkeys([self.run_id or "", *self.task_run_ids]) if i]
-
-
-# The command line's (and the Python API's) job flags: name -> the job.* key it sets.
-JOB_FLAGS = {
-    name: f"job.{name}"
-    for name in ("nodes", "ntasks_per_node", "gpus_per_node", "cpus_per_task", "mem", "time",
-                 "partition", "name")
-}  # fmt: skip
-
-
-def job_flags(label: Callable[[str], str], **values: Any) -> dict[str, tuple[Any, str]]:
-    """The flags as `resolve_config` takes them: job.* key -> (value or None, where it
-    came from, `label(name)`: `--nodes` on the command line, `nodes=` in Python)."""
-    unknown = set(values) - set(JOB_FLAGS)
-    if unknown:
-        raise TypeError(f"not job flags: {', '.join(sorted(unknown))}")
-    return {JOB_FLAGS[name]: (value, label(name)) for name, value in values.items()}
 
 
 def task_command(resolved: ResolvedConfig, options: SubmitOptions) -> list[str]:
