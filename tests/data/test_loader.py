@@ -364,6 +364,10 @@ def test_the_experiment_file_configures_the_loader(dataset: str, tmp_path: Path)
     batch = next(iter(ld))
     assert batch["video"].shape == (2, 4, 3, 16, 24) and batch["audio"].shape == (2, 2, 8000)
     assert len(batch["text"]) == 2 and ld.state_dict()["seed"] == 11
+    # The clip settings arrive as one value made from data.* (ClipSpec.from_data).
+    clip = ld.clip
+    assert (clip.fps, clip.size, clip.sample_rate, clip.channels) == (4, (16, 24), 8000, 2)
+    assert clip.modalities == ("video", "audio", "text") and clip.clip_offset == "random"
     config.data.url = None
     with pytest.raises(StokerError, match=r"data.url is null"):
         loader_from_config(config, rank=0, world_size=1)

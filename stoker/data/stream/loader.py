@@ -44,6 +44,7 @@ from stoker.data.stream.worker import (
     import_transform,
 )
 from stoker.errors import StokerError
+from stoker.modes import Mixing
 
 START_METHODS = ("forkserver", "spawn")
 
@@ -63,7 +64,8 @@ class StreamingLoader:
     `data` is one data set (URL or DataSource) or a mixture (a list of MixSource, each
     walked in its own order with its own epochs, `mixing` random or exact). `buckets`
     batch clips of several sizes and lengths, each bucket with its own global batch
-    size (`batch_size` is then unused)."""
+    size (`batch_size` is then unused). `clip`: the clip settings as one value
+    (`ClipSpec.from_data(config.data)`), instead of `modalities` .. `resize` one by one."""
 
     def __init__(
         self,
@@ -80,11 +82,11 @@ class StreamingLoader:
         clip_seconds: float = 1.0,
         sample_rate: int = 16_000,
         channels: int = 1,
-        clip_offset: str = "random",
+        clip_offset: Literal["random", "start"] = "random",
         resize: Literal["crop", "stretch"] = "crop",
         shuffle: bool = True,
         shuffle_shards: int = 4,
-        mixing: str = "random",
+        mixing: Mixing = "random",
         buckets: Sequence[Bucket] = (),
         prefetch_mb: float = 256,
         fetch_threads: int = 4,
@@ -95,6 +97,7 @@ class StreamingLoader:
         pin_memory: bool = False,
         allow_changed_data: bool = False,
         source_name: str = "StreamingLoader",
+        clip: ClipSpec | None = None,
     ) -> None:
         self.mixture = not isinstance(data, (str, DataSource))
         specs: list[MixSource] = (
@@ -188,7 +191,7 @@ class StreamingLoader:
         self.shuffle_shards = shuffle_shards
         self.mixing = mixing
         fields = set.intersection(*(set(s.manifest.fields) for s in self.sources))
-        self.clip = ClipSpec(
+        clip = clip or ClipSpec(
             modalities=tuple(modalities),
             fps=fps,
             size=size,
@@ -197,9 +200,9 @@ class StreamingLoader:
             channels=channels,
             clip_offset=clip_offset,
             resize=resize,
-            # A latent data set's tensors come under "latent" (the modality), not as arrays.
-            arrays=array_fields(sorted(fields - {LATENT_MEMBER})),
         )
+        # A latent data set's tensors come under "latent" (the modality), not as arrays.
+        self.clip = replace(clip, arrays=array_fields(sorted(fields - {LATENT_MEMBER})))
         self.prefetch_bytes = int(prefetch_mb * (1 << 20))
         self.fetch_threads = fetch_threads
         self.retry = retry or RetryPolicy()
@@ -463,14 +466,7 @@ def loader_from_config(
         world_size=world_size,
         num_workers=data.num_workers,
         seed=config.train.seed,
-        modalities=tuple(data.modalities),
-        fps=data.fps,
-        size=tuple(data.resolution),
-        clip_seconds=data.clip_seconds,
-        sample_rate=data.sample_rate,
-        channels=data.channels,
-        clip_offset=data.clip_offset,
-        resize=data.resize,
+        clip=ClipSpec.from_data(data),
         shuffle_shards=data.shuffle_shards,
         mixing=data.mixing,
         buckets=buckets,

@@ -19,12 +19,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from stoker.modes import Mixing
+
 CHUNK = 4096
 _MIX = 0x6D6978  # "mix": keeps these draws apart from the other uses of the seed
 
 
 def choose_sources(
-    mixing: str, weights: Sequence[float], seed: int, slot: int, count: int, taken: Sequence[int]
+    mixing: Mixing, weights: Sequence[float], seed: int, slot: int, count: int, taken: Sequence[int]
 ) -> np.ndarray:
     """The source of each of slots [slot, slot + count); `taken` is how many samples each
     source gave before `slot` (its position)."""

@@ -25,6 +25,7 @@ import numpy as np
 
 from stoker.data.stream.mixture import choose_sources
 from stoker.data.stream.order import SampleOrder
+from stoker.modes import Mixing
 
 BucketOf = Callable[[int, int], int]
 """(shard, sample in shard) -> bucket number, for one source."""
@@ -102,7 +103,7 @@ class BatchSchedule:
     batch_sizes: Sequence[int]
     """Global batch size per bucket; one entry without buckets."""
     seed: int
-    mixing: str = "random"
+    mixing: Mixing = "random"
     weights: Sequence[float] = (1.0,)
     bucket_of: Sequence[BucketOf] | None = None
     """Per source; None without buckets."""

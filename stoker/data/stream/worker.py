@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -37,6 +37,10 @@ from stoker.data.stream.prefetch import Prefetcher
 from stoker.data.stream.schedule import BatchSchedule, GlobalBatch, ScheduleState, Slot
 from stoker.errors import StokerError
 from stoker.import_path import import_callable, last_frame
+from stoker.modes import Mixing
+
+if TYPE_CHECKING:
+    from stoker.config import DataConfig
 
 log = logging.getLogger("stoker.data")
 
@@ -57,12 +61,27 @@ class ClipSpec:
     clip_seconds: float = 1.0
     sample_rate: int = 16_000
     channels: int = 1
-    clip_offset: str = "random"
+    clip_offset: Literal["random", "start"] = "random"
     """random: a start drawn per sample from (seed, position); start: always 0."""
     resize: Literal["crop", "stretch"] = "crop"
     """crop: scale to cover `size` keeping the aspect ratio, centre-crop; stretch: scale."""
     arrays: tuple[str, ...] = ()
     """Member extensions passed through as tensors (`npy`, `latent.npy`, `safetensors`)."""
+
+    @classmethod
+    def from_data(cls, data: DataConfig) -> ClipSpec:
+        """The clip settings of an experiment's `data.*` keys, made once here rather than
+        copied field by field (buckets set their own size and length per sample)."""
+        return cls(
+            modalities=tuple(data.modalities),
+            fps=data.fps,
+            size=(data.resolution[0], data.resolution[1]),
+            clip_seconds=data.clip_seconds,
+            sample_rate=data.sample_rate,
+            channels=data.channels,
+            clip_offset=data.clip_offset,
+            resize=data.resize,
+        )
 
 
 @dataclass(frozen=True)
@@ -80,7 +99,7 @@ class StreamPlan:
     max_batches: int | None = None
     shuffle: bool = True
     shuffle_shards: int = 4
-    mixing: str = "random"
+    mixing: Mixing = "random"
     weights: tuple[float, ...] = (1.0,)
     buckets: tuple[Bucket, ...] = ()
 
