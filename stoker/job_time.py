@@ -42,8 +42,16 @@ from typing import Any
 from stoker.metric_names import goodput_metrics
 from stoker.protocol import ACCOUNTING_DIR, HANG_FILE, HEARTBEAT_DIR
 
-CAUSES = ("startup", "data_wait", "checkpoint", "sampling", "redone", "hang",
-          "after_last_step", "other")  # fmt: skip
+CAUSES = (
+    "startup",
+    "data_wait",
+    "checkpoint",
+    "sampling",
+    "redone",
+    "hang",
+    "after_last_step",
+    "other",
+)
 """The lost-time causes, in report order (productive time is not one)."""
 
 
@@ -215,8 +223,12 @@ def job_time(
     accounts = {k: read_lines(run_dir / ACCOUNTING_DIR / f"r{k}.jsonl") for k in sorted(attempts)}
     restarts = sorted(attempts)
     if failed and kept_through is None and restarts:
-        commits = [int(line["step"]) for lines in accounts.values() for line in lines
-                   if line["kind"] == "commit"]  # fmt: skip
+        commits = [
+            int(line["step"])
+            for lines in accounts.values()
+            for line in lines
+            if line["kind"] == "commit"
+        ]
         kept_through = max(commits, default=_start_step(accounts[restarts[-1]]) or 0)
     starts: list[StartTime] = []
     for index, k in enumerate(restarts):

@@ -185,9 +185,11 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
         dcp_save(
-            state_dict, storage_writer=writer, process_group=self.group,
+            state_dict,
+            storage_writer=writer,
+            process_group=self.group,
             no_dist=not self.distributed,
-        )  # fmt: skip
+        )
         done: Future[None] = Future()
         done.set_result(None)
         self._finish(step, url, writer, done, 0.0, sync_started=started)
@@ -245,8 +247,11 @@ class Checkpointer:
         known: dict[str, tuple[int, str]] = {}
         try:
             upload.result()
-            mine = [n for n in ck.file_names(url, fs_options=self.fs_options)
-                    if n.startswith(f"__{self.rank}_")]  # fmt: skip
+            mine = [
+                n
+                for n in ck.file_names(url, fs_options=self.fs_options)
+                if n.startswith(f"__{self.rank}_")
+            ]
             hashed = written_digests(writer)  # hashed while written (local writer)
             known = {n: hashed[n] for n in mine if n in hashed}
             rest = [n for n in mine if n not in known]
@@ -317,8 +322,9 @@ class Checkpointer:
             return
         for decision in decisions:
             if decision.delete:
-                print(f"deleted checkpoint step-{decision.row.step} ({decision.reason})",
-                      flush=True)  # fmt: skip
+                print(
+                    f"deleted checkpoint step-{decision.row.step} ({decision.reason})", flush=True
+                )
 
     def _wait_in_flight(self) -> None:
         in_flight, self._in_flight = self._in_flight, None
@@ -432,8 +438,11 @@ class Checkpointer:
         reader = storage_reader(url, self.fs_options)
         metadata = reader.read_metadata()
         saved = metadata.state_dict_metadata
-        rng_sizes = {k: v.size for k, v in saved.items()
-                     if k.startswith("rng.") and isinstance(v, TensorStorageMetadata)}  # fmt: skip
+        rng_sizes = {
+            k: v.size
+            for k, v in saved.items()
+            if k.startswith("rng.") and isinstance(v, TensorStorageMetadata)
+        }
         state = state_to_load(model, optimizer, set(saved), rng_sizes, rank=self.rank, extra=extra)
         dcp_load(
             state,

@@ -175,10 +175,13 @@ def write_commit(
         )
     known = known or {}
     entries = tuple(
-        FileEntry(rel, size, sha if (sha := _known_sha(known, rel, size)) else
-                  _sha256(fs, f"{folder}/{rel}"))
+        FileEntry(
+            rel,
+            size,
+            sha if (sha := _known_sha(known, rel, size)) else _sha256(fs, f"{folder}/{rel}"),
+        )
         for rel, size in sorted(sizes.items())
-    )  # fmt: skip
+    )
     commit = Commit(
         step=step,
         world_size=world_size,

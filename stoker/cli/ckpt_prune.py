@@ -45,10 +45,12 @@ def prune(
         )
     decisions = apply_rules(path, keep_last=keep_last, keep_every=keep_every, dry_run=dry_run)
     if as_json:
-        print_json([
-            {**d.row.to_dict(), "delete": d.delete, "reason": d.reason, "dry_run": dry_run}
-            for d in decisions
-        ])  # fmt: skip
+        print_json(
+            [
+                {**d.row.to_dict(), "delete": d.delete, "reason": d.reason, "dry_run": dry_run}
+                for d in decisions
+            ]
+        )
         return
     verb = "would delete" if dry_run else "deleted"
     for d in decisions:

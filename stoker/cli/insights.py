@@ -111,8 +111,9 @@ def _sections(report: Report) -> list[Section]:
                 share = totals.lost_h[cause] / totals.allocated_h if totals.allocated_h else 0
                 lost_rows.append([resource, cause, _hours(totals.lost_h[cause]), _percent(share)])
         if totals.unaccounted_h > 0:
-            lost_rows.append([resource, "not accounted (own commands)",
-                              _hours(totals.unaccounted_h), "-"])  # fmt: skip
+            lost_rows.append(
+                [resource, "not accounted (own commands)", _hours(totals.unaccounted_h), "-"]
+            )
         if totals.queue_after_requeue_h > 0:
             lost_rows.append(
                 [resource, "queue after requeue (wall)", _hours(totals.queue_after_requeue_h), "-"]

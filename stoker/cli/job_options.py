@@ -36,8 +36,9 @@ NO_SNAPSHOT: Any = typer.Option(
     False, "--no-snapshot", help="Run the code where it is, not from a snapshot."
 )
 NO_CHECK: Any = typer.Option(
-    False, "--no-check",
+    False,
+    "--no-check",
     help="Skip the model check (built on the meta device, forward on a meta batch).",
-)  # fmt: skip
+)
 PROFILE: Any = typer.Option(None, "--profile", help="Site profile to use.")
 NO_PROFILE: Any = typer.Option(False, "--no-profile", help="Ignore the site profile.")

@@ -99,9 +99,16 @@ def plan(
 
     experiment, overrides = split_experiment_args(args or [])
     cfg = resolve_config(experiment, overrides, profile=profile, use_profile=not no_profile).config
-    target = make_target(cfg, partition=partition, nodes=nodes, gpus_per_node=gpus_per_node,
-                         gpu=gpu, gpu_memory=gpu_memory, margin=margin,
-                         inter_node_gbps=inter_node_gbps)  # fmt: skip
+    target = make_target(
+        cfg,
+        partition=partition,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        gpu=gpu,
+        gpu_memory=gpu_memory,
+        margin=margin,
+        inter_node_gbps=inter_node_gbps,
+    )
     note(f"planning for {target.source}: tracing candidates on fake tensors...")
     from stoker.planning.plan import make_plan
 
@@ -119,9 +126,17 @@ def plan(
         raise typer.Exit(1)
 
 
-def make_target(cfg: ExperimentConfig, *, partition: str | None, nodes: int | None,
-                gpus_per_node: int | None, gpu: str | None, gpu_memory: str | None,
-                margin: float, inter_node_gbps: float | None) -> Target:  # fmt: skip
+def make_target(
+    cfg: ExperimentConfig,
+    *,
+    partition: str | None,
+    nodes: int | None,
+    gpus_per_node: int | None,
+    gpu: str | None,
+    gpu_memory: str | None,
+    margin: float,
+    inter_node_gbps: float | None,
+) -> Target:
     """Where the plan is for: flags over the partition's facts over the experiment's job."""
     from stoker.gpus import gpu_spec, known_gpu_names
     from stoker.planning.search import GIB, Target
@@ -194,22 +209,41 @@ def sections(result: Plan) -> list[Section]:
         layout = "1 rank" if c.shard * c.replicate == 1 else layout
         micro = "/".join(str(m) for m in c.micro_batches)
         peak = max((p for p in c.peak if p is not None), default=None) if c.peak else None
-        rows.append([str(n), layout, c.activation_checkpointing, c.precision,
-                     f"{micro} x {c.grad_accum}", f"{c.mean_step_s * 1000:.1f} ms",
-                     size_text(peak), c.status, c.reason])  # fmt: skip
+        rows.append(
+            [
+                str(n),
+                layout,
+                c.activation_checkpointing,
+                c.precision,
+                f"{micro} x {c.grad_accum}",
+                f"{c.mean_step_s * 1000:.1f} ms",
+                size_text(peak),
+                c.status,
+                c.reason,
+            ]
+        )
     out: list[Section] = [("Candidates, fastest first (step time estimated)", head, rows)]
     chosen = result.chosen
     if chosen is not None:
         c = chosen
         bucket_rows = [
-            [b.label, str(b.global_batch), str(m), str(c.grad_accum), size_text(p),
-             f"{s * 1000:.1f} ms"]
-            for b, m, p, s in zip(result.batches, c.micro_batches, c.peak, c.step_s,
-                                  strict=True)
-        ]  # fmt: skip
-        out.append(("Per bucket, the chosen plan",
-                    ["SHAPE", "GLOBAL BATCH", "MICRO-BATCH", "ACCUM", "PEAK", "STEP"],
-                    bucket_rows))  # fmt: skip
+            [
+                b.label,
+                str(b.global_batch),
+                str(m),
+                str(c.grad_accum),
+                size_text(p),
+                f"{s * 1000:.1f} ms",
+            ]
+            for b, m, p, s in zip(result.batches, c.micro_batches, c.peak, c.step_s, strict=True)
+        ]
+        out.append(
+            (
+                "Per bucket, the chosen plan",
+                ["SHAPE", "GLOBAL BATCH", "MICRO-BATCH", "ACCUM", "PEAK", "STEP"],
+                bucket_rows,
+            )
+        )
     return out
 
 
@@ -223,8 +257,9 @@ def _say_choice(result: Plan) -> None:
         out().print("settings: " + " ".join(f"{k}={v}" for k, v in settings.items()), markup=False)
 
 
-def write_planned(path: Path, experiment: Path | None, overrides: list[str],
-                  settings: dict[str, Any]) -> None:  # fmt: skip
+def write_planned(
+    path: Path, experiment: Path | None, overrides: list[str], settings: dict[str, Any]
+) -> None:
     """The experiment file with the command line's overrides and the plan's settings
     set in it. Written beside `path` first and checked to resolve: a file that would not
     is never left at `path` (nor one there replaced)."""
@@ -246,8 +281,11 @@ def write_planned(path: Path, experiment: Path | None, overrides: list[str],
         for part in key[:-1]:
             node = node.setdefault(part, {})
         node[key[-1]] = value
-    header = (f"# Planned by `stoker plan`{f' from {experiment}' if experiment else ''}: "
-              + " ".join(f"{k}={v}" for k, v in settings.items()) + "\n")  # fmt: skip
+    header = (
+        f"# Planned by `stoker plan`{f' from {experiment}' if experiment else ''}: "
+        + " ".join(f"{k}={v}" for k, v in settings.items())
+        + "\n"
+    )
     staged = path.with_name(f".{path.name}.planned")
     staged.write_text(header + yaml.safe_dump(data, sort_keys=False))
     try:

@@ -72,8 +72,10 @@ def sample(
     from stoker.errors import StokerError
 
     if weights not in ("auto", "ema", "model"):
-        raise StokerError(f"--weights {weights!r} is not ema, model or auto",
-                          fix="--weights ema, --weights model, or leave it out")  # fmt: skip
+        raise StokerError(
+            f"--weights {weights!r} is not ema, model or auto",
+            fix="--weights ema, --weights model, or leave it out",
+        )
     url, cfg = _checkpoint_and_config(source, config)
     method = method or cfg.train.sample_method
     if method not in ("euler", "heun"):
@@ -86,8 +88,10 @@ def sample(
     steps = steps or cfg.train.sample_steps
     seeds = seeds or cfg.train.sample_seeds
     if prompts and len(prompts) not in (1, len(seeds)):
-        raise StokerError(f"{len(prompts)} --prompt for {len(seeds)} seeds",
-                          fix="give one --prompt, or one per --seed")  # fmt: skip
+        raise StokerError(
+            f"{len(prompts)} --prompt for {len(seeds)} seeds",
+            fix="give one --prompt, or one per --seed",
+        )
     per_seed = [prompts[i % len(prompts)] for i in range(len(seeds))] if prompts else None
     console = err()
     with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
@@ -107,14 +111,20 @@ def sample(
         )
     logged = _log(result.checkpoint, cfg, out, result.step) if log else None
     record: dict[str, Any] = {
-        "step": result.step, "checkpoint": result.checkpoint, "weights": result.weights,
-        "out": str(result.out), "files": [p.name for p in result.files], "logged": logged,
-    }  # fmt: skip
+        "step": result.step,
+        "checkpoint": result.checkpoint,
+        "weights": result.weights,
+        "out": str(result.out),
+        "files": [p.name for p in result.files],
+        "logged": logged,
+    }
     if as_json:
         print_json(record)
         return
-    typer.echo(f"step-{result.step} ({result.weights} weights): "
-               f"{', '.join(record['files'])} -> {result.out}")  # fmt: skip
+    typer.echo(
+        f"step-{result.step} ({result.weights} weights): "
+        f"{', '.join(record['files'])} -> {result.out}"
+    )
     if logged:
         typer.echo(f"logged to MLflow: {logged}")
 
@@ -131,8 +141,10 @@ def _checkpoint_and_config(source: str, config: Path | None) -> tuple[str, Exper
     elif Path(source).exists():
         path = Path(source).resolve()
         # A run folder, its checkpoint root, or a step-<N> folder under it.
-        run_dir = next((p for p in (path, path.parent, path.parent.parent)
-                        if (p / CONFIG_NAME).is_file()), None)  # fmt: skip
+        run_dir = next(
+            (p for p in (path, path.parent, path.parent.parent) if (p / CONFIG_NAME).is_file()),
+            None,
+        )
         if run_dir == path:
             url = None
     else:

@@ -161,8 +161,13 @@ def run_here(
         diagnosis,
     )
     checkpoints = resolved.config.checkpoint.root or str(run.path / "checkpoints")
-    _say_where(result, submitted.run_link, checkpoints, say,
-               tracked=not tracking_off(resolved.config.tracking.uri))  # fmt: skip
+    _say_where(
+        result,
+        submitted.run_link,
+        checkpoints,
+        say,
+        tracked=not tracking_off(resolved.config.tracking.uri),
+    )
     return result
 
 

@@ -63,27 +63,63 @@ class Calibration:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "run_dir": str(self.run_dir), "device": self.device, "world_size": self.world,
-            "shapes": [{**s.__dict__, "memory_error": s.memory_error,
-                        "time_error": s.time_error} for s in self.shapes],
-            "allowances": self.allowances, "notes": self.notes,
-        }  # fmt: skip
+            "run_dir": str(self.run_dir),
+            "device": self.device,
+            "world_size": self.world,
+            "shapes": [
+                {**s.__dict__, "memory_error": s.memory_error, "time_error": s.time_error}
+                for s in self.shapes
+            ],
+            "allowances": self.allowances,
+            "notes": self.notes,
+        }
 
     def sections(self) -> list[tuple[str, list[str], list[list[str]]]]:
         def pct(value: float | None) -> str:
             return "-" if value is None else f"{100 * value:+.1f}%"
 
-        rows = [[s.shape, f"{s.micro_batch} x {s.micro_batches}",
-                 _mib(s.measured_bytes), _mib(s.planned_bytes), pct(s.memory_error),
-                 _ms(s.measured_step_s), _ms(s.planned_step_s), pct(s.time_error), s.source]
-                for s in self.shapes]  # fmt: skip
-        out = [(f"Plan against run {self.run_dir.name} ({self.device}, {self.world} ranks)",
-                ["SHAPE", "MICRO x N", "PEAK RUN", "PEAK PLAN", "ERROR", "STEP RUN",
-                 "STEP PLAN", "ERROR", "MEASURED BY"], rows)]  # fmt: skip
+        rows = [
+            [
+                s.shape,
+                f"{s.micro_batch} x {s.micro_batches}",
+                _mib(s.measured_bytes),
+                _mib(s.planned_bytes),
+                pct(s.memory_error),
+                _ms(s.measured_step_s),
+                _ms(s.planned_step_s),
+                pct(s.time_error),
+                s.source,
+            ]
+            for s in self.shapes
+        ]
+        out = [
+            (
+                f"Plan against run {self.run_dir.name} ({self.device}, {self.world} ranks)",
+                [
+                    "SHAPE",
+                    "MICRO x N",
+                    "PEAK RUN",
+                    "PEAK PLAN",
+                    "ERROR",
+                    "STEP RUN",
+                    "STEP PLAN",
+                    "ERROR",
+                    "MEASURED BY",
+                ],
+                rows,
+            )
+        ]
         if self.allowances:
-            out.append(("Allowances (GPU): assumed against measured", ["", "ASSUMED", "MEASURED"],
-                        [[name, f"{v['assumed']:.3g}", f"{v['measured']:.3g}"]
-                         for name, v in self.allowances.items()]))  # fmt: skip
+            out.append(
+                (
+                    "Allowances (GPU): assumed against measured",
+                    ["", "ASSUMED", "MEASURED"],
+                    [
+                        [name, f"{v['assumed']:.3g}", f"{v['measured']:.3g}"]
+                        for name, v in self.allowances.items()
+                    ],
+                )
+            )
         return out
 
 
@@ -115,8 +151,13 @@ def calibrate(run_dir: Path) -> Calibration:
     device = str(measured.get("device", "cpu"))
     spec = gpu_spec(device) if device != "cpu" else None
     per_node = max(1, world // max(1, cfg.job.nodes))
-    target = Target(world // per_node, per_node, spec,
-                    int(spec.memory_gib * GIB) if spec else 0, f"run {run_dir.name}")  # fmt: skip
+    target = Target(
+        world // per_node,
+        per_node,
+        spec,
+        int(spec.memory_gib * GIB) if spec else 0,
+        f"run {run_dir.name}",
+    )
     shard = per_node if cfg.train.sharding == "node" and target.nodes > 1 else world
     precision = str(measured.get("precision", "fp32"))
     batches = plan_batches(cfg)
@@ -130,16 +171,39 @@ def calibrate(run_dir: Path) -> Calibration:
             rows, count = int(entry["micro_batch"]), int(entry["micro_batches"])
             if batch is None:
                 continue
-            spec_ = TraceSpec(world, shard, cfg.train.activation_checkpointing, precision,
-                              rows, min(count, 2), batch.bucket, spec is not None)  # fmt: skip
+            spec_ = TraceSpec(
+                world,
+                shard,
+                cfg.train.activation_checkpointing,
+                precision,
+                rows,
+                min(count, 2),
+                batch.bucket,
+                spec is not None,
+            )
             traced = trace.trace_step(cfg, spec_)
-            candidate = Candidate(shard, world // shard, spec_.activation_checkpointing,
-                                  precision, count, [spec_.micro_batch])  # fmt: skip
+            candidate = Candidate(
+                shard,
+                world // shard,
+                spec_.activation_checkpointing,
+                precision,
+                count,
+                [spec_.micro_batch],
+            )
             one = dataclasses.replace(facts, flops_per_sample=(flops[batch.bucket],))
             time_candidates([candidate], target, one)
-            checks.append(ShapeCheck(name, spec_.micro_batch, count, entry.get("peak_bytes"),
-                                     traced.peak, entry.get("step_s"), candidate.step_s[0],
-                                     str(entry.get("peak_source", "-"))))  # fmt: skip
+            checks.append(
+                ShapeCheck(
+                    name,
+                    spec_.micro_batch,
+                    count,
+                    entry.get("peak_bytes"),
+                    traced.peak,
+                    entry.get("step_s"),
+                    candidate.step_s[0],
+                    str(entry.get("peak_source", "-")),
+                )
+            )
     finally:
         trace.close()
     result = Calibration(run_dir, device, world, checks)
@@ -149,7 +213,8 @@ def calibrate(run_dir: Path) -> Calibration:
         if "reserved_bytes" in entry and entry.get("peak_bytes"):
             result.allowances["allocator slack (reserved / allocated - 1)"] = {
                 "assumed": ALLOCATOR_SLACK,
-                "measured": entry["reserved_bytes"] / entry["peak_bytes"] - 1}  # fmt: skip
+                "measured": entry["reserved_bytes"] / entry["peak_bytes"] - 1,
+            }
             outside = entry["device_used_bytes"] - entry["reserved_bytes"]
             result.allowances["outside the allocator, GiB (context + NCCL)"] = {
                 "assumed": (CUDA_CONTEXT_BYTES + NCCL_BYTES) / GIB,

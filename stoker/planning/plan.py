@@ -59,19 +59,27 @@ class Plan:
         t = self.target
         return {
             "target": {
-                "nodes": t.nodes, "ranks_per_node": t.ranks_per_node, "world": t.world,
-                "gpu": t.gpu.name if t.gpu else "cpu", "memory_bytes": t.memory_bytes,
-                "usable_bytes": usable_bytes(t), "margin": t.margin, "source": t.source,
+                "nodes": t.nodes,
+                "ranks_per_node": t.ranks_per_node,
+                "world": t.world,
+                "gpu": t.gpu.name if t.gpu else "cpu",
+                "memory_bytes": t.memory_bytes,
+                "usable_bytes": usable_bytes(t),
+                "margin": t.margin,
+                "source": t.source,
             },
-            "model": {"params": self.facts.params, "blocks": self.facts.blocks,
-                      "flops_per_sample": list(self.facts.flops_per_sample),
-                      "flops_source": self.facts.flops_source},
+            "model": {
+                "params": self.facts.params,
+                "blocks": self.facts.blocks,
+                "flops_per_sample": list(self.facts.flops_per_sample),
+                "flops_source": self.facts.flops_source,
+            },
             "chosen": as_dict(self.chosen, self.batches) if self.chosen else None,
             "settings": self.settings(),
             "candidates": [as_dict(c, self.batches) for c in self.candidates],
             "traces": self.traces,
             "seconds": round(self.seconds, 3),
-        }  # fmt: skip
+        }
 
 
 def plan_batches(cfg: Any) -> list[Batch]:
@@ -82,10 +90,13 @@ def plan_batches(cfg: Any) -> list[Batch]:
     if not buckets:
         return [Batch(None, "the data's shape", cfg.data.batch_size)]
     return [
-        Batch(i, f"bucket {i} ({b.resolution[0]}x{b.resolution[1]}, {b.clip_seconds:g} s)",
-              b.batch_size)
+        Batch(
+            i,
+            f"bucket {i} ({b.resolution[0]}x{b.resolution[1]}, {b.clip_seconds:g} s)",
+            b.batch_size,
+        )
         for i, b in enumerate(buckets)
-    ]  # fmt: skip
+    ]
 
 
 def make_plan(cfg: Any, target: Target, *, trace_all: bool = False) -> Plan:
@@ -105,11 +116,17 @@ def make_plan(cfg: Any, target: Target, *, trace_all: bool = False) -> Plan:
         facts = trace.model_facts(cfg, [b.bucket for b in batches])
         candidates = enumerate_candidates(target, batches, facts, precisions)
         time_candidates(candidates, target, facts)
-        chosen, traces = search(candidates, target, batches, tracer, facts.flops_per_sample,
-                                width=width, trace_all=trace_all)  # fmt: skip
+        chosen, traces = search(
+            candidates,
+            target,
+            batches,
+            tracer,
+            facts.flops_per_sample,
+            width=width,
+            trace_all=trace_all,
+        )
     candidates.sort(key=lambda c: c.mean_step_s)
-    return Plan(target, batches, facts, candidates, chosen, traces,
-                time.perf_counter() - began)  # fmt: skip
+    return Plan(target, batches, facts, candidates, chosen, traces, time.perf_counter() - began)
 
 
 def _precisions(cfg: Any, target: Target) -> list[str]:

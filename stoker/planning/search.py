@@ -94,20 +94,27 @@ class Candidate:
         return sum(self.step_s) / len(self.step_s)
 
     def describe(self) -> str:
-        where = ("one rank" if self.shard * self.replicate == 1
-                 else f"FSDP over {self.shard}" if self.replicate == 1
-                 else f"HSDP {self.replicate}x{self.shard}")  # fmt: skip
+        where = (
+            "one rank"
+            if self.shard * self.replicate == 1
+            else f"FSDP over {self.shard}"
+            if self.replicate == 1
+            else f"HSDP {self.replicate}x{self.shard}"
+        )
         micro = "/".join(str(m) for m in self.micro_batches)
-        return (f"{where}, AC {self.activation_checkpointing}, {self.precision}, "
-                f"micro-batch {micro} x {self.grad_accum}")  # fmt: skip
+        return (
+            f"{where}, AC {self.activation_checkpointing}, {self.precision}, "
+            f"micro-batch {micro} x {self.grad_accum}"
+        )
 
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def enumerate_candidates(target: Target, batches: list[Batch], facts: ModelFacts,
-                         precisions: list[str]) -> list[Candidate]:  # fmt: skip
+def enumerate_candidates(
+    target: Target, batches: list[Batch], facts: ModelFacts, precisions: list[str]
+) -> list[Candidate]:
     world = target.world
     per_rank = [b.global_batch // world for b in batches]
     common = math.gcd(*per_rank)
@@ -129,10 +136,15 @@ def time_candidates(candidates: list[Candidate], target: Target, facts: ModelFac
     for c in candidates:
         c.step_s = []
         for rows, flops in zip(c.micro_batches, facts.flops_per_sample, strict=True):
-            work = StepWork(flops=flops * rows * c.grad_accum, params=facts.params,
-                            shard=c.shard, replicate=c.replicate, accum=c.grad_accum,
-                            activation_checkpointing=c.activation_checkpointing,
-                            precision=c.precision)  # fmt: skip
+            work = StepWork(
+                flops=flops * rows * c.grad_accum,
+                params=facts.params,
+                shard=c.shard,
+                replicate=c.replicate,
+                accum=c.grad_accum,
+                activation_checkpointing=c.activation_checkpointing,
+                precision=c.precision,
+            )
             gpu = target.gpu or _CPU
             c.step_s.append(
                 step_time(work, gpu, target.ranks_per_node, target.inter_node_bytes_s).seconds
@@ -162,20 +174,30 @@ Tracer = Callable[[list[TraceSpec]], list[Traced]]
 class Memory:
     """Peaks of candidates, traced once per distinct trace and reused."""
 
-    def __init__(self, target: Target, batches: list[Batch], tracer: Tracer,
-                 flops: tuple[float, ...], width: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        target: Target,
+        batches: list[Batch],
+        tracer: Tracer,
+        flops: tuple[float, ...],
+        width: int,
+    ) -> None:
         self.target, self.batches, self.tracer = target, batches, tracer
         self.flops, self.width = flops, width
         self.cache: dict[TraceSpec, Traced] = {}
         self.traces = 0
 
     def spec(self, c: Candidate, index: int, rows: int) -> TraceSpec:
-        return TraceSpec(world=self.target.world, shard=c.shard,
-                         activation_checkpointing=c.activation_checkpointing,
-                         precision=c.precision, micro_batch=rows,
-                         micro_batches=min(c.grad_accum, 2),
-                         bucket=self.batches[index].bucket,
-                         gpu=self.target.gpu is not None)  # fmt: skip
+        return TraceSpec(
+            world=self.target.world,
+            shard=c.shard,
+            activation_checkpointing=c.activation_checkpointing,
+            precision=c.precision,
+            micro_batch=rows,
+            micro_batches=min(c.grad_accum, 2),
+            bucket=self.batches[index].bucket,
+            gpu=self.target.gpu is not None,
+        )
 
     def estimate(self, c: Candidate, *, every: bool = False) -> None:
         """Fill c.peak and c.parts: one trace per bucket at its micro-batch (a fake
@@ -207,9 +229,16 @@ def _fits(c: Candidate, target: Target) -> tuple[bool, int, int]:
     return needs[worst] <= usable_bytes(target), needs[worst], worst
 
 
-def search(candidates: list[Candidate], target: Target, batches: list[Batch], tracer: Tracer,
-           flops: tuple[float, ...], *, width: int = 1,
-           trace_all: bool = False) -> tuple[Candidate | None, int]:  # fmt: skip
+def search(
+    candidates: list[Candidate],
+    target: Target,
+    batches: list[Batch],
+    tracer: Tracer,
+    flops: tuple[float, ...],
+    *,
+    width: int = 1,
+    trace_all: bool = False,
+) -> tuple[Candidate | None, int]:
     """Visit fastest first; set each candidate's status and reason. The chosen one, and
     how many traces it took."""
     memory = Memory(target, batches, tracer, flops, width)
@@ -218,16 +247,20 @@ def search(candidates: list[Candidate], target: Target, batches: list[Batch], tr
     for c in sorted(candidates, key=lambda c: c.mean_step_s):
         if chosen is not None and not trace_all:
             c.status = "slower"
-            c.reason = (f"{c.mean_step_s / chosen.mean_step_s:.2f}x the chosen step time; "
-                        "not traced (its memory cannot change the choice)")  # fmt: skip
+            c.reason = (
+                f"{c.mean_step_s / chosen.mean_step_s:.2f}x the chosen step time; "
+                "not traced (its memory cannot change the choice)"
+            )
             continue
         memory.estimate(c, every=trace_all)
         fits, need, worst = _fits(c, target)
         where = f" in {batches[worst].label}" if len(batches) > 1 else ""
         if not fits:
             c.status = "too big"
-            c.reason = (f"needs {size_text(need)}{where} > {size_text(usable)} usable "
-                        f"({_biggest(c.parts[worst])})")  # fmt: skip
+            c.reason = (
+                f"needs {size_text(need)}{where} > {size_text(usable)} usable "
+                f"({_biggest(c.parts[worst])})"
+            )
         elif chosen is None:
             c.status, c.reason = "chosen", f"the fastest that fits: {size_text(need)}{where}"
             chosen = c
@@ -254,15 +287,31 @@ def size_text(value: int | None) -> str:
 
 def as_dict(c: Candidate, batches: list[Batch]) -> dict[str, Any]:
     return {
-        "layout": c.layout, "shard": c.shard, "replicate": c.replicate,
-        "activation_checkpointing": c.activation_checkpointing, "precision": c.precision,
-        "grad_accum": c.grad_accum, "status": c.status, "reason": c.reason,
+        "layout": c.layout,
+        "shard": c.shard,
+        "replicate": c.replicate,
+        "activation_checkpointing": c.activation_checkpointing,
+        "precision": c.precision,
+        "grad_accum": c.grad_accum,
+        "status": c.status,
+        "reason": c.reason,
         "step_s": round(c.mean_step_s, 6),
         "buckets": [
-            {"bucket": b.label, "global_batch": b.global_batch, "micro_batch": m,
-             "step_s": round(s, 6), "peak_bytes": p, "parts": parts}
-            for b, m, s, p, parts in zip(batches, c.micro_batches, c.step_s,
-                                         c.peak or [None] * len(batches),
-                                         c.parts or [{}] * len(batches), strict=True)
+            {
+                "bucket": b.label,
+                "global_batch": b.global_batch,
+                "micro_batch": m,
+                "step_s": round(s, 6),
+                "peak_bytes": p,
+                "parts": parts,
+            }
+            for b, m, s, p, parts in zip(
+                batches,
+                c.micro_batches,
+                c.step_s,
+                c.peak or [None] * len(batches),
+                c.parts or [{}] * len(batches),
+                strict=True,
+            )
         ],
-    }  # fmt: skip
+    }

@@ -70,10 +70,16 @@ def register_final(
             extra_tags=tags,
         )
     except StokerError as exc:
-        print(f"warning: train.register_final: {name!r} was not registered: {exc}; "
-              f"register it later with `stoker ckpt export {origin.folder} model.safetensors "
-              f"--register {name}`", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"warning: train.register_final: {name!r} was not registered: {exc}; "
+            f"register it later with `stoker ckpt export {origin.folder} model.safetensors "
+            f"--register {name}`",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
-    print(f"registered {name} version {version.version} ({weights} weights of "
-          f"step-{origin.step})", flush=True)  # fmt: skip
+    print(
+        f"registered {name} version {version.version} ({weights} weights of step-{origin.step})",
+        flush=True,
+    )
     return version.version

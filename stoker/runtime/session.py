@@ -16,7 +16,7 @@ one's own (`stoker.job`, own_loop/) both go through, written once.
 
 and what both loops do around their batches: `data_url` (the synthetic set when the
 config names no data), `check_batch_split`, `to_device` (dicts of tensors, such as
-latents, included) and `rank_hosts`.
+latents, included; `DeviceBatch` with its rows counted on the host) and `rank_hosts`.
 """
 
 from __future__ import annotations
@@ -116,8 +116,11 @@ class JobSession:
         err = err or sys.stderr
         rank = self.env.rank
         if hang_reported(self.run_dir, self.restart):
-            print(f"stoker: rank {rank}: stopped by the hang watchdog "
-                  "(heartbeat/…/hang.json)", file=err, flush=True)  # fmt: skip
+            print(
+                f"stoker: rank {rank}: stopped by the hang watchdog (heartbeat/…/hang.json)",
+                file=err,
+                flush=True,
+            )
             return EXIT_HANG
         if isinstance(exc, StokerError | KernelBackendError):
             # The kernels know nothing of stoker; their user errors read the same.
@@ -126,9 +129,13 @@ class JobSession:
         traceback.print_exception(type(exc), exc, tb or exc.__traceback__, file=err)
         if dist_env.lost_peer(exc):
             timeout_s = self.config.train.collective_timeout_s
-            print(f"stoker: rank {rank}: a collective lost a peer (killed, frozen, or its "
-                  f"node lost; train.collective_timeout_s={timeout_s:g}); exit "
-                  f"{EXIT_PEER_LOST}", file=err, flush=True)  # fmt: skip
+            print(
+                f"stoker: rank {rank}: a collective lost a peer (killed, frozen, or its "
+                f"node lost; train.collective_timeout_s={timeout_s:g}); exit "
+                f"{EXIT_PEER_LOST}",
+                file=err,
+                flush=True,
+            )
             flight_recorder.dump(rank)
             return EXIT_PEER_LOST
         err.flush()
@@ -216,3 +223,22 @@ def to_device(
         return value
 
     return {k: v if k in stay else moved(v) for k, v in batch.items()}
+
+
+class DeviceBatch(dict[str, Any]):
+    """A loader batch on the device, with its rows counted on the host before the copy
+    (reading `valid` back from the device would sync)."""
+
+    rows: int
+    valid_rows: int
+    """Rows whose `valid` is True; the others stand in for samples the loader skipped."""
+    skipped: int
+    """Samples the loader skipped in this batch (its `skipped` list)."""
+
+    @classmethod
+    def of(cls, batch: dict[str, Any], device: torch.device) -> DeviceBatch:
+        out = cls(to_device(batch, device))
+        out.rows = len(batch["position"])
+        out.valid_rows = int(batch["valid"].sum()) if "valid" in batch else out.rows
+        out.skipped = len(batch.get("skipped", ()))
+        return out

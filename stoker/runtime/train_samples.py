@@ -114,9 +114,14 @@ class TrainSampler:
         started = time.perf_counter()
         weights = self.ema.applied() if self.ema is not None else nullcontext()
         with weights, full_weights(model), self.autocast():
-            drawn = sample_model(model, seeds=mine, steps=train.sample_steps,
-                                 method=train.sample_method, prompts=my_prompts,
-                                 guidance=train.sample_guidance)  # fmt: skip
+            drawn = sample_model(
+                model,
+                seeds=mine,
+                steps=train.sample_steps,
+                method=train.sample_method,
+                prompts=my_prompts,
+                guidance=train.sample_guidance,
+            )
         local = {name: tensor.detach().cpu() for name, tensor in drawn.items()}
         rows: list[Any] = [local]
         if self.env.distributed:
@@ -144,15 +149,21 @@ class TrainSampler:
         folder = self.run_dir / ARTIFACT_FOLDER / f"step-{step}"
         data = self.cfg.data
         try:
-            write_samples(samples, seeds, folder, fps=data.fps, sample_rate=data.sample_rate,
-                          about=about)  # fmt: skip
+            write_samples(
+                samples, seeds, folder, fps=data.fps, sample_rate=data.sample_rate, about=about
+            )
         except Exception as exc:  # a sample that cannot be encoded must not stop training
-            print(f"warning: the samples of step {step} were not written: {exc}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"warning: the samples of step {step} were not written: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         self.sink.log_artifact(folder, f"{ARTIFACT_FOLDER}/step-{step}")
-        print(f"step {step}: {len(seeds)} samples in {folder} "
-              f"({about['sampling_s']:.1f} s to draw)", flush=True)  # fmt: skip
+        print(
+            f"step {step}: {len(seeds)} samples in {folder} ({about['sampling_s']:.1f} s to draw)",
+            flush=True,
+        )
 
     def close(self) -> None:
         """Wait for the samples being written, so they are logged before the run ends."""

@@ -68,24 +68,19 @@ from stoker.runtime.observe.step_watch import StepWatch
 from stoker.runtime.observe.stragglers import Slowest
 from stoker.runtime.observe.time_account import StartAccount
 from stoker.runtime.optim import build_optimizer, build_scheduler
-from stoker.runtime.session import check_batch_split, data_url, rank_hosts, to_device
+from stoker.runtime.session import (
+    DeviceBatch,
+    check_batch_split,
+    data_url,
+    rank_hosts,
+    to_device,
+)
 from stoker.runtime.stop_request import StopRequest
 from stoker.runtime.train_samples import TrainSampler
 
 # A step whose loss or gradient norm is not finite is skipped; this many in a
 # row means the run has diverged and stops (FAILED) instead of burning hours.
 MAX_NONFINITE_IN_ROW = 5
-
-
-class DeviceBatch(dict[str, Any]):
-    """A loader batch on the device, with its rows counted on the host before the copy
-    (reading `valid` back from the device would sync)."""
-
-    rows: int
-    valid_rows: int
-    """Rows whose `valid` is True; the others stand in for samples the loader skipped."""
-    skipped: int
-    """Samples the loader skipped in this batch (its `skipped` list)."""
 
 
 @dataclass
@@ -168,14 +163,23 @@ class Trainer:
         self.start_step = 0
         decay = cfg.train.ema_decay
         self.ema = EMA(self.model, decay) if decay is not None else None
-        self.sampler = TrainSampler(cfg, self.env, run_dir=self.run_dir, sink=self.sink,
-                                    ema=self.ema, autocast=self.autocast)  # fmt: skip
+        self.sampler = TrainSampler(
+            cfg,
+            self.env,
+            run_dir=self.run_dir,
+            sink=self.sink,
+            ema=self.ema,
+            autocast=self.autocast,
+        )
         self.sampler.check(self.model)
         ema_bytes = local_bytes(self.ema.shadow.values()) if self.ema else 0
         self.step_memory = StepMemory(
-            self.run_dir, self.device, enabled=self.env.is_main,
-            trace_cpu=cfg.train.measure_memory, ema_bytes=ema_bytes,
-        )  # fmt: skip
+            self.run_dir,
+            self.device,
+            enabled=self.env.is_main,
+            trace_cpu=cfg.train.measure_memory,
+            ema_bytes=ema_bytes,
+        )
         # This start's time account (time_account.py), on global rank 0.
         restart = int(os.environ.get(ENV_RESTART) or 0)
         self.account = StartAccount(self.run_dir, restart=restart, enabled=self.env.is_main)
@@ -192,9 +196,11 @@ class Trainer:
             if self.ema is not None and EMA_KEY not in state.extra_loaded:
                 self.ema.reset()  # the checkpoint has none: start it at the resumed weights
                 if self.env.is_main:
-                    print(f"warning: step-{state.step} has no EMA weights (saved without "
-                          "train.ema_decay): the average starts at its weights",
-                          flush=True)  # fmt: skip
+                    print(
+                        f"warning: step-{state.step} has no EMA weights (saved without "
+                        "train.ema_decay): the average starts at its weights",
+                        flush=True,
+                    )
 
     def _extra(self) -> dict[str, dict[str, torch.Tensor]] | None:
         """The state saved beside the model: the EMA weights, with train.ema_decay."""
@@ -244,11 +250,7 @@ class Trainer:
 
     def _batches(self) -> Iterator[DeviceBatch]:
         for batch in self.loader.batches():
-            out = DeviceBatch(to_device(batch, self.device))
-            out.rows = len(batch["position"])
-            out.valid_rows = int(batch["valid"].sum()) if "valid" in batch else out.rows
-            out.skipped = len(batch.get("skipped", ()))
-            yield out
+            yield DeviceBatch.of(batch, self.device)
 
     def noise_for(self, batch: dict[str, Any]) -> list[torch.Generator]:
         """One generator per sample, seeded by (train.seed, the sample's stream
@@ -274,8 +276,11 @@ class Trainer:
         """FLOPs and tokens per sample of this batch's shape (asked once per shape)."""
         cost = self.costs.of(batch)
         if cost.flops is None and not self._said_no_flops and self.env.is_main:
-            print(f"{type(self.model).__name__} has no flops_per_sample(batch): no MFU "
-                  "(stoker/model.py)", flush=True)  # fmt: skip
+            print(
+                f"{type(self.model).__name__} has no flops_per_sample(batch): no MFU "
+                "(stoker/model.py)",
+                flush=True,
+            )
             self._said_no_flops = True
         return cost
 
@@ -355,8 +360,12 @@ class Trainer:
             outcome = Outcome(0, "FINISHED", step)
             return outcome
         finally:
-            account.end(step, outcome.status if outcome is not None else "FAILED",
-                        checkpoint_s=self._checkpoint_s, sample_s=self._sample_s)  # fmt: skip
+            account.end(
+                step,
+                outcome.status if outcome is not None else "FAILED",
+                checkpoint_s=self._checkpoint_s,
+                sample_s=self._sample_s,
+            )
             self.sampler.close()
             for path in watch.close():
                 if env.is_main:
@@ -533,10 +542,16 @@ class Trainer:
         self, account: StartAccount, step: int, window: Window, metrics: dict[str, float]
     ) -> None:
         """The window's line of this start's time account (time_account.py)."""
-        account.window(step, steps=window.steps, step_s=time.perf_counter() - window.started,
-                       data_s=window.data_s, checkpoint_s=self._checkpoint_s,
-                       sample_s=self._sample_s, metrics=metrics,
-                       slowest=self.slowest)  # fmt: skip
+        account.window(
+            step,
+            steps=window.steps,
+            step_s=time.perf_counter() - window.started,
+            data_s=window.data_s,
+            checkpoint_s=self._checkpoint_s,
+            sample_s=self._sample_s,
+            metrics=metrics,
+            slowest=self.slowest,
+        )
         self._checkpoint_s = self._sample_s = 0.0
 
     def _final_model(self, step: int) -> None:
@@ -548,9 +563,14 @@ class Trainer:
             final_model.upload_final(url, self.run_dir, self.sink, step)
         if self.cfg.train.register_final:
             self.sampler.close()  # the final samples written and queued first
-            final_model.register_final(self.cfg, url, self.run_dir, run_id=self.mlflow_run_id,
-                                       ema=self.ema is not None,
-                                       samples_logged=self.sampler.due(step))  # fmt: skip
+            final_model.register_final(
+                self.cfg,
+                url,
+                self.run_dir,
+                run_id=self.mlflow_run_id,
+                ema=self.ema is not None,
+                samples_logged=self.sampler.due(step),
+            )
 
     def save(self, step: int, *, wait: bool = False) -> None:
         """Save the state after `step`; with checkpoint.async the files are written
@@ -566,6 +586,9 @@ class Trainer:
         if wait:
             failed = [m for s, m in self.checkpointer.failures if s == step]
             if failed:
-                raise StokerError(failed[0], fix="check that checkpoint.root is writable "
-                                                 "and has space; the run can resume from "
-                                                 "the checkpoint before")  # fmt: skip
+                raise StokerError(
+                    failed[0],
+                    fix="check that checkpoint.root is writable "
+                    "and has space; the run can resume from "
+                    "the checkpoint before",
+                )

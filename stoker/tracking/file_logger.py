@@ -209,8 +209,10 @@ class FileRunLogger:
         if self._handle is None:
             if not self._failed:
                 self._failed = True
-                warn(f"{self.path} is not open (start() first, or after close()): "
-                     "records are dropped")  # fmt: skip
+                warn(
+                    f"{self.path} is not open (start() first, or after close()): "
+                    "records are dropped"
+                )
             return
         try:
             self._handle.write(json.dumps(record, separators=(",", ":")) + "\n")
@@ -221,5 +223,7 @@ class FileRunLogger:
     def _warn(self, exc: Exception) -> None:
         if not self._failed:
             self._failed = True
-            warn(f"cannot write the run's metrics file {self.path}: {first_line(exc)}; "
-                 "later records may be lost")  # fmt: skip
+            warn(
+                f"cannot write the run's metrics file {self.path}: {first_line(exc)}; "
+                "later records may be lost"
+            )

@@ -96,9 +96,12 @@ def _end_in_sqlite(
 
     try:
         return retry_while_locked(
-            update, db=db, doing=f"end runs in MLflow store {target.describe()}",
-            fix="try again; `stoker status` ends them later", budget_s=_BUDGET_S,
-        )  # fmt: skip
+            update,
+            db=db,
+            doing=f"end runs in MLflow store {target.describe()}",
+            fix="try again; `stoker status` ends them later",
+            budget_s=_BUDGET_S,
+        )
     except sqlite3.Error as exc:
         raise StokerError(f"MLflow store {target.describe()}: {exc}") from exc
 

@@ -28,8 +28,21 @@ if TYPE_CHECKING:
 
 # The rates AAC has a sampling-frequency index for (ISO 14496-3); FFmpeg's encoder
 # refuses any other.
-AAC_SAMPLE_RATES = (96000, 88200, 64000, 48000, 44100, 32000, 24000, 22050, 16000,
-                    12000, 11025, 8000, 7350)  # fmt: skip
+AAC_SAMPLE_RATES = (
+    96000,
+    88200,
+    64000,
+    48000,
+    44100,
+    32000,
+    24000,
+    22050,
+    16000,
+    12000,
+    11025,
+    8000,
+    7350,
+)
 # FFmpeg's `aac` encoder takes 1024 samples a frame (the last one may be shorter).
 AAC_FRAME = 1024
 # Per channel: transparent enough to judge a sample by ear; under AAC's ceiling at
@@ -44,8 +57,9 @@ SAMPLE_CRF = 20
 SHEET_GAP = 4
 SHEET_BACKGROUND = (40, 40, 40)
 SPECTROGRAM_FLOOR_DB = -80.0
-_COLOUR_STOPS = np.array([(0, 0, 4), (81, 18, 124), (183, 55, 121), (252, 137, 97),
-                          (252, 253, 191)], dtype=np.float64)  # fmt: skip
+_COLOUR_STOPS = np.array(
+    [(0, 0, 4), (81, 18, 124), (183, 55, 121), (252, 137, 97), (252, 253, 191)], dtype=np.float64
+)
 
 
 def encode_av_clip(

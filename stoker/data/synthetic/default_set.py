@@ -36,8 +36,10 @@ def synthetic_data_path(data: DataConfig, split: str = "train") -> Path:
     suffix = "" if split == "train" else f"-{split}"
     name = f"synth-{height}x{width}-{data.fps}fps-{data.sample_rate}hz-{clips}{suffix}"
     if "latent" in data.modalities:
-        name = (f"synth-latent-{height}x{width}-{data.fps}fps-{data.sample_rate}hz-"
-                f"{data.channels}ch-{data.clip_seconds:g}s-{clips}{suffix}")  # fmt: skip
+        name = (
+            f"synth-latent-{height}x{width}-{data.fps}fps-{data.sample_rate}hz-"
+            f"{data.channels}ch-{data.clip_seconds:g}s-{clips}{suffix}"
+        )
     return stoker_home() / "data" / name
 
 

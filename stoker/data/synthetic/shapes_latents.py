@@ -165,8 +165,14 @@ def _source(data: DataConfig, clips: int, seed: int) -> SourceRecord:
     """The synth parameters as the latents' source: no manifest, so its digest is
     the SHA-256 of the parameters' JSON."""
     height, width = data.resolution
-    params = {"seed": seed, "clips": clips, "seconds": data.clip_seconds, "size": [height, width],
-              "fps": data.fps, "sample_rate": data.sample_rate}  # fmt: skip
+    params = {
+        "seed": seed,
+        "clips": clips,
+        "seconds": data.clip_seconds,
+        "size": [height, width],
+        "fps": data.fps,
+        "sample_rate": data.sample_rate,
+    }
     text = json.dumps(params, sort_keys=True)
     return SourceRecord(
         url=f"synth:seed={seed},clips={clips},{height}x{width},{data.fps}fps,"
@@ -189,8 +195,14 @@ def _samples(
     from stoker.data.write.shard_writer import SampleToWrite
 
     height, width = data.resolution
-    draw = partial(clip_arrays, seconds=data.clip_seconds, size=(height, width), fps=data.fps,
-                   sample_rate=data.sample_rate, seed=seed)  # fmt: skip
+    draw = partial(
+        clip_arrays,
+        seconds=data.clip_seconds,
+        size=(height, width),
+        fps=data.fps,
+        sample_rate=data.sample_rate,
+        seed=seed,
+    )
     for start in range(0, clips, _BATCH):
         arrays = [draw(i) for i in range(start, min(clips, start + _BATCH))]
         video = torch.from_numpy(np.stack([a.video for a in arrays])).permute(0, 1, 4, 2, 3)

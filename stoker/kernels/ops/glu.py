@@ -81,9 +81,14 @@ def glu_fwd(x: torch.Tensor, activation: str) -> torch.Tensor:
     if m and h:
         block = _block(h)
         _glu_fwd[(m, triton.cdiv(h, block))](
-            x, x.stride(0), y, h, ACT=ACTIVATIONS[activation], BLOCK=block,
+            x,
+            x.stride(0),
+            y,
+            h,
+            ACT=ACTIVATIONS[activation],
+            BLOCK=block,
             num_warps=warps_for(block),
-        )  # fmt: skip
+        )
     return y
 
 
@@ -94,7 +99,14 @@ def glu_bwd(dy: torch.Tensor, x: torch.Tensor, activation: str) -> torch.Tensor:
     if m and h:
         block = _block(h)
         _glu_bwd[(m, triton.cdiv(h, block))](
-            dy, dy.stride(0), x, x.stride(0), dx, h, ACT=ACTIVATIONS[activation], BLOCK=block,
+            dy,
+            dy.stride(0),
+            x,
+            x.stride(0),
+            dx,
+            h,
+            ACT=ACTIVATIONS[activation],
+            BLOCK=block,
             num_warps=warps_for(block),
-        )  # fmt: skip
+        )
     return dx

@@ -101,9 +101,15 @@ def submit_data_array(job: DataJob, options: ArrayOptions) -> Submitted:
     body = json.dumps({"groups": groups, **job.work}, indent=1) + "\n"
     write_json_atomic(job.dst_fs, work_path, body.encode())
     command: list[str | Shell] = [
-        sys.executable, "-m", job.module, job.dst_url, "--work", work_url,
-        "--task", Shell('"$SLURM_ARRAY_TASK_ID"'),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        job.module,
+        job.dst_url,
+        "--work",
+        work_url,
+        "--task",
+        Shell('"$SLURM_ARRAY_TASK_ID"'),
+    ]
     submit_options = SubmitOptions(
         command=command,
         check=False,
@@ -153,10 +159,15 @@ def submit_encode(request: EncodeRequest, options: ArrayOptions) -> Submitted | 
     if not prepared.pending:
         return None
     job = DataJob(
-        "stoker-encode", "stoker.data.jobs.encode_task", prepared.dst_fs, prepared.dst_root,
-        prepared.dst_url, prepared.pending, WORK_DIR,
+        "stoker-encode",
+        "stoker.data.jobs.encode_task",
+        prepared.dst_fs,
+        prepared.dst_root,
+        prepared.dst_url,
+        prepared.pending,
+        WORK_DIR,
         {"batch_size": request.batch_size, "device": request.device},
-    )  # fmt: skip
+    )
     return submit_data_array(job, options)
 
 
@@ -178,11 +189,16 @@ def submit_pack(
     if not planned.pending:
         return None
     job = DataJob(
-        "stoker-pack", "stoker.data.jobs.pack_task", planned.dst_fs, planned.dst_root,
-        planned.dst_url, planned.pending, WORK_DIR,
+        "stoker-pack",
+        "stoker.data.jobs.pack_task",
+        planned.dst_fs,
+        planned.dst_root,
+        planned.dst_url,
+        planned.pending,
+        WORK_DIR,
         # The tasks run elsewhere (another node, the job's folder): SRC by absolute URL.
         {"src_url": planned.src_url, "plan_sha256": plan_digest(planned.plan)},
-    )  # fmt: skip
+    )
     # The tasks run stoker's own code only: no snapshot of the current folder (media
     # under it would be copied, or refused as too big).
     return submit_data_array(job, replace(options, snapshot=False))

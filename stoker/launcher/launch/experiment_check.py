@@ -127,9 +127,13 @@ def _check_transform(resolved: ResolvedConfig) -> str:
     argv = [sys.executable, "-c", _IMPORT_TRANSFORM, path]
     try:
         result = subprocess.run(
-            argv, capture_output=True, text=True, timeout=TRANSFORM_TIMEOUT_S, check=False,
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=TRANSFORM_TIMEOUT_S,
+            check=False,
             env={**os.environ, **resolved.config.job.env},  # as the job imports it
-        )  # fmt: skip
+        )
     except subprocess.TimeoutExpired as exc:
         raise StokerError(
             f"importing data.transform {path} took more than {TRANSFORM_TIMEOUT_S} s",
@@ -194,7 +198,11 @@ def _check_store(uri: str | None) -> Finding:
     from stoker.tracking.store import resolve_tracking_uri, tracking_off
 
     if tracking_off(uri):
-        return Finding("MLflow", "ok", "tracking.uri is none: no MLflow store; each run "
-                       "writes metrics.jsonl in its run folder")  # fmt: skip
+        return Finding(
+            "MLflow",
+            "ok",
+            "tracking.uri is none: no MLflow store; each run "
+            "writes metrics.jsonl in its run folder",
+        )
     found = check_tracking_store(resolve_tracking_uri(uri))
     return Finding("MLflow", found.status, found.detail, found.fix)

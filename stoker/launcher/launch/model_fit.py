@@ -56,9 +56,14 @@ def check_all_models_fit(
             # The job's environment (job.env: a PYTHONPATH where the model is installed).
             env = {**os.environ, **configs[0].config.job.env}
             result = subprocess.run(
-                argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False, cwd=cwd,
+                argv,
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_S,
+                check=False,
+                cwd=cwd,
                 env=env,
-            )  # fmt: skip
+            )
         except subprocess.TimeoutExpired as exc:
             raise StokerError(
                 f"the model check ({' '.join(argv[1:3])}) took more than {TIMEOUT_S} s",

@@ -119,10 +119,11 @@ def submit_sweep(
 
     plan = plan_sweep(args)
     configs = [
-        resolve_config(experiment, plan.overrides(i), flags, profile=profile,
-                       use_profile=use_profile)
+        resolve_config(
+            experiment, plan.overrides(i), flags, profile=profile, use_profile=use_profile
+        )
         for i in range(len(plan.tasks))
-    ]  # fmt: skip
+    ]
     if options.check:
         check_task_models(plan, configs, options)
     # Checked above, every task; submit() would check the first alone.

@@ -129,8 +129,11 @@ def keep_accounts(
     if not todo:
         return
     rows = dict(accounting or {})
-    missing = [i.target.job_id for i in todo
-               if i.target.record.backend == "slurm" and i.target.job_id not in rows]  # fmt: skip
+    missing = [
+        i.target.job_id
+        for i in todo
+        if i.target.record.backend == "slurm" and i.target.job_id not in rows
+    ]
     if asked and accounting is not None:
         todo = [i for i in todo if i.target.job_id not in missing]
     elif missing and not asked:
@@ -160,12 +163,15 @@ def _log_account(target: Target, account: JobAccount) -> None:
 
     tags = {"stoker.goodput": f"{account.goodput:.3f}"} if account.goodput is not None else {}
     try:
-        log_to_ended_run(resolve_tracking_uri(uri), run_id, account.metrics(), tags,
-                         account.last_step or 0)  # fmt: skip
+        log_to_ended_run(
+            resolve_tracking_uri(uri), run_id, account.metrics(), tags, account.last_step or 0
+        )
     except StokerError as exc:
         first = str(exc).splitlines()[0]
-        print(f"stoker: could not log job {target.job_id}'s time account to MLflow: {first}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"stoker: could not log job {target.job_id}'s time account to MLflow: {first}",
+            file=sys.stderr,
+        )
 
 
 def end_mlflow_runs(ledger: Ledger, ended: Sequence[Ended], *, now: float | None = None) -> None:

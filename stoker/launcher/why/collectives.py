@@ -39,9 +39,11 @@ class Laggard:
         others = ", ".join(map(str, self.waiting))
         last = f"#{self.last_seq} {self.last_name}" if self.last_name else "none"
         who = "rank" if len(self.ranks) == 1 else "ranks"
-        return (f"{who} {behind} fell behind in process group {self.group}: ranks {others} "
-                f"wait in collective #{self.next_seq} ({self.next_name or '?'}), which "
-                f"{who} {behind} never entered (last: {last})")  # fmt: skip
+        return (
+            f"{who} {behind} fell behind in process group {self.group}: ranks {others} "
+            f"wait in collective #{self.next_seq} ({self.next_name or '?'}), which "
+            f"{who} {behind} never entered (last: {last})"
+        )
 
 
 def read_traces(run_dir: Path, restart: int) -> dict[int, list[dict[str, Any]]]:
@@ -100,6 +102,7 @@ def find_laggard(traces: dict[int, list[dict[str, Any]]]) -> Laggard | None:
         ahead = sorted(r for r in last if r not in behind)
         nxt = low + 1
         next_name = next((members[r].get(nxt) for r in ahead if nxt in members[r]), None)
-        return Laggard(behind, names.get(group, group), low, members[behind[0]].get(low),
-                       ahead, nxt, next_name)  # fmt: skip
+        return Laggard(
+            behind, names.get(group, group), low, members[behind[0]].get(low), ahead, nxt, next_name
+        )
     return None

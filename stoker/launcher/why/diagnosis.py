@@ -72,8 +72,9 @@ class DiagnosisMaker:
         restarts = event_lines(facts, "restart(ing|ed) after failure", all_restarts=True)
         evidence = [*evidence, *(e for e in restarts if e not in evidence)]
         if facts.laggard is not None:
-            evidence.append(f"flight recorder (flight/r{facts.restart}/): "
-                            f"{facts.laggard.describe()}")  # fmt: skip
+            evidence.append(
+                f"flight recorder (flight/r{facts.restart}/): {facts.laggard.describe()}"
+            )
         evidence += [f"note: {n}" for n in facts.notes]
         fix_text = fix.replace("JOB", facts.job_id) if fix else None
         if fix_text and event_lines(facts, "not restarted after failure"):

@@ -86,8 +86,13 @@ def hung_by_watchdog(facts: JobFacts, make: DiagnosisMaker, hang: dict[str, Any]
         if hang.get("gone")
         else _HANG_FIXES.get(phase, _HANG_FIX_OTHER)
     )
-    return make("hung", f"the hang watchdog failed the job: {hang['message']}", evidence,
-                fix, failing_rank=rank)  # fmt: skip
+    return make(
+        "hung",
+        f"the hang watchdog failed the job: {hang['message']}",
+        evidence,
+        fix,
+        failing_rank=rank,
+    )
 
 
 def silent_ranks(facts: JobFacts) -> tuple[list[int], float]:

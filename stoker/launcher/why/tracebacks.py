@@ -189,7 +189,9 @@ def stoker_error(text: str) -> StokerErrorLine | None:
             continue
         fix = _FIX.match(lines[i + 1]) if i + 1 < len(lines) else None
         return StokerErrorLine(
-            int(match["rank"]), match["message"].strip(), fix["fix"].strip() if fix else None,
+            int(match["rank"]),
+            match["message"].strip(),
+            fix["fix"].strip() if fix else None,
             lines[i].strip(),
-        )  # fmt: skip
+        )
     return None

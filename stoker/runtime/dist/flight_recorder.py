@@ -67,5 +67,5 @@ def dump(rank: int, environ: MutableMapping[str, str] | None = None) -> Path | N
         return out
     except Exception as exc:  # a recorder that fails must not hide the job's own failure
         print(f"stoker: rank {rank}: flight recorder dump failed: {exc}", file=sys.stderr,
-              flush=True)  # fmt: skip
+              flush=True)
         return None

@@ -60,7 +60,7 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, bf16_params: bool) -> None
         fully_shard(
             getattr(parent, name), mesh=mesh, mp_policy=policy,
             reshard_after_forward=index < len(slots) - 1,
-        )  # fmt: skip
+        )
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 

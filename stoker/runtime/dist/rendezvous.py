@@ -124,7 +124,7 @@ def join(
     if env.rank == 0:
         print(f"stoker: rendezvous at {environ['MASTER_ADDR']}:{environ['MASTER_PORT']}: "
               f"waiting for {env.world_size} ranks (train.rendezvous_timeout_s="
-              f"{rendezvous_timeout_s:g})", file=sys.stderr, flush=True)  # fmt: skip
+              f"{rendezvous_timeout_s:g})", file=sys.stderr, flush=True)
     try:
         _sign_in_and_wait(store, env, environ, rendezvous_timeout_s)
     except (RuntimeError, torch.distributed.DistError) as exc:

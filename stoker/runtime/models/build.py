@@ -158,8 +158,8 @@ def av_dit(
     `model.args` conditions it on captions or class labels (conditioning.ConditionArgs,
     whose checks name the fix). Keywords, not a pydantic args class: the models build
     without pydantic (the step benchmark on a bare GPU node)."""
-    args = ConditionArgs(condition, cond_dropout, class_field, tuple(classes),  # type: ignore[arg-type]
-                         text_encoder)  # fmt: skip
+    # The checks of ConditionArgs name a bad value and its fix: the types are theirs.
+    args = ConditionArgs(condition, cond_dropout, class_field, tuple(classes), text_encoder)  # type: ignore[arg-type]
     return build_av_dit(size, data, args)
 
 
@@ -207,8 +207,10 @@ def _build_av_dit(size_name: str, shapes: DataShapes) -> AVDiT:
             height, width = shape.resolution
             if height % ph or width % pw:
                 # The nearest multiples, halves rounded up.
-                fixed = [max(ph, (height + ph // 2) // ph * ph),
-                         max(pw, (width + pw // 2) // pw * pw)]  # fmt: skip
+                fixed = [
+                    max(ph, (height + ph // 2) // ph * ph),
+                    max(pw, (width + pw // 2) // pw * pw),
+                ]
                 raise DataDoesNotFitModel(
                     setting.key("resolution"),
                     f"{setting.subject('resolution', [height, width])} is not a multiple of "
@@ -292,16 +294,24 @@ def _latent_av_dit(size_name: str, shapes: DataShapes) -> AVDiT:
     channels = 3
     if video_boxes:
         channels = video_boxes[0][1]
-        video_box = (max(v[0] for v in video_boxes), max(v[2] for v in video_boxes),
-                     max(v[3] for v in video_boxes))  # fmt: skip
+        video_box = (
+            max(v[0] for v in video_boxes),
+            max(v[2] for v in video_boxes),
+            max(v[3] for v in video_boxes),
+        )
         fps = video_box[0] / seconds
     if audio_boxes:
         audio_box = (audio_boxes[0][0], max(a[1] for a in audio_boxes))
         rate = audio_box[1] / seconds
     return AVDiT(
-        size, video=video_box, audio=audio_box, fps=fps, sample_rate=rate,
-        video_channels=channels, latent=True,
-    )  # fmt: skip
+        size,
+        video=video_box,
+        audio=audio_box,
+        fps=fps,
+        sample_rate=rate,
+        video_channels=channels,
+        latent=True,
+    )
 
 
 def build_audio_ar(size_name: str, data: DataConfig | DataShapes) -> AudioAR:

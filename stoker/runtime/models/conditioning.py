@@ -117,9 +117,13 @@ class Conditioner(nn.Module):
         elif args.text_encoder:
             from stoker.import_path import import_callable
 
-            factory = import_callable(args.text_encoder, key="model.args.text_encoder",
-                                      shown=args.text_encoder, kind="a function or class",
-                                      kind_fix="name the factory of your text encoder")  # fmt: skip
+            factory = import_callable(
+                args.text_encoder,
+                key="model.args.text_encoder",
+                shown=args.text_encoder,
+                kind="a function or class",
+                kind_fix="name the factory of your text encoder",
+            )
             self._encoder = factory()
             width = int(self._encoder(["a probe caption"]).shape[-1])
         else:

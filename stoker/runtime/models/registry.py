@@ -95,9 +95,10 @@ def factory_arguments(
         return (), kwargs
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     named = [
-        n for n, p in list(params.items())[1:]
+        n
+        for n, p in list(params.items())[1:]
         if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    ]  # fmt: skip
+    ]
     unknown = [k for k in given if k not in named and not takes_any]
     if unknown:
         raise ModelSetupError(
@@ -107,9 +108,10 @@ def factory_arguments(
             fix=f"use one of: {', '.join(named) or '(none: remove model.args)'}",
         )
     missing = [
-        n for n in named
+        n
+        for n in named
         if params[n].default is inspect.Parameter.empty and n not in given and n not in kwargs
-    ]  # fmt: skip
+    ]
     if missing:
         raise ModelSetupError(
             f"model.args.{missing[0]}",

@@ -199,8 +199,16 @@ class Heartbeat:
 
     def _write(self) -> None:
         warming = self._first_step is None or self.step == self._first_step
-        beat = Beat(self.rank, self.host, os.getpid(), self.step, self.phase,
-                    self.progress_at, time.time(), warming)  # fmt: skip
+        beat = Beat(
+            self.rank,
+            self.host,
+            os.getpid(),
+            self.step,
+            self.phase,
+            self.progress_at,
+            time.time(),
+            warming,
+        )
         path = self.folder / f"rank-{self.rank}.json"
         temp = path.with_name(f".{path.name}.tmp")
         temp.write_text(json.dumps(beat.__dict__))
@@ -229,8 +237,11 @@ class Heartbeat:
         }
         (self.folder / HANG_FILE).write_text(json.dumps(report, indent=1) + "\n")
         (self.folder / DUMP_FILE).touch()
-        print(f"stoker: {message}: every rank dumps its Python stacks to its log; "
-              "failing the job", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"stoker: {message}: every rank dumps its Python stacks to its log; failing the job",
+            file=sys.stderr,
+            flush=True,
+        )
         self._dump()
         # Wait for the others' dumps: once one exits, the rest fail in their
         # collectives (train.py then exits EXIT_HANG too, seeing hang.json).
@@ -250,8 +261,11 @@ class Heartbeat:
         if self._dumped:
             return
         self._dumped = True
-        print(f"{STACK_HEADER} {self.rank} ({self.host}), phase '{self.phase}', "
-              f"step {self.step}:", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"{STACK_HEADER} {self.rank} ({self.host}), phase '{self.phase}', step {self.step}:",
+            file=sys.stderr,
+            flush=True,
+        )
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
         native = py_spy_dump(os.getpid())

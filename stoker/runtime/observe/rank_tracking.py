@@ -117,8 +117,15 @@ def _tags(env: DistEnv, device: torch.device) -> dict[str, str]:
         "stoker.torch": torch.__version__,
     }
     for name, value in os.environ.items():
-        if name in ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_PARTITION", "SLURM_JOB_NODELIST",
-                    "SLURM_RESTART_COUNT", "SLURM_CLUSTER_NAME", "SLURM_JOB_ACCOUNT"):  # fmt: skip
+        if name in (
+            "SLURM_JOB_ID",
+            "SLURM_JOB_NAME",
+            "SLURM_JOB_PARTITION",
+            "SLURM_JOB_NODELIST",
+            "SLURM_RESTART_COUNT",
+            "SLURM_CLUSTER_NAME",
+            "SLURM_JOB_ACCOUNT",
+        ):
             tags["slurm." + name.removeprefix("SLURM_").lower()] = value
     return tags
 
@@ -172,6 +179,7 @@ def _file_tracking(env: DistEnv, device: torch.device, run_dir: Path) -> Trackin
     logger.set_tags(_tags(env, device))
     sampler = SystemSampler(logger, node=os.environ.get("SLURMD_NODENAME") or socket.gethostname())
     sampler.start()
-    print(f"tracking.uri is none: metrics to {logger.path} (no MLflow)", file=sys.stderr,
-          flush=True)  # fmt: skip
+    print(
+        f"tracking.uri is none: metrics to {logger.path} (no MLflow)", file=sys.stderr, flush=True
+    )
     return Tracking(logger, sampler, None)

@@ -43,8 +43,9 @@ def shape_name(batch: Mapping[str, Any]) -> str:
 class StepMemory:
     """Rank 0's measurements of its steps, by batch shape."""
 
-    def __init__(self, run_dir: Path, device: torch.device, *, enabled: bool,
-                 trace_cpu: bool, ema_bytes: int) -> None:  # fmt: skip
+    def __init__(
+        self, run_dir: Path, device: torch.device, *, enabled: bool, trace_cpu: bool, ema_bytes: int
+    ) -> None:
         self.path = run_dir / MEASURED_FILE
         self.device = device
         self.enabled = enabled
@@ -62,8 +63,9 @@ class StepMemory:
             return
         name = shape_name(micro[0])
         seen = self._times.setdefault(name, [])
-        entry = self.shapes.setdefault(name, {"micro_batch": _rows(micro[0]),
-                                              "micro_batches": len(micro)})  # fmt: skip
+        entry = self.shapes.setdefault(
+            name, {"micro_batch": _rows(micro[0]), "micro_batches": len(micro)}
+        )
         trace = self.trace_cpu and len(seen) == 1 and "peak_bytes" not in entry
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -82,9 +84,12 @@ class StepMemory:
             allocated = torch.cuda.max_memory_allocated(self.device)
             if allocated > entry.get("peak_bytes", 0):
                 free, total = torch.cuda.mem_get_info(self.device)
-                entry.update(peak_bytes=int(allocated), peak_source="cuda allocator",
-                             reserved_bytes=int(torch.cuda.max_memory_reserved(self.device)),
-                             device_used_bytes=int(total - free))  # fmt: skip
+                entry.update(
+                    peak_bytes=int(allocated),
+                    peak_source="cuda allocator",
+                    reserved_bytes=int(torch.cuda.max_memory_reserved(self.device)),
+                    device_used_bytes=int(total - free),
+                )
         if len(seen) > 1:  # the first step of a shape compiles and warms up
             entry["step_s"] = statistics.median(seen[1:])
             entry["steps"] = len(seen)
@@ -93,8 +98,13 @@ class StepMemory:
         if not self.enabled or not self.shapes:
             return
         device = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
-        doc = {"format": 1, "device": device, "world_size": world_size,
-               "precision": precision, "shapes": self.shapes}  # fmt: skip
+        doc = {
+            "format": 1,
+            "device": device,
+            "world_size": world_size,
+            "precision": precision,
+            "shapes": self.shapes,
+        }
         write_text_atomic(self.path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 

@@ -66,8 +66,13 @@ class StartAccount:
             pass  # an account that cannot be written must not stop the training
 
     def start(self, start_step: int, ranks: int) -> None:
-        self._write("start", restart=self.restart, start_step=start_step, ranks=ranks,
-                    host=socket.gethostname())  # fmt: skip
+        self._write(
+            "start",
+            restart=self.restart,
+            start_step=start_step,
+            ranks=ranks,
+            host=socket.gethostname(),
+        )
 
     def first_step(self) -> None:
         if not self._first_step_written:
@@ -92,11 +97,21 @@ class StartAccount:
             if value is not None and math.isfinite(value):
                 extra[name] = round(value, 6)
         if slowest is not None and slowest.ratio > STRAGGLER_RATIO:
-            extra["straggler"] = {"rank": slowest.rank, "host": slowest.host,
-                                  "ratio": round(slowest.ratio, 3)}  # fmt: skip
-        self._write("window", step=step, steps=steps, step_s=round(step_s, 4),
-                    data_s=round(data_s, 4), checkpoint_s=round(checkpoint_s, 4),
-                    sample_s=round(sample_s, 4), **extra)  # fmt: skip
+            extra["straggler"] = {
+                "rank": slowest.rank,
+                "host": slowest.host,
+                "ratio": round(slowest.ratio, 3),
+            }
+        self._write(
+            "window",
+            step=step,
+            steps=steps,
+            step_s=round(step_s, 4),
+            data_s=round(data_s, 4),
+            checkpoint_s=round(checkpoint_s, 4),
+            sample_s=round(sample_s, 4),
+            **extra,
+        )
 
     def committed(self, step: int) -> None:
         self._write("commit", step=step)
@@ -104,8 +119,13 @@ class StartAccount:
     def end(self, step: int, status: str, *, checkpoint_s: float, sample_s: float) -> None:
         """The start's last line; `checkpoint_s` and `sample_s` since the last window (the
         final save comes after the last log step)."""
-        self._write("end", step=step, status=status, checkpoint_s=round(checkpoint_s, 4),
-                    sample_s=round(sample_s, 4))  # fmt: skip
+        self._write(
+            "end",
+            step=step,
+            status=status,
+            checkpoint_s=round(checkpoint_s, 4),
+            sample_s=round(sample_s, 4),
+        )
 
 
 def log_job_time(sink: MetricsSink, run_dir: Path, step: int) -> None:
@@ -123,5 +143,8 @@ def log_job_time(sink: MetricsSink, run_dir: Path, step: int) -> None:
     sink.set_tags({"stoker.goodput": f"{goodput:.3f}"})
     lost = sorted(account.lost_rank_s().items(), key=lambda item: -item[1])[:3]
     shown = ", ".join(f"{cause} {value / 3600:.3g}" for cause, value in lost if value > 0)
-    print(f"goodput {goodput:.1%} of {account.allocated_rank_s / 3600:.3g} rank-hours"
-          + (f"; lost rank-hours: {shown}" if shown else ""), flush=True)  # fmt: skip
+    print(
+        f"goodput {goodput:.1%} of {account.allocated_rank_s / 3600:.3g} rank-hours"
+        + (f"; lost rank-hours: {shown}" if shown else ""),
+        flush=True,
+    )

@@ -106,8 +106,9 @@ class Run:
         rank's RNG): under checkpoint.root, else the run folder's checkpoints/. `loader`:
         anything with `state_dict()` (JSON-able) and `load_state_dict()`, e.g.
         `run.loader()` or torchdata's StatefulDataLoader. Call on every rank."""
-        checkpoint = Checkpoint(self.session, model, optim, scheduler, loader,
-                                on_restore=self._start_at, mesh=self.mesh)  # fmt: skip
+        checkpoint = Checkpoint(
+            self.session, model, optim, scheduler, loader, on_restore=self._start_at, mesh=self.mesh
+        )
         self._checkpoints.append(checkpoint)
         return checkpoint
 

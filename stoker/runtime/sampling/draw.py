@@ -96,11 +96,19 @@ def sample_model(
                 try:
                     check_prompts(model, prompts, len(seeds), guidance)
                 except ValueError as exc:
-                    raise StokerError(str(exc), fix="--prompt takes a caption, or a class "
-                                      "label of model.args.classes") from None  # fmt: skip
-                return sample_av_dit(model, generators, steps=steps, method=method,
-                                     on_step=on_step, prompts=prompts,
-                                     guidance=guidance)  # fmt: skip
+                    raise StokerError(
+                        str(exc),
+                        fix="--prompt takes a caption, or a class label of model.args.classes",
+                    ) from None
+                return sample_av_dit(
+                    model,
+                    generators,
+                    steps=steps,
+                    method=method,
+                    on_step=on_step,
+                    prompts=prompts,
+                    guidance=guidance,
+                )
             if prompts is not None and any(p is not None for p in prompts):
                 raise StokerError("the audio_ar takes no prompts", fix="leave out the prompts")
             assert isinstance(model, AudioAR)

@@ -57,8 +57,13 @@ def write_samples(
     tmp.mkdir(parents=True)
     try:
         names = _write_files(samples, seeds, tmp, fps=fps, sample_rate=sample_rate)
-        record = {**(about or {}), "seeds": [int(s) for s in seeds], "files": names,
-                  "fps": fps, "sample_rate": sample_rate}  # fmt: skip
+        record = {
+            **(about or {}),
+            "seeds": [int(s) for s in seeds],
+            "files": names,
+            "fps": fps,
+            "sample_rate": sample_rate,
+        }
         (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")
         if folder.exists():
             shutil.rmtree(folder)
@@ -80,23 +85,32 @@ def _write_files(
     if video is not None and video.dtype != torch.uint8:
         from safetensors.torch import save_file
 
-        save_file({k: v.contiguous().cpu() for k, v in samples.items()},
-                  str(folder / "latents.safetensors"))  # fmt: skip
+        save_file(
+            {k: v.contiguous().cpu() for k, v in samples.items()},
+            str(folder / "latents.safetensors"),
+        )
         return ["latents.safetensors"]
     names: list[str] = []
     muxable = audio is not None and sample_rate in AAC_SAMPLE_RATES
     for row, seed in enumerate(seeds):
         clip_audio = audio[row] if audio is not None else None
         if video is not None:
-            mp4 = encode_av_clip(video[row], clip_audio if muxable else None, fps=fps,
-                                 sample_rate=sample_rate if muxable else None)  # fmt: skip
+            mp4 = encode_av_clip(
+                video[row],
+                clip_audio if muxable else None,
+                fps=fps,
+                sample_rate=sample_rate if muxable else None,
+            )
             names.append(_put(folder, f"seed-{seed}.mp4", mp4))
         if clip_audio is not None and not (video is not None and muxable):
-            names.append(_put(folder, f"seed-{seed}.wav",
-                              encode_wav(clip_audio, sample_rate=sample_rate)))  # fmt: skip
+            names.append(
+                _put(folder, f"seed-{seed}.wav", encode_wav(clip_audio, sample_rate=sample_rate))
+            )
     if video is not None or audio is not None:
-        clips = [(video[r] if video is not None else None, audio[r] if audio is not None else None)
-                 for r in range(len(seeds))]  # fmt: skip
+        clips = [
+            (video[r] if video is not None else None, audio[r] if audio is not None else None)
+            for r in range(len(seeds))
+        ]
         sheet = contact_sheet(clips, fps=fps, sample_rate=sample_rate)
         names.append(_put(folder, CONTACT_SHEET, sheet))
     return names

@@ -94,12 +94,25 @@ def sample_checkpoint(
         else nullcontext()
     )
     with autocast:
-        samples = sample_model(model, seeds=seeds, steps=steps, method=method, on_step=on_step,
-                               prompts=prompts, guidance=guidance)  # fmt: skip
-    about: dict[str, object] = {"step": commit.step, "checkpoint": folder, "weights": chosen,
-                                "method": method, "steps": steps}  # fmt: skip
+        samples = sample_model(
+            model,
+            seeds=seeds,
+            steps=steps,
+            method=method,
+            on_step=on_step,
+            prompts=prompts,
+            guidance=guidance,
+        )
+    about: dict[str, object] = {
+        "step": commit.step,
+        "checkpoint": folder,
+        "weights": chosen,
+        "method": method,
+        "steps": steps,
+    }
     if prompts is not None:
         about.update(prompts=list(prompts), guidance=guidance)
-    files = write_samples(samples, seeds, out, fps=cfg.data.fps,
-                          sample_rate=cfg.data.sample_rate, about=about)  # fmt: skip
+    files = write_samples(
+        samples, seeds, out, fps=cfg.data.fps, sample_rate=cfg.data.sample_rate, about=about
+    )
     return CheckpointSamples(commit.step, folder, chosen, Path(out), files)
