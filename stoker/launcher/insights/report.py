@@ -226,11 +226,10 @@ def summarise(
 ) -> Report:
     until = time.time() if until is None else until
     totals: dict[str, Totals] = defaultdict(Totals)
-    tables: tuple[dict[tuple[str, str], Totals], ...] = (
-        defaultdict(Totals),
-        defaultdict(Totals),
-        defaultdict(Totals),
-    )
+    # (who or where, resource) -> totals, one table per way of grouping the jobs.
+    tables: dict[str, dict[tuple[str, str], Totals]] = {
+        grouping: defaultdict(Totals) for grouping in ("user", "partition", "experiment")
+    }
     failures: Counter[str] = Counter()
     failure_hours: dict[str, float] = defaultdict(float)
     incidents: dict[str, list[tuple[str, str]]] = defaultdict(list)  # node -> (job, kind)
@@ -239,10 +238,9 @@ def summarise(
     for account in accounts:
         resource = account.resource
         totals[resource].add(account)
-        for table, key in zip(
-            tables, (account.user, account.partition, account.experiment), strict=True
-        ):
-            table[(key, resource)].add(account)
+        tables["user"][(account.user, resource)].add(account)
+        tables["partition"][(account.partition, resource)].add(account)
+        tables["experiment"][(account.experiment, resource)].add(account)
         if account.state != "COMPLETED":
             cause = account.cause or account.state.lower()
             failures[cause] += 1
@@ -279,9 +277,9 @@ def summarise(
         until=until,
         filters=filters or {},
         totals=dict(totals),
-        by_user=dict(tables[0]),
-        by_partition=dict(tables[1]),
-        by_experiment=dict(tables[2]),
+        by_user=dict(tables["user"]),
+        by_partition=dict(tables["partition"]),
+        by_experiment=dict(tables["experiment"]),
         failures=dict(failures),
         failure_hours=dict(failure_hours),
         nodes=nodes,
