@@ -13,6 +13,7 @@ from typing import Any
 
 from stoker.errors import StokerError
 from stoker.gpus import gpu_spec
+from stoker.modes import ResolvedPrecision
 from stoker.planning import trace
 from stoker.planning.plan import plan_batches
 from stoker.planning.search import (
@@ -159,7 +160,7 @@ def calibrate(run_dir: Path) -> Calibration:
         f"run {run_dir.name}",
     )
     shard = per_node if cfg.train.sharding == "node" and target.nodes > 1 else world
-    precision = str(measured.get("precision", "fp32"))
+    precision: ResolvedPrecision = "bf16" if measured.get("precision") == "bf16" else "fp32"
     batches = plan_batches(cfg)
     names = {shape_name(trace.random_batch(cfg, 1, bucket=b.bucket)): b for b in batches}
     facts = trace.model_facts(cfg, [b.bucket for b in batches])

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stoker.errors import StokerError
+from stoker.modes import ResolvedPrecision
 from stoker.planning import trace
 from stoker.planning.search import (
     Batch,
@@ -129,7 +130,7 @@ def make_plan(cfg: Any, target: Target, *, trace_all: bool = False) -> Plan:
     return Plan(target, batches, facts, candidates, chosen, traces, time.perf_counter() - began)
 
 
-def _precisions(cfg: Any, target: Target) -> list[str]:
+def _precisions(cfg: Any, target: Target) -> list[ResolvedPrecision]:
     asked = cfg.train.precision
     if asked != "auto":
         return [asked]

@@ -20,9 +20,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from stoker.gpus import GPUSpec
+from stoker.modes import ActivationCheckpointing, ResolvedPrecision
 from stoker.planning.timing import INTER_NODE_BYTES_S, StepWork, step_time
 from stoker.planning.trace import ModelFacts, Traced, TraceSpec
 
@@ -33,7 +34,7 @@ CUDA_CONTEXT_BYTES = int(0.75 * GIB)
 """The CUDA context and torch's kernels' images, outside the allocator."""
 NCCL_BYTES = int(0.5 * GIB)
 """NCCL's buffers per communicator (HSDP has two), outside the allocator."""
-MODES = ("none", "selective", "full")
+MODES: tuple[ActivationCheckpointing, ...] = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -65,12 +66,17 @@ class Batch:
     global_batch: int
 
 
+CandidateStatus = Literal["not traced", "slower", "too big", "chosen", "fits"]
+"""Where the search left a candidate: not traced (the search stopped before it), slower
+than the chosen one (so not traced), too big for the GPU, chosen, or fits (not chosen)."""
+
+
 @dataclass
 class Candidate:
     shard: int
     replicate: int
-    activation_checkpointing: str
-    precision: str
+    activation_checkpointing: ActivationCheckpointing
+    precision: ResolvedPrecision
     grad_accum: int
     micro_batches: list[int]
     """Per Batch, the rows of one rank's micro-batch."""
@@ -78,7 +84,7 @@ class Candidate:
     peak: list[int | None] = field(default_factory=list)
     """Per Batch; None for a bucket not traced (another one did not fit)."""
     parts: list[dict[str, int]] = field(default_factory=list)
-    status: str = "not traced"
+    status: CandidateStatus = "not traced"
     reason: str = ""
 
     @property
@@ -113,7 +119,10 @@ def divisors(n: int) -> list[int]:
 
 
 def enumerate_candidates(
-    target: Target, batches: list[Batch], facts: ModelFacts, precisions: list[str]
+    target: Target,
+    batches: list[Batch],
+    facts: ModelFacts,
+    precisions: list[ResolvedPrecision],
 ) -> list[Candidate]:
     world = target.world
     per_rank = [b.global_batch // world for b in batches]
@@ -121,7 +130,7 @@ def enumerate_candidates(
     layouts = [(world, 1)]
     if target.nodes > 1:
         layouts.append((target.ranks_per_node, target.nodes))
-    modes = MODES if facts.blocks else ("none",)
+    modes: tuple[ActivationCheckpointing, ...] = MODES if facts.blocks else ("none",)
     out = []
     for shard, replicate in layouts:
         for mode in modes:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stoker.gpus import PCIE_BYTES_S, GPUSpec
+from stoker.modes import ActivationCheckpointing, ResolvedPrecision
 
 MATMUL_EFFICIENCY = 0.80
 """Measured: 790-800 of the H100's 989 dense bf16 TFLOP/s on an 8192^3 matmul (FACTS)."""
@@ -50,8 +51,8 @@ class StepWork:
     shard: int
     replicate: int
     accum: int
-    activation_checkpointing: str
-    precision: str
+    activation_checkpointing: ActivationCheckpointing
+    precision: ResolvedPrecision
 
 
 @dataclass(frozen=True)

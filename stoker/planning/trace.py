@@ -24,6 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from stoker.modes import ActivationCheckpointing, ResolvedPrecision
+
 # Each trace: a fresh fake process group of its world size (one per process at a time).
 _PG_WORLD: list[int] = []
 # (model, data, world, shard) whose optimizer step this process has taken (see trace_step).
@@ -37,8 +39,8 @@ class TraceSpec:
     world: int
     shard: int
     """Ranks one copy of the parameters is sharded over (world: FSDP; a node's: HSDP)."""
-    activation_checkpointing: str
-    precision: str
+    activation_checkpointing: ActivationCheckpointing
+    precision: ResolvedPrecision
     """bf16 (autocast, bf16 all-gathers on a GPU target) or fp32."""
     micro_batch: int
     micro_batches: int
