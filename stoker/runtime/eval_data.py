@@ -10,10 +10,9 @@ from stoker.errors import StokerError
 from stoker.runtime.dist.dist_env import DistEnv
 
 
-def held_out_loader(cfg: ExperimentConfig, micro_cfg: ExperimentConfig, env: DistEnv) -> Any:
+def held_out_loader(cfg: ExperimentConfig, env: DistEnv) -> Any:
     """The held-out split's loader: clips from their start, the same batches every
-    evaluation (the trainer resets its position each time). `micro_cfg`: the run's
-    config with the per-loader-batch (micro) batch size."""
+    evaluation (the trainer resets its position each time), in the run's micro-batches."""
     from stoker.data.stream.loader import loader_from_config
 
     url = cfg.data.eval_url
@@ -28,9 +27,9 @@ def held_out_loader(cfg: ExperimentConfig, micro_cfg: ExperimentConfig, env: Dis
         say = print if env.is_main else None
         url = str(ensure_synthetic_data(cfg.data, say, split="eval"))
     # One data set (named apart from a mixture's), with the run's buckets.
-    data = micro_cfg.data.model_copy(update={"url": url, "sources": [], "clip_offset": "start"})
+    data = cfg.data.model_copy(update={"url": url, "sources": [], "clip_offset": "start"})
     return loader_from_config(
-        micro_cfg.model_copy(update={"data": data}),
+        cfg.model_copy(update={"data": data}),
         rank=env.rank,
         world_size=env.world_size,
         micro_batches=cfg.train.grad_accum,

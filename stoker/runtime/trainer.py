@@ -139,21 +139,14 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
         torch.manual_seed(cfg.train.seed * 100_003 + self.env.rank)
-        url = data_url(cfg.data, say=print if self.env.is_main else None)
-        micro_cfg = cfg.model_copy(
-            update={
-                "data": cfg.data.model_copy(update={"batch_size": self.micro_batch, "url": url})
-            }
-        )
         self.loader = loader_from_config(
-            micro_cfg,
+            cfg,
             rank=self.env.rank,
             world_size=self.env.world_size,
             micro_batches=cfg.train.grad_accum,
+            url=data_url(cfg.data, say=print if self.env.is_main else None),
         )
-        self.eval_loader = (
-            held_out_loader(cfg, micro_cfg, self.env) if cfg.train.eval_every else None
-        )
+        self.eval_loader = held_out_loader(cfg, self.env) if cfg.train.eval_every else None
         self.costs = contract.SampleCosts(self.model)  # FLOPs and tokens per batch shape
         self._said_no_flops = False
         self.model_metrics = ModelMetrics(self.env, self.device, type(model).__name__)

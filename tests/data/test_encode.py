@@ -241,6 +241,13 @@ def test_buckets_are_kept_and_the_loader_streams_latents_by_them(tmp_path: Path)
         assert video.dtype == torch.float16 and batch["valid"].all()
         seen[batch["bucket"]] = tuple(video.shape[1:])
     assert seen == {"64x64x1s": (8, 8, 16, 16), "32x64x1s": (8, 8, 8, 16)}
+    # With train.grad_accum 2, each bucket's global batch (data.batch_size: 4) comes in
+    # two loader batches of 2: the trainer passes the global batch, the loader splits it.
+    cfg = resolve_config(None, [f"data.url={dst}", "data.modalities=[latent]",
+                                "data.batch_size=4", "data.num_workers=0"]).config  # fmt: skip
+    loader = loader_from_config(cfg, rank=0, world_size=1, micro_batches=2)
+    rows = {len(batch["position"]) for batch in loader.batches(max_batches=4)}
+    assert rows == {2}, rows
 
 
 @pytest.mark.gpu

@@ -99,6 +99,18 @@ class StreamingLoader:
         source_name: str = "StreamingLoader",
         clip: ClipSpec | None = None,
     ) -> None:
+        clip = clip or ClipSpec(
+            modalities=tuple(modalities),
+            fps=fps,
+            size=size,
+            clip_seconds=clip_seconds,
+            sample_rate=sample_rate,
+            channels=channels,
+            clip_offset=clip_offset,
+            resize=resize,
+        )
+        # Checked below as given one by one.
+        modalities, clip_offset, resize = clip.modalities, clip.clip_offset, clip.resize
         self.mixture = not isinstance(data, (str, DataSource))
         specs: list[MixSource] = (
             [MixSource("data", data)] if isinstance(data, (str, DataSource)) else list(data)
@@ -191,16 +203,6 @@ class StreamingLoader:
         self.shuffle_shards = shuffle_shards
         self.mixing = mixing
         fields = set.intersection(*(set(s.manifest.fields) for s in self.sources))
-        clip = clip or ClipSpec(
-            modalities=tuple(modalities),
-            fps=fps,
-            size=size,
-            clip_seconds=clip_seconds,
-            sample_rate=sample_rate,
-            channels=channels,
-            clip_offset=clip_offset,
-            resize=resize,
-        )
         # A latent data set's tensors come under "latent" (the modality), not as arrays.
         self.clip = replace(clip, arrays=array_fields(sorted(fields - {LATENT_MEMBER})))
         self.prefetch_bytes = int(prefetch_mb * (1 << 20))
@@ -429,13 +431,20 @@ def _context(method: str) -> Any:
 
 
 def loader_from_config(
-    config: Any, *, rank: int, world_size: int, micro_batches: int = 1
+    config: Any,
+    *,
+    rank: int,
+    world_size: int,
+    micro_batches: int = 1,
+    url: str | None = None,
 ) -> StreamingLoader:
     """The loader an experiment's `data.*` keys describe (`config`: ExperimentConfig):
-    data.url, or the mixture data.sources; with data.buckets, each bucket's batch split
-    into `micro_batches` (train.grad_accum) loader batches."""
+    data.url (or `url`, the data set a null data.url stands for: the synthetic one), or
+    the mixture data.sources. Each global batch (data.batch_size, or each bucket's) is
+    split into `micro_batches` (train.grad_accum) loader batches."""
     data = config.data
-    if data.url is None and not data.sources:
+    url = url or data.url
+    if url is None and not data.sources:
         raise StokerError(
             "data.url is null: there is no data set to stream",
             fix="set data.url to a data set (write one with `stoker data synth DST`), or "
@@ -446,8 +455,14 @@ def loader_from_config(
     buckets = resolve_buckets(data)
     if not buckets and "latent" in data.modalities:
         # Latents keep the buckets they were encoded with: batched by those, as they are.
-        urls = [s.url for s in data.sources] if data.sources else [data.url]
+        urls = [s.url for s in data.sources] if data.sources else [url]
         buckets = encoded_buckets(urls, data.batch_size)
+    if not buckets and data.batch_size % micro_batches:
+        raise StokerError(
+            f"data.batch_size {data.batch_size} does not split into train.grad_accum="
+            f"{micro_batches} micro-batches",
+            fix=f"use a data.batch_size that is a multiple of {micro_batches}",
+        )
     for i, bucket in enumerate(buckets):
         if bucket.batch_size % micro_batches:
             raise StokerError(
@@ -456,12 +471,12 @@ def loader_from_config(
                 fix=f"use a batch_size that is a multiple of {micro_batches}",
             )
     buckets = [replace(b, batch_size=b.batch_size // micro_batches) for b in buckets]
-    source: str | list[MixSource] = data.url
+    source: str | list[MixSource] = url
     if data.sources:
         source = [MixSource(s.name, s.url, s.weight) for s in data.sources]
     return StreamingLoader(
         source,
-        batch_size=data.batch_size,
+        batch_size=data.batch_size // micro_batches,
         rank=rank,
         world_size=world_size,
         num_workers=data.num_workers,

@@ -125,8 +125,7 @@ class Run:
         if url != cfg.data.url and self.is_main and tracking is not None:
             record_data_sets(tracking, cfg.data, evaluates=False)  # the synthetic set
         check_batch_split(cfg.data, self.world_size)
-        with_url = cfg.model_copy(update={"data": cfg.data.model_copy(update={"url": url})})
-        loader = loader_from_config(with_url, rank=self.rank, world_size=self.world_size)
+        loader = loader_from_config(cfg, rank=self.rank, world_size=self.world_size, url=url)
         return JobLoader(loader, self.device, self._data_wait)
 
     def log(self, metrics: Mapping[str, float | torch.Tensor], step: int) -> None:
