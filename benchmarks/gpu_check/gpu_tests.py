@@ -12,7 +12,7 @@ from __future__ import annotations
 GPU_TEST_PATHS: tuple[str, ...] = (
     "tests/data/test_encode.py",
     "tests/kernels/test_cross_entropy.py",
-    "tests/runtime/test_precision.py",
+    "tests/runtime/dist/test_precision.py",
 )
 """Relative to the repository root."""
 

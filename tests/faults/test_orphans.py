@@ -4,7 +4,7 @@ node once the job ended: not its loader workers, its fork server or its resource
 Here slurmstepd also reaps them (it adopts the step's orphans as a child subreaper and
 kills what is left when the step ends), so this guards the user's view of the node; the
 parent-death signal itself is proven where nothing else would end them, for a rank
-outside SLURM (tests/data/test_loader_orphans.py: without it, four processes stay)."""
+outside SLURM (tests/data/stream/test_loader_orphans.py: without it, four processes stay)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Which rank a local job (stoker/launcher/local/supervisor.py) reports first, and whose
 exit code is the job's, when several ranks are found failed in one poll: on a loaded
 machine the rank that lost its peer may end before the supervisor looks again, and the
-job must still say why it failed (seen in tests/runtime/test_own_loop.py: exit 76 and
+job must still say why it failed (seen in tests/runtime/own_loop/test_own_loop.py: exit 76 and
 rank 0 named for rank 1's ValueError)."""
 
 from __future__ import annotations

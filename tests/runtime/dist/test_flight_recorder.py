@@ -14,7 +14,7 @@ from stoker.runtime.dist import flight_recorder
 from tests.mlflow_server import free_port
 
 WORKER = Path(__file__).with_name("flight_worker.py")
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_the_rank_that_fell_behind_and_the_collective_are_named(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 from stoker.data.synthetic.shapes import synth_dataset
 from tests.clirun import stoker, stoker_text
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "own_loop"
 SCRIPT = Path(__file__).with_name("own_loop_script.py")
 

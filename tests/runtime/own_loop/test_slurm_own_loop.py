@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
 
 pytestmark = pytest.mark.slurm
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXPERIMENT = str(REPO / "examples" / "own_loop" / "experiment.yaml")
 STEPS = 16
 

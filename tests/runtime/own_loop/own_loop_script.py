@@ -1,4 +1,4 @@
-"""A small loop of one's own on `stoker.job`, for tests/runtime/test_own_loop.py:
+"""A small loop of one's own on `stoker.job`, for tests/runtime/own_loop/test_own_loop.py:
 `python own_loop_script.py MODE[,MODE] [RANK]`, started by `stoker run -- ...` on every
 rank (modes joined by commas act together: `slow,nofinish`).
 
