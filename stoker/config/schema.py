@@ -47,7 +47,9 @@ class JobConfig(Section):
     name: str = "stoker-tiny"
     """Job name in squeue and the run folder; letters, digits, '.', '_', '-'."""
     nodes: Annotated[int, Field(ge=1, le=10_000)] = 1
-    """Number of nodes to allocate."""
+    """Number of nodes the job trains on."""
+    spare_nodes: Annotated[int, Field(ge=0, le=1_000)] = 0
+    """Nodes allocated beyond job.nodes: a failed node is replaced by one, inside the job."""
     ntasks_per_node: Annotated[int, Field(ge=1, le=1024)] | None = None
     """Tasks (ranks) per node; null means one per GPU, or 1 without GPUs."""
     gpus_per_node: Annotated[int, Field(ge=0, le=64)] = 0
@@ -85,7 +87,7 @@ class JobConfig(Section):
     max_requeues: Annotated[int, Field(ge=0, le=1000)] = 3
     """How many times a preempted or timed-out job is requeued before it is left failed."""
     max_restarts: Annotated[int, Field(ge=0, le=100)] = 1
-    """Restarts after a lost rank or node or a hang, without the failed node; not after errors."""
+    """Restarts after a lost rank or node or a hang (in place, else requeued); not after errors."""
     stop_grace: Annotated[int, Field(ge=10, le=3600)] = 120
     """Seconds before the time limit at which the job is told to save and stop."""
 

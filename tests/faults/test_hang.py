@@ -27,7 +27,7 @@ from stoker.runtime.observe.heartbeat import (
 )
 from tests.clirun import stoker
 from tests.faults.training_jobs import TWO_NODES, hostnames, starts, synth_experiment
-from tests.launcher_jobs import submit_json, wait_final
+from tests.launcher_jobs import scontrol_job, submit_json, wait_final
 
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
@@ -106,21 +106,27 @@ def test_a_stalled_rank_fails_the_job_and_why_shows_its_stack(
     slurm_cluster: ClusterSettings, tmp_path: Path
 ) -> None:
     train = {"steps": 1000, "log_every": 1, "hang_timeout_s": TIMEOUT_S}
-    exp = synth_experiment(tmp_path, {"name": "hang", "max_restarts": 1}, train)
+    exp = synth_experiment(tmp_path, {"name": "hang", "max_restarts": 1, "spare_nodes": 1}, train)
     started = time.monotonic()
     job = submit_json(*TWO_NODES, "--time", "5", str(exp), "--",
                       sys.executable, str(HANG_RANK), "1", "3", cwd=tmp_path)  # fmt: skip
     run = Path(job["run_dir"])
-    # The hang is a failure the job restarts from (job.max_restarts=1), without the
-    # stalled rank's node; rank 1 stalls there too, and then the job is left failed.
+    # The hang is a failure the job restarts from (job.max_restarts=1), in place on the
+    # spare node instead of the stalled rank's; rank 1 stalls there too, and then the job
+    # is left failed.
     assert wait_final(job["job_id"], 300) == "FAILED"
     took = time.monotonic() - started
     (_, _, first), (_, _, second) = starts(run)
     first_hang = json.loads((run / "heartbeat" / "r0" / "hang.json").read_text())
     assert first_hang["host"] in hostnames(first) and first_hang["host"] not in hostnames(second)
     events = (run / "events").read_text()
-    assert f"restarting after failure (a hang, exit {EXIT_HANG}) without node " \
-           f"{first_hang['host']}: restart 1 of job.max_restarts=1" in events, events  # fmt: skip
+    assert (
+        f"restarting in place after failure (a hang, exit {EXIT_HANG}) without node "
+        f"{first_hang['host']} on {second}: restart 1 of job.max_restarts=1"
+    ) in events, events
+    assert [line.split()[-1] for line in (run / "attempts").read_text().splitlines()] == [
+        "spares=n3", "how=in-place"]  # fmt: skip
+    assert scontrol_job(job["job_id"])["Restarts"] == "0"
     assert "not restarted after failure (a hang" in events
 
     logs = {r: (run / "logs" / "r1" / f"rank-{r}.log").read_text() for r in (0, 1)}

@@ -109,6 +109,24 @@ def rank_pid(run_dir: Path, restart: int, rank: int) -> tuple[int, str]:
     return beat["pid"], beat["host"]
 
 
+def job_processes(run_dir: Path) -> list[int]:
+    """The pids of this machine's processes of the job in `run_dir` (its tasks and their
+    children, whose environment names the run folder; not the batch script, which may
+    still be ending the job's MLflow run): the nodes of the local cluster are processes
+    here, so this is every node."""
+    wanted = f"STOKER_RUN_DIR={run_dir}".encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            variables = environ.read_bytes().split(b"\0")
+            cmdline = (environ.parent / "cmdline").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        if wanted in variables and b"slurm_script" not in cmdline:
+            found.append(int(environ.parent.name))
+    return found
+
+
 def mlflow_client() -> Any:
     from mlflow.tracking import MlflowClient
 

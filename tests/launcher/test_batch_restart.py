@@ -1,5 +1,6 @@
-"""The batch script's restart after a failed start, run under bash with SLURM's commands
-replaced by shims: which node it leaves out, and when it must not. The same decisions
+"""The batch script's restart after a failed attempt, run under bash with SLURM's commands
+replaced by shims: which node it leaves out, and when it must not; whether it starts
+again in place (a new step in the same allocation) or by a requeue. The same decisions
 run on the real cluster in tests/faults/test_lost_rank.py and test_hang.py; here the
 cases that a real cluster gives only by chance (the order of srun's lines, a partition
 too small to leave a node out) are set up exactly."""
@@ -7,6 +8,7 @@ too small to leave a node out) are set up exactly."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -17,17 +19,31 @@ from tests.faults.batch_shim import run_batch_script
 from tests.launcher.launch_specs import make_spec
 
 JOB_ID = "42"
-# srun: print the start's lines about the tasks (as srun does, to the batch script's
-# stderr, which SLURM writes to logs/batch.log) and exit with srun's status.
+# srun: the first attempt prints its lines about the tasks (as srun does, to the batch
+# script's stderr, which SLURM writes to logs/batch.log) and exits with srun's status,
+# or, with $SRUN_HANGS, stays (a frozen node's tasks never end); the attempts after it
+# succeed. Each call's --nodelist goes to $CALLS.
 SRUN = """#!/bin/bash
+n=$(cat "$SRUN_CALLS" 2>/dev/null || echo 0); echo $((n + 1)) >"$SRUN_CALLS"
+echo "srun $(printf '%s\\n' "$@" | grep -- '^--nodelist=')" >>"$CALLS"
+[ "$n" = 0 ] || exit 0
 cat "$SRUN_LINES_FILE" >&2
+[ -z "$SRUN_HANGS" ] || exec sleep 600
 exit "$SRUN_RC"
+"""
+# squeue: the allocation's steps, one training step left; scancel: recorded.
+SQUEUE = """#!/bin/bash
+printf '%s\\n' "$JOB.batch" "$JOB.0"
+"""
+SCANCEL = """#!/bin/bash
+echo "scancel $*" >>"$CALLS"
 """
 # scontrol: the questions the script asks, the changes it makes (written to $CALLS).
 SCONTROL = """#!/bin/bash
 case "$1 $2" in
 "show hostnames") tr ',' '\\n' <<<"$3" | grep . ;;
 "show node") echo "NodeName=$3 NodeAddr=10.0.0.7" ;;
+"show config") echo "KillWait                = ${KILL_WAIT:-5} sec" ;;
 "show job") echo "JobId=$JOB JobState=RUNNING NumNodes=$NEED Partition=debug" \\
     "ExcNodeList=$EXCLUDED" ;;
 *) echo "scontrol $*" >>"$CALLS" ;;
@@ -54,8 +70,14 @@ def _run_start(
     heartbeats: dict[int, float] | None = None,
     announced: dict[int, int] | None = None,
     silent: dict[int, list[int]] | None = None,
+    nodelist: str = "n1,n3",
+    hosts: dict[int, str] | None = None,
+    hangs: bool = False,
+    kill_wait: int = 5,
 ) -> tuple[list[str], list[str]]:
-    """One failed start of a 2-node job with job.max_restarts=2: (events, scontrol calls)."""
+    """One failed attempt of a 2-node job with job.max_restarts=2 on the allocation
+    `nodelist` (3 nodes: one spare): (events, the SLURM calls that act: srun, scontrol's
+    changes, scancel). Rank r's heartbeat names node hosts[r] (n1 by default)."""
     run_dir = tmp_path / "run"
     spec = make_spec(
         ["job.max_restarts=2"], {"job.nodes": (2, "--nodes")},
@@ -66,8 +88,9 @@ def _run_start(
         (run_dir / "logs" / "r0" / f"rank-{task}.log").write_text(text)
     (run_dir / "heartbeat" / "r0").mkdir(parents=True)
     for task, written_at in (heartbeats or {}).items():
-        beat = {"rank": task, "host": "n1", "pid": 1, "step": 18, "phase": "backward",
-                "progress_at": written_at - 16, "written_at": written_at}  # fmt: skip
+        beat = {"rank": task, "host": (hosts or {}).get(task, "n1"), "pid": 1, "step": 18,
+                "phase": "backward", "progress_at": written_at - 16,
+                "written_at": written_at}  # fmt: skip
         (run_dir / "heartbeat" / "r0" / f"rank-{task}.json").write_text(json.dumps(beat))
     for task, code in (announced or {}).items():  # as stoker/runtime/observe/heartbeat.py writes it
         exit_file = run_dir / "heartbeat" / "r0" / f"rank-{task}.exit.json"
@@ -83,10 +106,13 @@ def _run_start(
         "PARTITION_FILE": str(tmp_path / "partition"), "CALLS": str(calls),
         "JOB": JOB_ID, "NEED": str(need), "EXCLUDED": excluded, "NO_RESPOND": no_respond,
         "SLURMD_NODENAME": "n1",  # the batch script runs on the job's first node
-        "SLURM_JOB_ID": JOB_ID, "SLURM_JOB_NODELIST": "n1,n3", "SLURM_NTASKS": "2",
+        "SLURM_JOB_ID": JOB_ID, "SLURM_JOB_NODELIST": nodelist, "SLURM_NTASKS": "2",
+        "SRUN_CALLS": str(tmp_path / "srun-calls"), "SRUN_HANGS": "1" if hangs else "",
+        "KILL_WAIT": str(kill_wait),
     }  # fmt: skip
     batch_log = run_dir / "logs" / "batch.log"
-    shims = {"srun": SRUN, "scontrol": SCONTROL, "sinfo": SINFO}
+    shims = {"srun": SRUN, "scontrol": SCONTROL, "sinfo": SINFO, "squeue": SQUEUE,
+             "scancel": SCANCEL}  # fmt: skip
     result = run_batch_script(render_sbatch(spec).text, tmp_path, env, shims, batch_log)
     assert result.returncode == 0, batch_log.read_text()
     events = [line.split(" ", 1)[1] for line in (run_dir / "events").read_text().splitlines()]
@@ -97,6 +123,26 @@ THREE_NODES = ["n1 idle", "n2 idle", "n3 idle"]
 CANCELLED_AT = "2026-11-21T19:31:55"  # as slurmstepd writes it: the node's local time
 CANCELLED = f"slurmstepd-n1: error: *** STEP {JOB_ID}.0 ON n1 CANCELLED AT {CANCELLED_AT} ***"
 CANCEL_TIME = time.mktime(time.strptime(CANCELLED_AT, "%Y-%m-%dT%H:%M:%S"))
+FIRST = "srun --nodelist=n1,n3"  # the first attempt, on the whole allocation
+NO_SPARE = "no node of the allocation left to replace it"
+
+
+def in_place(failure: str, nodes: str = "n1,n3", without: str = "") -> str:
+    """The event of a restart in place, as the script writes it."""
+    left_out = f" without node {without}" if without else ""
+    return (f"restarting in place after failure ({failure}){left_out} on {nodes}: "
+            "restart 1 of job.max_restarts=2")  # fmt: skip
+
+
+def by_requeue(failure: str, without: str = "", why: str = NO_SPARE) -> str:
+    """The event of a restart by requeue."""
+    left_out = f" without node {without}" if without else ""
+    return (f"restarting by requeue after failure ({failure}){left_out} ({why}): "
+            "restart 1 of job.max_restarts=2")  # fmt: skip
+
+
+# A restart in place: the next step on the nodes kept, after the old one is cancelled.
+IN_PLACE_CALLS = [FIRST, f"scancel {JOB_ID}.0", "srun --nodelist=n1,n3"]
 
 
 def test_a_killed_task_leaves_its_node_out(tmp_path: Path) -> None:
@@ -105,9 +151,8 @@ def test_a_killed_task_leaves_its_node_out(tmp_path: Path) -> None:
         ["srun: error: n3: task 1: Killed", "srun: error: n1: task 0: Exited with exit code 76"],
         rc=137, partition=THREE_NODES, task_logs={0: "step 15/60\n", 1: "step 15/60\n"},
     )  # fmt: skip
-    assert events == ["restarting after failure (n3: task 1: Killed, exit 137) without node n3: "
-                      "restart 1 of job.max_restarts=2"]  # fmt: skip
-    assert calls == [f"scontrol requeuehold {JOB_ID}",
+    assert events == [by_requeue("n3: task 1: Killed, exit 137", without="n3")]
+    assert calls == [FIRST, f"scontrol requeuehold {JOB_ID}",
                      f"scontrol update JobId={JOB_ID} ExcNodeList=n3",
                      f"scontrol release {JOB_ID}"]  # fmt: skip
 
@@ -124,9 +169,8 @@ def test_a_task_slurm_killed_after_cancelling_its_step_blames_no_node(tmp_path: 
         task_logs={0: f"step 15/60\n{CANCELLED}\n", 1: "Connection closed by peer\n"},
         heartbeats={0: CANCEL_TIME + 2.2, 1: CANCEL_TIME + 5.3},
     )  # fmt: skip
-    assert events == ["restarting after failure (a lost rank, exit 137): "
-                      "restart 1 of job.max_restarts=2"]  # fmt: skip
-    assert calls == [f"scontrol requeuehold {JOB_ID}", f"scontrol release {JOB_ID}"]
+    assert events == [in_place("a lost rank, exit 137")]
+    assert calls == IN_PLACE_CALLS
 
 
 @pytest.mark.parametrize("rank1", ["Killed", "Exited with exit code 76", None])
@@ -145,9 +189,8 @@ def test_a_task_killed_while_it_exited_as_it_said_blames_no_node(
         task_logs={0: f"a collective lost a peer; exit 76\n{CANCELLED}\n"},
         heartbeats={0: CANCEL_TIME - 16.0}, announced={0: 76},
     )  # fmt: skip
-    assert events == ["restarting after failure (a lost rank, exit 137): "
-                      "restart 1 of job.max_restarts=2"]  # fmt: skip
-    assert calls == [f"scontrol requeuehold {JOB_ID}", f"scontrol release {JOB_ID}"]
+    assert events == [in_place("a lost rank, exit 137")]
+    assert calls == IN_PLACE_CALLS
 
 
 @pytest.mark.parametrize("rank0", ["Exited with exit code 76", "Killed"])
@@ -165,9 +208,8 @@ def test_a_frozen_rank_killed_by_slurm_is_a_lost_rank_whatever_srun_printed_firs
         rc=137, partition=THREE_NODES, task_logs={1: "step 15/60\n"},
         heartbeats={1: CANCEL_TIME - 25.0}, announced={0: 76}, silent={0: sorted(silent)},
     )  # fmt: skip
-    assert events == ["restarting after failure (a lost rank, exit 137): "
-                      "restart 1 of job.max_restarts=2"]  # fmt: skip
-    assert calls == [f"scontrol requeuehold {JOB_ID}", f"scontrol release {JOB_ID}"]
+    assert events == [in_place("a lost rank, exit 137")]
+    assert calls == IN_PLACE_CALLS
 
 
 def test_a_killed_rank_its_peer_did_not_name_frozen_is_its_nodes_fault(tmp_path: Path) -> None:
@@ -177,8 +219,7 @@ def test_a_killed_rank_its_peer_did_not_name_frozen_is_its_nodes_fault(tmp_path:
         ["srun: error: n3: task 1: Killed", "srun: error: n1: task 0: Exited with exit code 76"],
         rc=137, partition=THREE_NODES, announced={0: 76}, silent={0: [3, 11]},
     )  # fmt: skip
-    assert events == ["restarting after failure (n3: task 1: Killed, exit 137) without node n3: "
-                      "restart 1 of job.max_restarts=2"]  # fmt: skip
+    assert events == [by_requeue("n3: task 1: Killed, exit 137", without="n3")]
 
 
 def test_a_task_that_announced_success_is_not_the_failure(tmp_path: Path) -> None:
@@ -189,8 +230,7 @@ def test_a_task_that_announced_success_is_not_the_failure(tmp_path: Path) -> Non
         ["srun: error: n1: task 0: Killed", "srun: error: n3: task 1: Killed"],
         rc=137, partition=THREE_NODES, announced={0: 0},
     )  # fmt: skip
-    assert events == ["restarting after failure (n3: task 1: Killed, exit 137) without node n3: "
-                      "restart 1 of job.max_restarts=2"]  # fmt: skip
+    assert events == [by_requeue("n3: task 1: Killed, exit 137", without="n3")]
     assert f"scontrol update JobId={JOB_ID} ExcNodeList=n3" in calls
 
 
@@ -206,9 +246,8 @@ def test_a_step_slurm_cancelled_with_no_task_failing_starts_again_on_any_node(
         rc=143, partition=THREE_NODES, task_logs={0: f"step 56/60\n{CANCELLED}\n"},
         heartbeats={0: CANCEL_TIME - 2.0}, announced={0: 143, 1: 75},
     )  # fmt: skip
-    assert events == ["restarting after failure (its step ended by SLURM, no task failing of "
-                      "its own, exit 143): restart 1 of job.max_restarts=2"]  # fmt: skip
-    assert calls == [f"scontrol requeuehold {JOB_ID}", f"scontrol release {JOB_ID}"]
+    assert events == [in_place("its step ended by SLURM, no task failing of its own, exit 143")]
+    assert calls == IN_PLACE_CALLS
 
 
 @pytest.mark.parametrize("written_after_cancel", [0.5, -1.5, None])
@@ -226,8 +265,9 @@ def test_a_killed_first_task_of_its_node_is_blamed_though_its_log_says_cancelled
         rc=137, partition=THREE_NODES, task_logs={0: f"step 15/60\n{CANCELLED}\n"},
         heartbeats={**heartbeats, 2: CANCEL_TIME + 4.0},
     )  # fmt: skip
-    assert events == ["restarting after failure (n1: task 0: Killed, exit 137) without node n1: "
-                      "restart 1 of job.max_restarts=2"]  # fmt: skip
+    # n1 runs this script: no restart in place without it.
+    why = "the node to leave out runs this script"
+    assert events == [by_requeue("n1: task 0: Killed, exit 137", without="n1", why=why)]
     assert f"scontrol update JobId={JOB_ID} ExcNodeList=n1" in calls
 
 
@@ -246,12 +286,13 @@ def test_a_node_is_not_left_out_when_the_job_would_no_longer_fit(
         tmp_path, ["srun: error: n3: task 1: Killed"], rc=137, partition=partition,
         excluded=excluded, task_logs={1: "step 15/60\n"},
     )  # fmt: skip
+    # A requeue could not leave it out either: start again in place, on it.
     assert events == [
         f"not excluding node n3: {left} usable node(s) would be left in partition debug for a "
         "2-node job",
-        "restarting after failure (n3: task 1: Killed, exit 137): restart 1 of job.max_restarts=2",
+        in_place("n3: task 1: Killed, exit 137"),
     ]
-    assert calls == [f"scontrol requeuehold {JOB_ID}", f"scontrol release {JOB_ID}"]
+    assert calls == IN_PLACE_CALLS
 
 
 def test_a_node_that_misses_pings_still_counts(tmp_path: Path) -> None:
@@ -261,15 +302,14 @@ def test_a_node_that_misses_pings_still_counts(tmp_path: Path) -> None:
         tmp_path, ["srun: error: n3: task 1: Killed"], rc=137,
         partition=["n1 mix*", "n2 idle*", "n3 mix"], task_logs={1: "step 15/60\n"},
     )  # fmt: skip
-    assert events == ["restarting after failure (n3: task 1: Killed, exit 137) without node n3: "
-                      "restart 1 of job.max_restarts=2"]  # fmt: skip
+    assert events == [by_requeue("n3: task 1: Killed, exit 137", without="n3")]
     assert f"scontrol update JobId={JOB_ID} ExcNodeList=n3" in calls
 
 
 @pytest.mark.parametrize(
     ("no_respond", "event"),
-    [("n1", "(n3: task 1: Killed, exit 137) without node n3"),  # the script's own node
-     ("n1 n3", "(node n3 is down, drained or not responding, exit 137) without node n3")],
+    [("n1", "n3: task 1: Killed, exit 137"),  # the script's own node
+     ("n1 n3", "node n3 is down, drained or not responding, exit 137")],
 )  # fmt: skip
 def test_the_scripts_own_node_is_never_blamed_for_missed_pings(
     tmp_path: Path, no_respond: str, event: str
@@ -278,4 +318,60 @@ def test_the_scripts_own_node_is_never_blamed_for_missed_pings(
         tmp_path, ["srun: error: n3: task 1: Killed"], rc=137, partition=THREE_NODES,
         task_logs={1: "step 15/60\n"}, no_respond=no_respond,
     )  # fmt: skip
-    assert events == [f"restarting after failure {event}: restart 1 of job.max_restarts=2"]
+    assert events == [by_requeue(event, without="n3")]
+
+
+def test_a_killed_task_is_replaced_by_a_spare_in_place(tmp_path: Path) -> None:
+    """job.spare_nodes=1: the job holds n1-n3 and trains on n1 and n2; n2's task is
+    killed, so the next attempt runs on n1 and the spare n3, in the same allocation."""
+    events, calls = _run_start(
+        tmp_path,
+        ["srun: error: n2: task 1: Killed", "srun: error: n1: task 0: Exited with exit code 76"],
+        rc=137, partition=THREE_NODES, nodelist="n1,n2,n3", task_logs={1: "step 15/60\n"},
+    )  # fmt: skip
+    assert events == [in_place("n2: task 1: Killed, exit 137", nodes="n1,n3", without="n2")]
+    assert calls == ["srun --nodelist=n1,n2", f"scancel {JOB_ID}.0", "srun --nodelist=n1,n3"]
+    attempts = (tmp_path / "run" / "attempts").read_text().splitlines()
+    assert [line.split(" ", 1)[1] for line in attempts] == [
+        f"restart=0 job={JOB_ID} nodes=n1,n2 how=start spares=n3",
+        f"restart=1 job={JOB_ID} nodes=n1,n3 how=in-place",
+    ]
+    failures = (tmp_path / "run" / "failures").read_text()
+    assert " restart=0 exit=137 node=n2 how=in-place kind=n2: task 1: Killed" in failures
+
+
+def test_a_frozen_node_is_given_up_at_once_when_a_spare_replaces_it(tmp_path: Path) -> None:
+    """n2 froze: rank 0 found rank 1 silent and exited 76, and srun would wait for n2's
+    task until SLURM marks the node down. With a spare the step is given up at once and
+    the job goes on without n2; n1, whose task srun named ended, is kept."""
+    started = time.time()
+    events, calls = _run_start(
+        tmp_path, ["srun: error: n1: task 0: Exited with exit code 76"], rc=0,
+        partition=THREE_NODES, nodelist="n1,n2,n3", hangs=True,
+        heartbeats={1: CANCEL_TIME}, hosts={1: "n2"}, announced={0: 76}, silent={0: [1]},
+    )  # fmt: skip
+    # Inside STEP_END_WAIT (KillWait 5 s + 5): the silent node's tasks are not waited for.
+    assert time.time() - started < 10
+    assert events[0].startswith("attempt 0: node(s) n2 did not end their tasks "), events
+    assert events[1:] == [in_place("node n2 did not end its tasks, exit 137", nodes="n1,n3",
+                                   without="n2")]  # fmt: skip
+    assert calls == ["srun --nodelist=n1,n2", f"scancel {JOB_ID}.0", "srun --nodelist=n1,n3"]
+
+
+def test_without_a_spare_a_step_that_does_not_end_is_given_up_after_kill_wait(
+    tmp_path: Path,
+) -> None:
+    """No spare: the silent rank may be a stopped process SLURM kills after KillWait, so
+    the script waits that long and a margin (KillWait 0 s here, and 5 s) before it takes
+    the node for frozen; then it cannot leave the node out in place, and requeues."""
+    events, calls = _run_start(
+        tmp_path, ["srun: error: n1: task 0: Exited with exit code 76"], rc=0,
+        partition=THREE_NODES, hangs=True, heartbeats={1: CANCEL_TIME}, hosts={1: "n3"},
+        announced={0: 76}, silent={0: [1]}, kill_wait=0,
+    )  # fmt: skip
+    waited = int(re.search(r"did not end their tasks (\d+) s after", events[0])[1])  # type: ignore[index]
+    assert 5 <= waited <= 20, events
+    assert events[1:] == [by_requeue("node n3 did not end its tasks, exit 137", without="n3")]
+    assert calls == [FIRST, f"scontrol requeuehold {JOB_ID}",
+                     f"scontrol update JobId={JOB_ID} ExcNodeList=n3",
+                     f"scontrol release {JOB_ID}"]  # fmt: skip

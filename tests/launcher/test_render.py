@@ -186,9 +186,11 @@ def test_master_port_is_below_the_ephemeral_range() -> None:
     """Outgoing connections take their ports from ip_local_port_range; one holding
     MASTER_PORT (35053 then) failed a restart's rendezvous with EADDRINUSE in CI."""
     lines = render_sbatch(make_spec()).text.splitlines()
-    first = next(i for i, line in enumerate(lines) if line.startswith("stoker_ports="))
-    last = next(i for i, line in enumerate(lines) if line.startswith("export MASTER_PORT="))
-    script = "\n".join([*lines[first : last + 1], 'echo "$MASTER_PORT"'])
+    # The two lines that set the range, and the one of each attempt (in a function).
+    ports = [line for line in lines if line.startswith(("stoker_ports=", '[ "$stoker_ports"'))]
+    attempt = [line.strip() for line in lines if line.strip().startswith("export MASTER_PORT=")]
+    assert len(ports) == 2 and len(attempt) == 1, (ports, attempt)
+    script = "\n".join([*ports, *attempt, 'echo "$MASTER_PORT"'])
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
 
     def port(job: int, restart: int) -> int:

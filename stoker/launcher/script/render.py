@@ -104,7 +104,12 @@ def sbatch_directives(spec: LaunchSpec) -> list[Directive]:
     src = spec.source_of
     lines: list[Directive] = [
         Directive(f"--job-name={_directive_value(job.name)}", src("job.name")),
-        Directive(f"--nodes={job.nodes}", src("job.nodes")),
+        Directive(
+            f"--nodes={job.nodes + job.spare_nodes}",
+            src("job.nodes")
+            if not job.spare_nodes
+            else f"job.nodes ({src('job.nodes')}) + job.spare_nodes ({src('job.spare_nodes')})",
+        ),
         Directive(
             f"--ntasks-per-node={job.tasks_per_node}",
             src("job.ntasks_per_node")
@@ -146,6 +151,8 @@ def sbatch_directives(spec: LaunchSpec) -> list[Directive]:
         # Requeued jobs append to their logs instead of truncating them.
         Directive("--open-mode=append", "stoker: logs survive requeues"),
         Directive("--requeue", "stoker: preempted or timed-out jobs resume"),
+        # A node going down would end the whole job; the script restarts without it.
+        Directive("--no-kill", "stoker: a failed node is replaced inside the job"),
         Directive(
             f"--signal=B:USR2@{spec.grace_seconds}",
             f"job.stop_grace ({src('job.stop_grace')})",
@@ -251,6 +258,8 @@ def _context(spec: LaunchSpec, directives: Sequence[Directive], explain: bool) -
         "array_size": spec.array_size or 0,
         "max_requeues": job.max_requeues,
         "max_restarts": job.max_restarts,
+        "step_nodes": job.nodes,
+        "tasks_per_node": job.tasks_per_node,
         "exit_requeue": EXIT_REQUEUE,
         "exit_peer_lost": EXIT_PEER_LOST,
         "grace": spec.grace_seconds,
