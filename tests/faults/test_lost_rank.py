@@ -300,3 +300,41 @@ def test_a_node_is_not_left_out_when_the_job_would_no_longer_fit(
     assert [hostnames(nodelist) for _, _, nodelist in starts(run_dir)] == [set(nodes)] * 2
     assert scontrol_job(job["job_id"]).get("ExcNodeList") in ("(null)", None)
     assert scontrol_job(job["job_id"])["Restarts"] == "0"
+
+
+def test_without_a_spare_a_killed_tasks_node_is_left_out_by_a_requeue(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
+    """Two nodes of three, no spare: the allocation cannot host the job without the
+    killed task's node, so the script requeues the job with that node excluded
+    (requeuehold, ExcNodeList, release) and SLURM starts it again on the third. The
+    requeued job's step ids start at 0 again: its training step skips the earlier ones,
+    and a late kill for step 0 ends nothing of it."""
+    state = tmp_path / "steps.txt"
+    job = submit_json(
+        "job.max_restarts=1", "--nodes", "2", "--ntasks-per-node", "1", "--time", "5",
+        "--", "bash", "-c", f'echo "$$ $SLURMD_NODENAME" > {tmp_path}/rank-$RANK; '
+        f"exec python3 {JOBS / 'count_steps.py'} {state} 40 0.2", cwd=tmp_path,
+    )  # fmt: skip
+    wait_for(lambda: state.exists() and len(state.read_text().split()) >= 2, 60, "2 steps")
+    pid, node = (tmp_path / "rank-1").read_text().split()
+    kill_task(job["job_id"], node, int(pid))
+    run_dir = Path(job["run_dir"])
+    wait_for(lambda: len(starts(run_dir)) == 2, 120, "the requeued job to start")
+    wait_for(lambda: (tmp_path / "rank-1").read_text().split()[0] != pid, 60, "rank 1 again")
+    # A kill for the first allocation's step 0, arriving late (as slurmctld resends one):
+    # the requeued job's training step has another id, so nothing of it ends.
+    subprocess.run(["scancel", "--signal=KILL", f"{job['job_id']}.0"], capture_output=True,
+                   check=False)  # fmt: skip
+    assert wait_final(job["job_id"], 240, run_dir) == "COMPLETED"
+    assert len((run_dir / "failures").read_text().splitlines()) == 1
+    requeued = event(run_dir, "^restarting ").text
+    assert re.fullmatch(
+        rf"restarting by requeue after failure \({node}: task 1: Killed, exit (137|143)\) "
+        rf"without node {node} \(no node of the allocation left to replace it\): "
+        r"restart 1 of job\.max_restarts=1", requeued), requeued  # fmt: skip
+    (_, _, first), (_, _, second) = starts(run_dir)
+    assert node in hostnames(first) and node not in hostnames(second)
+    assert _attempt_kinds(run_dir) == ["start", "requeue"]
+    record = scontrol_job(job["job_id"])
+    assert (record["Restarts"], record["ExcNodeList"]) == ("1", node), record
