@@ -2,7 +2,8 @@
 folder's records (no SLURM call). A leaf module (json and paths only): the runtime logs
 it at a job's end, the launcher for a job that ended without doing so.
 
-    attempts                      when each start of the batch script began
+    attempts                      when each attempt began, how (the first start, after a
+                                  requeue, in place), on which nodes and spares
     accounting/r<k>.jsonl         rank 0's account of start k (runtime/observe/time_account.py)
     heartbeat/r<k>/hang.json      the watchdog's report, where start k hung
 
@@ -10,8 +11,11 @@ Per start k, from its attempt line to its end (its account's `end` line; for a s
 killed before it wrote one, its last line or the next start's attempt), every rank's
 seconds fall into one of:
 
-    startup        attempt to the first step: Python, imports, rendezvous, model,
-                   resume, the loader's first batch
+    startup        the first attempt to its first step: Python, imports, rendezvous,
+                   model, resume, the loader's first batch
+    restart_in_place  the same, for an attempt started again inside the allocation
+    restart_requeue   the same, for an attempt after a requeue (preemption, time limit,
+                   a failure the allocation could not host)
     productive     steps that were kept, less their data wait
     data_wait      waiting for the loader, in kept steps
     checkpoint     the loop held by checkpoint saves
@@ -24,6 +28,8 @@ seconds fall into one of:
 
 and between starts the job waited in the queue (`queue_after_requeue`, wall seconds:
 no rank was allocated then). Rank-seconds are the start's seconds times its ranks.
+Spare nodes (job.spare_nodes) are charged in full: their seconds, in ranks as many as a
+training node runs, are allocated and lost to `spare_nodes`.
 goodput = productive / allocated.
 
 Steps past the last committed checkpoint of a job's last start that failed are
@@ -40,10 +46,13 @@ from pathlib import Path
 from typing import Any
 
 from stoker.metric_names import goodput_metrics
-from stoker.protocol import ACCOUNTING_DIR, HANG_FILE, HEARTBEAT_DIR
+from stoker.protocol import ACCOUNTING_DIR, HANG_FILE, HEARTBEAT_DIR, expand_nodelist
 
 CAUSES = (
     "startup",
+    "restart_in_place",
+    "restart_requeue",
+    "spare_nodes",
     "data_wait",
     "checkpoint",
     "sampling",
@@ -63,6 +72,10 @@ class StartTime:
     began_at: float
     ended_at: float
     ranks: int
+    how: str = "start"
+    """How the attempt began: start, requeue or in-place (the batch script's word)."""
+    spare_ranks: float = 0.0
+    """The spare nodes it held, in ranks (as many per node as a training node runs)."""
     start_step: int | None = None
     last_step: int | None = None
     status: str | None = None
@@ -90,7 +103,7 @@ class JobTime:
 
     @property
     def allocated_rank_s(self) -> float:
-        return sum(s.allocated * s.ranks for s in self.starts)
+        return sum(s.allocated * (s.ranks + s.spare_ranks) for s in self.starts)
 
     @property
     def productive_rank_s(self) -> float:
@@ -175,8 +188,14 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
 
 
 def read_attempts(run_dir: Path) -> dict[int, float]:
-    """restart -> when that start of the batch script began (its first line wins)."""
-    found: dict[int, float] = {}
+    """restart -> when that attempt began (its first line wins)."""
+    return {k: float(fields["at"]) for k, fields in read_attempt_lines(run_dir).items()}
+
+
+def read_attempt_lines(run_dir: Path) -> dict[int, dict[str, str]]:
+    """restart -> the fields of its line in `attempts` (`at`: the epoch it began; `how`:
+    start, requeue or in-place, for lines written before `how=` by their place)."""
+    found: dict[int, dict[str, str]] = {}
     try:
         text = (run_dir / "attempts").read_text()
     except OSError:
@@ -185,10 +204,22 @@ def read_attempts(run_dir: Path) -> dict[int, float]:
         parts = line.split()
         fields = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
         try:
-            found.setdefault(int(fields["restart"]), float(parts[0]))
+            k = int(fields["restart"])
+            fields["at"] = str(float(parts[0]))
         except (KeyError, ValueError, IndexError):
             continue
+        fields.setdefault("how", "start" if k == 0 else "requeue")
+        found.setdefault(k, fields)
     return found
+
+
+def _spare_ranks(fields: Mapping[str, str], ranks: int) -> float:
+    """The spares an attempt held, in ranks: as many per node as its training nodes ran."""
+    spares = expand_nodelist(fields.get("spares", ""))
+    nodes = expand_nodelist(fields.get("nodes", ""))
+    if not spares or not nodes:
+        return 0.0
+    return len(spares) * ranks / len(nodes)
 
 
 def _hang_s(run_dir: Path, restart: int) -> float:
@@ -218,7 +249,8 @@ def job_time(
     where known: its prolog counts as start-up, its teardown after the last line as
     after_last_step."""
     run_dir = Path(run_dir)
-    attempts = read_attempts(run_dir)
+    lines_of = read_attempt_lines(run_dir)
+    attempts = {k: float(fields["at"]) for k, fields in lines_of.items()}
     slurm = dict(allocations or {})
     accounts = {k: read_lines(run_dir / ACCOUNTING_DIR / f"r{k}.jsonl") for k in sorted(attempts)}
     restarts = sorted(attempts)
@@ -239,7 +271,11 @@ def job_time(
         keep = resumed if nxt is not None else kept_through
         slurm_start, slurm_end = slurm.get(k, (None, None))
         end_line = next((line for line in lines if line["kind"] == "end"), None)
-        if slurm_end is not None:
+        if nxt is not None and lines_of[nxt].get("how") == "in-place":
+            # The allocation was held until the next attempt began: detection and
+            # teardown are this attempt's loss.
+            ended = attempts[nxt]
+        elif slurm_end is not None:
             ended = slurm_end
         elif end_line is not None:
             ended = float(end_line["at"])
@@ -251,14 +287,30 @@ def job_time(
             ended = attempts[nxt] if nxt is not None else (ended_at or attempts[k])
         began = min(slurm_start, attempts[k]) if slurm_start is not None else attempts[k]
         start = _start(k, began, max(ended, began), lines, keep, _hang_s(run_dir, k))
+        _charge_attempt(start, lines_of[k])
         if nxt is None:  # nothing ran them again: the last start's lost steps are its tail
             start.lost["after_last_step"] += start.lost["redone"]
             start.lost["redone"] = 0.0
         starts.append(start)
     queue = sum(
-        max(starts[i + 1].began_at - starts[i].ended_at, 0.0) for i in range(len(starts) - 1)
+        max(starts[i + 1].began_at - starts[i].ended_at, 0.0)
+        for i in range(len(starts) - 1)
+        if starts[i + 1].how != "in-place"
     )
     return JobTime(starts, queue)
+
+
+def _charge_attempt(start: StartTime, fields: Mapping[str, str]) -> None:
+    """An attempt's start-up after a restart is that restart's cost; its spares are
+    charged in full."""
+    start.how = fields.get("how", "start")
+    cause = {"in-place": "restart_in_place", "requeue": "restart_requeue"}.get(start.how)
+    if cause is not None:
+        start.lost[cause] += start.lost["startup"]
+        start.lost["startup"] = 0.0
+    start.spare_ranks = _spare_ranks(fields, start.ranks)
+    if start.ranks:
+        start.lost["spare_nodes"] = start.allocated * start.spare_ranks / start.ranks
 
 
 def _start_step(lines: list[dict[str, Any]]) -> int | None:

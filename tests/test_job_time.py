@@ -53,7 +53,8 @@ def test_a_requeued_job_accounts_for_every_second(tmp_path: Path) -> None:
     none = dict.fromkeys(CAUSES, 0.0)
     assert first.lost == {**none, "startup": 10.0, "data_wait": 2.0, "checkpoint": 1.0,
                           "redone": 20.0}  # fmt: skip
-    assert second.lost == {**none, "startup": 5.0, "data_wait": 1.0, "checkpoint": 2.0,
+    # The requeued start's start-up is the requeue's cost.
+    assert second.lost == {**none, "restart_requeue": 5.0, "data_wait": 1.0, "checkpoint": 2.0,
                            "after_last_step": 2.0}  # fmt: skip
     assert (first.status, second.status) == (None, "FINISHED")
     assert account.queue_after_requeue == 50.0
@@ -103,7 +104,9 @@ def test_a_start_that_never_stepped_and_a_line_cut_short(tmp_path: Path) -> None
     never = account.starts[0]
     assert never.allocated == 50.0 and never.lost["startup"] == 50.0 and never.productive == 0
     # The last start wrote nothing at all: the job's end closes it, all of it start-up.
-    assert account.starts[1].allocated == 100.0 and account.starts[1].lost["startup"] == 100.0
+    # (a start after a requeue: the requeue's cost).
+    assert account.starts[1].allocated == 100.0
+    assert account.starts[1].lost["restart_requeue"] == 100.0
 
 
 def test_slurm_allocations_bound_each_start(tmp_path: Path) -> None:
@@ -114,12 +117,48 @@ def test_slurm_allocations_bound_each_start(tmp_path: Path) -> None:
     account = job_time(tmp_path, allocations={0: (995.0, 1060.0), 1: (1090.0, 1130.0)})
     first, second = account.starts
     assert (first.allocated, second.allocated) == (65.0, 40.0)
-    assert first.lost["startup"] == 15.0 and second.lost["startup"] == 15.0
+    assert first.lost["startup"] == 15.0 and second.lost["restart_requeue"] == 15.0
     assert first.lost["after_last_step"] == 10.0  # killed 10 s after its last line
     assert second.lost["after_last_step"] == 5.0  # 2 s to its end line, 3 s teardown
     assert account.queue_after_requeue == 30.0
     lost = account.lost_rank_s()
     assert account.productive_rank_s + sum(lost.values()) == account.allocated_rank_s
+
+
+def test_a_restart_in_place_and_a_spare_node(tmp_path: Path) -> None:
+    """job.spare_nodes=1: attempt 0 trains on n1, n2 with n3 spare, loses a rank after
+    its checkpoint at step 10 and is given up at 1060; attempt 1 runs in place on n1, n3
+    (no spare left) from step 10. The allocation is held throughout: no queue, the
+    failed attempt's tail until the next began lost, the restart's start-up its own
+    cause, and the spare's seconds charged in full (one node: as many ranks as one
+    training node runs)."""
+    (tmp_path / "attempts").write_text(
+        "1000 restart=0 job=7 nodes=n1,n2 how=start spares=n3\n"
+        "1060 restart=1 job=7 nodes=n1,n3 how=in-place\n"
+    )
+    write_start(tmp_path, 0,
+                {"kind": "start", "at": 1009, "restart": 0, "start_step": 0, "ranks": 2},
+                {"kind": "first_step", "at": 1010},
+                window(1030, 10, step_s=20, data_s=2, checkpoint_s=1),
+                window(1050, 20, step_s=20, data_s=2))  # fmt: skip
+    write_start(tmp_path, 1,
+                {"kind": "start", "at": 1064, "restart": 1, "start_step": 10, "ranks": 2},
+                {"kind": "first_step", "at": 1066},
+                window(1086, 20, step_s=20, data_s=1),
+                {"kind": "end", "at": 1086, "step": 20, "status": "FINISHED"})  # fmt: skip
+    account = job_time(tmp_path, allocations={0: (995.0, None), 1: (None, 1090.0)})
+    first, second = account.starts
+    assert (first.how, second.how) == ("start", "in-place")
+    assert (first.allocated, second.allocated) == (65.0, 30.0)  # 995-1060, 1060-1090
+    assert first.spare_ranks == 1.0 and second.spare_ranks == 0.0
+    assert first.lost["spare_nodes"] == 65.0 / 2  # per rank: 65 spare-rank-seconds
+    assert first.lost["after_last_step"] == 10.0  # from its last line to the next attempt
+    assert first.lost["startup"] == 15.0 and second.lost["restart_in_place"] == 6.0
+    assert second.lost["startup"] == 0.0 and account.queue_after_requeue == 0.0
+    assert account.allocated_rank_s == 65.0 * 3 + 30.0 * 2
+    lost = account.lost_rank_s()
+    assert lost["spare_nodes"] == 65.0 and lost["restart_in_place"] == 12.0
+    assert account.productive_rank_s + sum(lost.values()) == pytest.approx(account.allocated_rank_s)
 
 
 def test_throughput_mfu_and_straggling_hosts(tmp_path: Path) -> None:

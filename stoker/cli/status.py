@@ -144,6 +144,8 @@ def _cells(row: JobStatus) -> list[str]:
     nodes = "-"
     if row.nodes is not None or row.node_list:
         nodes = " ".join(str(v) for v in (row.nodes, row.node_list) if v is not None)
+    if row.spares:
+        nodes += f" (spare {row.spares})"
     step = "-"
     if row.step is not None:
         step = f"{row.step}/{row.total_steps}" if row.total_steps is not None else str(row.step)

@@ -118,6 +118,13 @@ def test_a_killed_task_goes_to_the_spare_and_a_stopped_rank_restarts_in_place(
     kill_task(job["job_id"], node, pid)
 
     wait_for(lambda: _newest_commit(run_dir) > first_loss, 240, "a commit by attempt 1")
+    # While it runs, `stoker status` tells the restart and what it cost.
+    running = json.loads(stoker("status", job["job_id"], "--json", check=True).stdout)[0]
+    assert running["state"] == "RUNNING" and running["restarts"] == 1, running
+    assert running["spares"] is None, running  # the spare took the killed task's place
+    cost = (rf"restarted in place without {node} after '{node}: task 1: Killed' "
+            r"\((\d+) s to the first step\)")  # fmt: skip
+    assert re.fullmatch(cost, running["reason"] or ""), running
     stopped_pid, stopped_node = rank_pid(run_dir, 1, 1)
     second_loss = _newest_commit(run_dir)
     stopped_at = time.time()
@@ -166,6 +173,13 @@ def test_a_killed_task_goes_to_the_spare_and_a_stopped_rank_restarts_in_place(
     assert steps == list(range(5, STEPS + 1, 5)), "every logged step exactly once"
     status = json.loads(stoker("status", job["job_id"], "--json", check=True).stdout)[0]
     assert status["state"] == "COMPLETED" and status["restarts"] == 2
+    why = json.loads(stoker("why", job["job_id"], "--json", check=True).stdout)
+    told = [line for line in why["evidence"] if "restarted in place" in line]
+    assert len(told) == 2 and re.search(cost, told[0]), why["evidence"]
+    print(
+        f"\nkilled task: first step of the next attempt {re.search(cost, told[0])[1]} s "  # type: ignore[index]
+        f"after the restart was decided, {restart_1.at - killed_at:.0f} s after the kill"
+    )
     _check_never_requeued(job, run_dir)
 
 

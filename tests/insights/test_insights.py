@@ -75,6 +75,38 @@ def _record(run: Path, job_id: str, *, backend: str = "slurm", user: str = "alic
                      extra={"user": user})  # fmt: skip
 
 
+def test_an_allocation_holds_the_attempts_started_in_place(tmp_path: Path) -> None:
+    """One allocation (one sacct row), two attempts: the killed task's node replaced in
+    place by the spare. SLURM's Start bounds the first attempt, its End the second; the
+    restart's start-up and the spare's seconds are their own causes."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("job:\n  gpus_per_node: 8\n  spare_nodes: 1\n")
+    (run / "attempts").write_text("1000 restart=0 job=8 nodes=n1 how=start spares=n2\n"
+                                  "1060 restart=1 job=8 nodes=n2 how=in-place\n")  # fmt: skip
+    (run / "failures").write_text(
+        "1058 restart=0 exit=137 node=n1 how=in-place kind=n1: task 3: Killed\n"
+    )
+    write_start(run, 0,
+                {"kind": "start", "at": 1009, "restart": 0, "start_step": 0, "ranks": 8},
+                {"kind": "first_step", "at": 1010},
+                window(1050, 20, step_s=40, data_s=0))  # fmt: skip
+    write_start(run, 1,
+                {"kind": "start", "at": 1064, "restart": 1, "start_step": 20, "ranks": 8},
+                {"kind": "first_step", "at": 1070},
+                window(1090, 40, step_s=20, data_s=0),
+                {"kind": "end", "at": 1090, "step": 40, "status": "FINISHED"})  # fmt: skip
+    rows = [_row("8", "COMPLETED", 995, 1095, "n[1-2]")]
+    account = make_account(Target(_record(run, "8")), "COMPLETED", rows, None)
+    # 995-1060 with a spare node (8 ranks' worth), 1060-1095 without.
+    assert account.allocated_h == pytest.approx((65 * 16 + 35 * 8) / 3600)
+    assert account.lost_h["spare_nodes"] == pytest.approx(65 * 8 / 3600)
+    assert account.lost_h["restart_in_place"] == pytest.approx(10 * 8 / 3600)
+    assert account.lost_h["startup"] == pytest.approx(15 * 8 / 3600)
+    assert account.queue_after_requeue_h == 0.0 and account.starts == 2
+    assert [(n.node, n.kind) for n in account.nodes] == [("n1", "killed task")]
+
+
 def test_a_jobs_account_joins_its_run_folder_and_sacct(tmp_path: Path) -> None:
     rows = requeued_gpu_job(tmp_path / "run")
     account = make_account(Target(_record(tmp_path / "run", "7")), "COMPLETED", rows, None)
@@ -83,7 +115,8 @@ def test_a_jobs_account_joins_its_run_folder_and_sacct(tmp_path: Path) -> None:
     assert account.allocated_h == pytest.approx(8 * (60 + 32) / 3600)
     assert account.productive_h == pytest.approx(8 * (17 + 17) / 3600)
     assert account.lost_h["redone"] == pytest.approx(8 * 20 / 3600)  # steps 11-20 of start 0
-    assert account.lost_h["startup"] == pytest.approx(8 * (15 + 7) / 3600)
+    assert account.lost_h["startup"] == pytest.approx(8 * 15 / 3600)
+    assert account.lost_h["restart_requeue"] == pytest.approx(8 * 7 / 3600)  # the requeued start
     assert account.queue_after_requeue_h == pytest.approx(43 / 3600)
     assert sum(account.lost_h.values()) + account.productive_h == pytest.approx(account.allocated_h)
     assert (account.partition, account.user, account.experiment) == ("gpu", "alice", "video-dit")

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stoker.job_time import CAUSES, job_time
+from stoker.job_time import CAUSES, job_time, read_attempt_lines
 from stoker.launcher.jobs.targets import Target
 from stoker.launcher.slurm.query import AcctRow
 from stoker.metric_names import goodput_metrics
@@ -147,10 +147,28 @@ def _per_rank(job: dict[str, Any]) -> tuple[str, float]:
     return "CPU", float(job.get("cpus_per_task") or 1)
 
 
-def _allocations(rows: Sequence[AcctRow]) -> dict[int, tuple[float | None, float | None]]:
-    """restart -> (Start, End) of that attempt: the attempts that started, in order."""
+def _allocations(
+    rows: Sequence[AcctRow], run: Path
+) -> dict[int, tuple[float | None, float | None]]:
+    """attempt -> SLURM's (Start, End) that bound it. sacct -D has one row per
+    allocation (the first, and one per requeue); an allocation holds the attempt that
+    began it and those started again in place after it: its Start bounds the first of
+    them, its End the last."""
     started = [row for row in rows if row.started is not None]
-    return {k: (row.started, row.ended) for k, row in enumerate(started)}
+    groups: list[list[int]] = []
+    for k, fields in sorted(read_attempt_lines(run).items()):
+        if fields.get("how") == "in-place" and groups:
+            groups[-1].append(k)
+        else:
+            groups.append([k])
+    if not groups:  # no attempts file: one attempt per allocation
+        return {k: (row.started, row.ended) for k, row in enumerate(started)}
+    bounds: dict[int, tuple[float | None, float | None]] = {}
+    for row, group in zip(started, groups, strict=False):
+        for k in group:
+            first, last = k == group[0], k == group[-1]
+            bounds[k] = (row.started if first else None, row.ended if last else None)
+    return bounds
 
 
 def failure_blames(run: Path) -> list[NodeBlame]:
@@ -229,7 +247,7 @@ def make_account(
     resource, per_rank = _per_rank(job or {})
     ended_at = max((row.ended for row in rows if row.ended is not None), default=None)
     failed = state != "COMPLETED"
-    account = job_time(run, ended_at=ended_at, failed=failed, allocations=_allocations(rows))
+    account = job_time(run, ended_at=ended_at, failed=failed, allocations=_allocations(rows, run))
     last = rows[-1] if rows else None
     to_h = per_rank / 3600
     lost = account.lost_rank_s()

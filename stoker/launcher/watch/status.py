@@ -6,8 +6,11 @@ of jobs (stoker/launcher/slurm/query.py). Where each value comes from:
     state, reason, nodes, elapsed   squeue for live jobs (fresher), sacct for ended ones;
                                     a final state once seen is kept in the ledger and the
                                     job is not queried again (as submitit's watcher does)
-    restarts                        the largest of: the run folder's `attempts` file, the
-                                    ledger, squeue's RestartCnt, sacct's requeued attempts
+    restarts                        the largest of: the run folder's `attempts` file (in
+                                    place and requeued), the ledger, squeue's RestartCnt,
+                                    sacct's requeued attempts
+    reason of a running job         its latest restart, from the run folder's `events`
+    spares                          the latest attempt's spare nodes (`attempts`)
     step, loss, throughput, ETA     the run folder's progress.json (below)
     straggler                       progress.json's slowest rank, when its ratio is above
                                     STRAGGLER_RATIO
@@ -110,6 +113,7 @@ class JobStatus:
     slowest_host: str | None
     slowest_ratio: float | None
     straggler_cause: str | None  # a straggler's: "data" (its loader) or "compute" (GPU, node)
+    spares: str | None = None  # the allocation's nodes the latest attempt holds in reserve
 
     def to_json(self) -> dict[str, Any]:
         """The row as JSON values; a NaN or infinite loss (a diverged run) becomes null,
@@ -287,6 +291,8 @@ def _row(
             reason = "not in squeue or sacct" if accounted else "accounting unavailable"
     else:  # final state cached: not queried again
         state, source = record.final_state or "UNKNOWN", "ledger"
+    if state == "RUNNING" and reason is None and restarts:
+        reason = _latest_restart(run)
 
     throughput, unit = _throughput(progress)
     ratio = number_field(progress, "slowest_ratio")
@@ -317,6 +323,7 @@ def _row(
         slowest_host=host if isinstance(host, str) else None,
         slowest_ratio=ratio,
         straggler_cause=_straggler_cause(progress) if straggler else None,
+        spares=_attempt_field(run, "spares") if state == "RUNNING" else None,
     )
 
 
@@ -364,15 +371,35 @@ def _write_back(
 
 
 def _attempt_nodes(run: RunDir) -> str | None:
-    """The node list of the latest start, from the `attempts` file."""
+    """The node list of the latest attempt, from the `attempts` file."""
+    return _attempt_field(run, "nodes")
+
+
+def _attempt_field(run: RunDir, name: str) -> str | None:
+    """A field (`nodes=`, `spares=`) of the latest attempt's line in `attempts`."""
     try:
         lines = run.attempts.read_text().splitlines()
     except OSError:
         return None
     for line in reversed(lines):
-        for field in line.split():
-            if field.startswith("nodes="):
-                return field.removeprefix("nodes=") or None
+        fields = dict(part.split("=", 1) for part in line.split()[1:] if "=" in part)
+        if "restart" in fields:
+            return fields.get(name) or None
+    return None
+
+
+def _latest_restart(run: RunDir) -> str | None:
+    """A running job's latest restart as the batch script told it (`events`): "restarted
+    in place without n3 after 'n3: task 1: Killed' (9 s to the first step)", or, before
+    the new attempt's first step, the decision ("restarting in place after ...")."""
+    try:
+        lines = run.events.read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        text = line.partition(" ")[2]
+        if text.startswith(("restarted ", "restarting ")):
+            return text
     return None
 
 

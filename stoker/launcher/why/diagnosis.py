@@ -46,6 +46,11 @@ class Diagnosis:
         }
 
 
+RESTART_EVENTS = r"restart(ing|ed) (in place|by requeue)|restart(ing|ed) after failure"
+"""The batch script's events of a restart after a failure: its decision, what it cost
+(the new attempt's first step), and a failure it did not restart for."""
+
+
 class DiagnosisMaker:
     """Makes the `Diagnosis` of one job's facts; the judge's rules call it."""
 
@@ -68,8 +73,9 @@ class DiagnosisMaker:
         if exit_code is None and job_exit and ended:
             exit_code = 128 + facts.exit_signal if facts.exit_signal else facts.exit_code
         # The batch script's restarts after failures, whatever the diagnosis: a job that
-        # completed after losing a node, or one left failed with no restart left.
-        restarts = event_lines(facts, "restart(ing|ed) after failure", all_restarts=True)
+        # completed after losing a node (restarted in place or requeued, and what each
+        # cost), or one left failed with no restart left.
+        restarts = event_lines(facts, RESTART_EVENTS, all_restarts=True)
         evidence = [*evidence, *(e for e in restarts if e not in evidence)]
         if facts.laggard is not None:
             evidence.append(
