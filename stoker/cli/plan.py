@@ -158,11 +158,17 @@ def make_target(
         node_memory_mb = facts.node_memory_mb
         partition_nodes = facts.nodes
     node_count = nodes or job.nodes
-    if partition_nodes is not None and node_count > partition_nodes:
+    spares = job.spare_nodes
+    if partition_nodes is not None and node_count + spares > partition_nodes:
+        asked = f"{node_count} nodes asked (--nodes or job.nodes)"
+        if spares:
+            asked += f" and {spares} spare (job.spare_nodes)"
         raise StokerError(
-            f"{node_count} nodes asked (--nodes or job.nodes) but {source} has {partition_nodes}",
-            fix=f"plan for at most {partition_nodes} nodes, or for another partition",
+            f"{asked} but {source} has {partition_nodes}",
+            fix=f"plan for at most {partition_nodes - spares} nodes, or for another partition",
         )
+    # Spares train nothing: named beside the training nodes, in the plan's settings too.
+    spare_text = f" + {spares} spare node(s)" if spares else ""
     inter = inter_node_gbps * 1e9 / 8 if inter_node_gbps else INTER_NODE_BYTES_S
     if gpus_per_node is not None or gpu is not None:
         source = f"{source} and flags" if partition else "the flags"
@@ -172,8 +178,8 @@ def make_target(
             memory = parse_memory(gpu_memory)
         else:
             memory = (node_memory_mb * 2**20 if node_memory_mb else _host_memory()) // ranks
-        where = f"{source}: {node_count} x {ranks} CPU ranks"
-        return Target(node_count, ranks, None, memory, where, inter, margin)
+        where = f"{source}: {node_count} x {ranks} CPU ranks{spare_text}"
+        return Target(node_count, ranks, None, memory, where, inter, margin, spares)
     if gpu_name is None:
         raise StokerError(
             f"which GPU has {source}? the GPU type is not known",
@@ -189,8 +195,10 @@ def make_target(
         )
     if gpu_memory is not None:
         spec = spec.with_memory(parse_memory(gpu_memory) / GIB)
-    where = f"{source}: {node_count} x {per_node} {spec.name} ({spec.memory_gib:g} GiB)"
-    return Target(node_count, per_node, spec, int(spec.memory_gib * GIB), where, inter, margin)
+    where = f"{source}: {node_count} x {per_node} {spec.name} ({spec.memory_gib:g} GiB){spare_text}"
+    return Target(
+        node_count, per_node, spec, int(spec.memory_gib * GIB), where, inter, margin, spares
+    )
 
 
 def _host_memory() -> int:

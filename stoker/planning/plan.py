@@ -50,6 +50,8 @@ class Plan:
             "train.precision": c.precision,
             "train.grad_accum": c.grad_accum,
         }
+        if self.target.spare_nodes:
+            out["job.spare_nodes"] = self.target.spare_nodes
         if self.target.nodes > 1:
             out["train.sharding"] = c.sharding
         if not gpu:
@@ -61,6 +63,7 @@ class Plan:
         return {
             "target": {
                 "nodes": t.nodes,
+                "spare_nodes": t.spare_nodes,
                 "ranks_per_node": t.ranks_per_node,
                 "world": t.world,
                 "gpu": t.gpu.name if t.gpu else "cpu",

@@ -51,6 +51,9 @@ class Target:
     """Where these facts came from (a partition, flags, the profile)."""
     inter_node_bytes_s: float = INTER_NODE_BYTES_S
     margin: float = 0.05
+    spare_nodes: int = 0
+    """Nodes allocated beyond `nodes` to replace a failed one (job.spare_nodes): they
+    train nothing, but the partition must hold them."""
 
     @property
     def world(self) -> int:

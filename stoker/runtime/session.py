@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -68,6 +69,10 @@ class JobSession:
     """The job's MLflow run, once `open_tracking()` opened it."""
     exit_code: int | None = field(default=None, init=False)
     """What `announce()` said."""
+    marks: dict[str, float] = field(default_factory=dict, init=False)
+    """When this rank reached each point of its start (epoch seconds): `process` (the
+    process began), `session` (torch imported), `joined` (the rendezvous), `tracking`
+    (its MLflow run open). The time account's start line keeps them."""
 
     @classmethod
     def start(cls, config_path: Path, stop: StopRequest) -> JobSession:
@@ -79,7 +84,9 @@ class JobSession:
             torch.set_num_threads(dist_env.cpu_threads(env))
         run_dir = Path(os.environ.get(ENV_RUN_DIR) or config_path.resolve().parent)
         restart = int(os.environ.get(ENV_RESTART) or 0)
-        return cls(config, config_path, env, device, run_dir, restart, stop)
+        session = cls(config, config_path, env, device, run_dir, restart, stop)
+        session.marks.update(process=process_started_at(), session=time.time())
+        return session
 
     def join(self) -> None:
         """The process group (rendezvous.py): every rank, or a StokerError naming the
@@ -90,11 +97,13 @@ class JobSession:
             rendezvous_timeout_s=self.config.train.rendezvous_timeout_s,
             collective_timeout_s=self.config.train.collective_timeout_s,
         )
+        self.marks["joined"] = time.time()
 
     def open_tracking(self) -> Tracking:
         self.tracking = open_tracking(
             self.config, self.env, self.device, self.run_dir, self.config_path
         )
+        self.marks["tracking"] = time.time()
         return self.tracking
 
     # --- the end ---------------------------------------------------------------------
@@ -171,6 +180,21 @@ class JobSession:
         if self.exit_code != EXIT_PEER_LOST and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+
+def process_started_at() -> float:
+    """When this process began (epoch seconds): Linux's /proc, else now."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # starttime: clock ticks after boot
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
 
 
 def data_url(data: DataConfig, *, say: Callable[[str], Any] | None = None) -> str | None:

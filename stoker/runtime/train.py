@@ -18,8 +18,10 @@ With torchrun instead of the launcher:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from stoker.errors import StokerError
 
@@ -62,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             mesh=mesh,
             mlflow_run_id=tracking.run_id,
             stop=stop,
+            marks=session.marks,
         )
         trainer.build()
         if env.is_main:  # the data lineage, now that the loaders made any synthetic set
@@ -80,5 +83,21 @@ def main(argv: list[str] | None = None) -> int:
         session.close(None if status == "REQUEUE" else status)
 
 
+def run(argv: list[str] | None = None) -> NoReturn:
+    """`python -m stoker.runtime.train`: main(), then the process ends with its code,
+    past the interpreter's finalization. By then everything the job keeps is done: the
+    exit announced, the MLflow run closed, checkpoints committed (or, after a failure,
+    left without COMMIT.json). What finalization would still do is join threads and
+    tear down objects that may wait on a lost peer: a rank that exited 76 while its
+    async checkpoint save waited in a collective for a frozen rank stayed alive until
+    the checkpoint group's 30-minute timeout (its step never ended, and the restart
+    waited; tests/runtime/dist/test_exit_path.py), and gloo's threads torn down there
+    aborted a rank now and then ("terminate called without an active exception")."""
+    code = main(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -27,7 +27,7 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,8 +102,10 @@ class Trainer:
         mesh: DeviceMesh | None = None,
         mlflow_run_id: str | None = None,
         stop: StopRequest | None = None,
+        marks: Mapping[str, float] | None = None,
     ) -> None:
         self.cfg, self.env, self.device, self.mesh = cfg, env, device, mesh
+        self.marks = dict(marks or {})  # the session's (time account's start line)
         self.run_dir = run_dir
         self.sink: MetricsSink = sink or NullSink()
         self.mlflow_run_id = mlflow_run_id
@@ -296,7 +298,7 @@ class Trainer:
         progress = Progress(total, self.start_step) if env.is_main else None
         window, bad_in_row, step = Window(), 0, self.start_step
         account = self.account
-        account.start(self.start_step, env.world_size)
+        account.start(self.start_step, env.world_size, self.marks)
         outcome: Outcome | None = None
         try:
             while step < total:

@@ -143,8 +143,7 @@ if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
-    # Past the interpreter's finalization, which aborts a rank now and then with
-    # "terminate called without an active exception" after everything above is written
-    # (2 of 3 full runs on 2026-11-27, a gloo thread at exit; the cause is issue [4/8]'s).
-    # These tests judge what the ranks saved and loaded, not how a process ends.
+    # Past the interpreter's finalization, as the runtime's own entry point ends
+    # (stoker.runtime.train.run): gloo's threads torn down there aborted a rank now and
+    # then with "terminate called without an active exception".
     os._exit(code)

@@ -52,19 +52,34 @@ TIMEOUT_S = 20  # train.collective_timeout_s in these tests (the default is 120)
 # Two faults, each after a checkpoint of the start it hits, with steps to spare for a
 # fast machine; one fault (a frozen node) needs fewer.
 STEPS = 60
-STEPS_ONE_FAULT = 30
+# The tests' jobs (fp32: their losses are compared with an uninterrupted run's).
+COMMON = [TINY, *FAST, f"train.steps={STEPS}", "train.log_every=5", "checkpoint.every=5",
+          "checkpoint.keep_last=100", f"train.collective_timeout_s={TIMEOUT_S}",
+          "train.precision=fp32", "--time", "10"]  # fmt: skip
 
 
-def _submit(
-    factory: pytest.TempPathFactory, tmp_path: Path, *extra: str, steps: int = STEPS
-) -> tuple[dict, Path]:
+def _submit(factory: pytest.TempPathFactory, tmp_path: Path, *extra: str) -> tuple[dict, Path]:
     link_synthetic_data(factory, *FAST)
-    job = submit_json(
-        TINY, *FAST, f"train.steps={steps}", "train.log_every=5", "checkpoint.every=5",
-        "checkpoint.keep_last=100", f"train.collective_timeout_s={TIMEOUT_S}",
-        "job.max_restarts=1", *TWO_NODES, "--time", "10", *extra, cwd=tmp_path,
-    )  # fmt: skip
+    job = submit_json(*COMMON, "job.max_restarts=1", *TWO_NODES, *extra, cwd=tmp_path)
     return job, Path(job["run_dir"])
+
+
+@pytest.fixture(scope="module")
+def straight_losses(
+    slurm_cluster: ClusterSettings, tmp_path_factory: pytest.TempPathFactory
+) -> list[tuple[int, float]]:
+    """The losses of the tests' job run without a fault: two ranks on one node (the
+    same arithmetic as on two: gloo on CPU, fp32, the same seed and data)."""
+    home = tmp_path_factory.mktemp("straight-home")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HOME", str(home))
+        env.setenv("STOKER_HOME", str(home / ".stoker"))
+        link_synthetic_data(tmp_path_factory, *FAST)
+        job = submit_json(*COMMON, "--nodes", "1", "--ntasks-per-node", "2", cwd=home)
+        assert wait_final(job["job_id"], 300, Path(job["run_dir"])) == "COMPLETED"
+        losses = loss_history(job["run_id"])
+    assert [step for step, _ in losses] == list(range(5, STEPS + 1, 5))
+    return losses
 
 
 def _newest_commit(run_dir: Path) -> int:
@@ -72,15 +87,17 @@ def _newest_commit(run_dir: Path) -> int:
 
 
 def _check_resumed_and_logged_once(
-    job: dict, run_dir: Path, lost: str, at_loss: int, total: int
+    job: dict, run_dir: Path, lost: str, at_loss: int, straight: list[tuple[int, float]]
 ) -> None:
+    total = STEPS
     (_, _, first), (_, restart, second) = starts(run_dir)
     assert restart == 1 and lost in hostnames(first) and lost not in hostnames(second), (
         first, second)  # fmt: skip
     assert resumed_step(run_dir, 1) == at_loss, (run_dir / "logs/r1/rank-0.log").read_text()
     assert f"finished at step {total}" in (run_dir / "logs/r1/rank-0.log").read_text()
-    steps = [step for step, _ in loss_history(job["run_id"])]
-    assert steps == list(range(5, total + 1, 5)), "every logged step exactly once"
+    assert loss_history(job["run_id"]) == straight, (
+        "every step once, bit-equal to a run without faults"
+    )
     status = json.loads(stoker("status", job["job_id"], "--json", check=True).stdout)[0]
     assert status["state"] == "COMPLETED" and status["restarts"] == 1
 
@@ -104,7 +121,10 @@ def _attempt_kinds(run_dir: Path) -> list[str]:
 
 
 def test_a_killed_task_goes_to_the_spare_and_a_stopped_rank_restarts_in_place(
-    slurm_cluster: ClusterSettings, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+    slurm_cluster: ClusterSettings,
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    straight_losses: list[tuple[int, float]],
 ) -> None:
     """job.spare_nodes=1 on 2+1 nodes. Attempt 0: rank 1 SIGKILLed (srun ends rank 0 at
     once): attempt 1 runs in place on the spare instead of its node. Attempt 1: rank 1
@@ -169,8 +189,8 @@ def test_a_killed_task_goes_to_the_spare_and_a_stopped_rank_restarts_in_place(
 
     assert (resumed_step(run_dir, 1), resumed_step(run_dir, 2)) == (first_loss, second_loss)
     assert f"finished at step {STEPS}" in (run_dir / "logs/r2/rank-0.log").read_text()
-    steps = [step for step, _ in loss_history(job["run_id"])]
-    assert steps == list(range(5, STEPS + 1, 5)), "every logged step exactly once"
+    losses = loss_history(job["run_id"])
+    assert losses == straight_losses, "every step once, bit-equal to a run without faults"
     status = json.loads(stoker("status", job["job_id"], "--json", check=True).stdout)[0]
     assert status["state"] == "COMPLETED" and status["restarts"] == 2
     why = json.loads(stoker("why", job["job_id"], "--json", check=True).stdout)
@@ -196,11 +216,14 @@ def _second_start_record(run_dir: Path) -> str:
 
 
 def test_frozen_node_fails_the_job_within_the_timeout_and_it_resumes_elsewhere(
-    slurm_cluster: ClusterSettings, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+    slurm_cluster: ClusterSettings,
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    straight_losses: list[tuple[int, float]],
 ) -> None:
     if slurm_cluster.external:
         pytest.skip("freezing a node needs the local cluster, whose nodes are processes here")
-    job, run_dir = _submit(tmp_path_factory, tmp_path, "job.spare_nodes=1", steps=STEPS_ONE_FAULT)
+    job, run_dir = _submit(tmp_path_factory, tmp_path, "job.spare_nodes=1")
     wait_for(lambda: _newest_commit(run_dir) >= 5, 240, "a first checkpoint committed")
     _, node = rank_pid(run_dir, 0, 1)  # not the batch script's node: the script lives on
     at_loss = _newest_commit(run_dir)
@@ -231,7 +254,7 @@ def test_frozen_node_fails_the_job_within_the_timeout_and_it_resumes_elsewhere(
         localslurm.thaw(frozen)
         subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
                        capture_output=True, check=False)  # fmt: skip
-    _check_resumed_and_logged_once(job, run_dir, node, at_loss, STEPS_ONE_FAULT)
+    _check_resumed_and_logged_once(job, run_dir, node, at_loss, straight_losses)
     _check_never_requeued(job, run_dir)
     wait_for(lambda: _node_state(node) in {"IDLE", "MIXED", "ALLOCATED"}, 60, f"{node} back")
 

@@ -72,6 +72,7 @@ def test_container_templates_run_tasks_in_the_image(template: str) -> None:
         {"job.gpus_per_node": (4, "--gpus-per-node")},
     )
     text = render_sbatch(spec).text
+    assert 'srun "${STOKER_STEP[@]}" --kill-on-bad-exit=1' in text  # each attempt's nodes
     mounts = (
         "/data:/data:ro,/shared/stoker/runs/golden-20261121-000000-abcd:"
         "/shared/stoker/runs/golden-20261121-000000-abcd"
@@ -99,6 +100,9 @@ def test_user_template_extends_the_base(tmp_path: Path) -> None:
     )
     text = render_sbatch(make_spec([f"job.template={mine}"])).text
     assert "srun --mpi=pmix" in text and "--kill-on-bad-exit" not in text
+    # With spares, a step that does not take the attempt's nodes would run on them too.
+    with pytest.raises(StokerError, match=r'job.spare_nodes is 1 .*without "\$\{STOKER_STEP'):
+        render_sbatch(make_spec([f"job.template={mine}", "job.spare_nodes=1"]))
 
 
 def test_user_template_cannot_print_a_value_unquoted(tmp_path: Path) -> None:

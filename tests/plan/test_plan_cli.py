@@ -107,13 +107,23 @@ def test_a_partitions_gpus_come_from_sinfo(slurm_cluster: ClusterSettings) -> No
     no_type = stoker_text("plan", TINY, "--partition", partition)
     assert no_type.returncode != 0
     assert f"partition {partition} (sinfo)" in no_type.stderr and "--gpu" in no_type.stderr
-    result = stoker_text("plan", TINY, "data.batch_size=8", "--partition", partition, "--gpu",
-                         "H100", "--nodes", "2", "--json")  # fmt: skip
+    result = stoker_text("plan", TINY, "data.batch_size=8", "job.spare_nodes=1", "--partition",
+                         partition, "--gpu", "H100", "--nodes", "2", "--json")  # fmt: skip
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     target = plan["target"]
-    assert (target["ranks_per_node"], target["world"]) == (4, 8)
+    assert (target["ranks_per_node"], target["world"], target["spare_nodes"]) == (4, 8, 1)
     assert target["source"].startswith(f"partition {partition} (sinfo)")
+    assert target["source"].endswith("+ 1 spare node(s)"), target["source"]
+    assert plan["settings"]["job.spare_nodes"] == 1
+    # The spare must fit the partition beside the training nodes.
+    no_room = stoker_text("plan", TINY, "job.spare_nodes=1", "--partition", partition, "--gpu",
+                          "H100", "--nodes", "3")  # fmt: skip
+    assert no_room.returncode != 0
+    assert (
+        "3 nodes asked (--nodes or job.nodes) and 1 spare (job.spare_nodes) but partition "
+        f"{partition} (sinfo) has 3"
+    ) in no_room.stderr and "at most 2 nodes" in no_room.stderr
     too_many = stoker_text("plan", TINY, "--partition", partition, "--gpu", "H100", "--nodes", "9")
     assert too_many.returncode != 0
     assert f"9 nodes asked (--nodes or job.nodes) but partition {partition} (sinfo) has 3" in (

@@ -225,6 +225,14 @@ def render_sbatch(spec: LaunchSpec, *, explain: bool = False) -> RenderedScript:
             f"sbatch template {where}{f':{line}' if line else ''}: {exc}",
             fix="fix the template; the names it may use are listed in docs/user-guide.md",
         ) from exc
+    if spec.config.job.spare_nodes and '"${STOKER_STEP[@]}"' not in text:
+        raise StokerError(
+            f"job.spare_nodes is {spec.config.job.spare_nodes} "
+            f"({spec.source_of('job.spare_nodes')}) but template {label}'s launch block "
+            'starts srun without "${STOKER_STEP[@]}": its step would run on the spares too',
+            fix='start the step with srun "${STOKER_STEP[@]}" ... (docs/jobs.md, Templates), '
+            "or set job.spare_nodes to 0",
+        )
     # The setup block alone first: an unclosed quote there could pair with a quote
     # further down and still give a script that parses.
     if spec.config.job.setup:

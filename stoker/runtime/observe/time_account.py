@@ -3,7 +3,11 @@ object a line in `<run folder>/accounting/r<restart>.jsonl`, appended and flushe
 a start that is killed leaves every line it wrote (a line cut short by the kill is
 the last one, and readers skip it).
 
-    {"kind": "start", "at": T, "restart": R, "start_step": S, "ranks": N, "host": H}
+    {"kind": "start", "at": T, "restart": R, "start_step": S, "ranks": N, "host": H,
+     "marks": {"process": T, "session": T,       when rank 0's process began, had
+               "joined": T, "tracking": T}}      imported torch, joined the others,
+                                                  opened its MLflow run (the start line
+                                                  itself: model built, checkpoint loaded)
     {"kind": "first_step", "at": T}              the first step of this start begins
     {"kind": "window", "at": T, "step": S, "steps": n, "step_s": s, "data_s": s,
      "checkpoint_s": s, "sample_s": s,            one per log step: the window's rank-0
@@ -29,6 +33,7 @@ import json
 import math
 import socket
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,13 +70,15 @@ class StartAccount:
         except OSError:
             pass  # an account that cannot be written must not stop the training
 
-    def start(self, start_step: int, ranks: int) -> None:
+    def start(self, start_step: int, ranks: int, marks: Mapping[str, float] | None = None) -> None:
+        """`marks`: when rank 0 reached each point of its start (the session's)."""
         self._write(
             "start",
             restart=self.restart,
             start_step=start_step,
             ranks=ranks,
             host=socket.gethostname(),
+            **({"marks": {k: round(v, 3) for k, v in marks.items()}} if marks else {}),
         )
 
     def first_step(self) -> None:

@@ -1,0 +1,72 @@
+"""How a rank's process ends after a lost peer (issue [4/8], clean exits): two real
+runtime ranks over gloo; rank 1 freezes inside the write of a checkpoint while rank
+0's async save of it waits for rank 1 in the checkpoint group's collective (torch's
+30-minute timeout). Rank 0's next training collective times out (exit 76, a lost
+peer): its process must end then, not when the save's collective gives up, or the
+job's step never ends and its restart waits half an hour. The checkpoint stays
+uncommitted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from stoker.protocol import EXIT_PEER_LOST
+from tests.mlflow_server import free_port
+
+REPO = Path(__file__).resolve().parents[3]
+STOP_IN_SAVE = REPO / "tests" / "faults" / "stop_in_save_rank.py"
+TIMEOUT_S = 5  # train.collective_timeout_s: its least
+
+
+def test_a_rank_whose_peer_froze_in_a_save_exits_at_its_lost_peer(
+    tmp_path: Path, synthetic_av_set: Callable[..., Path]
+) -> None:
+    data = synthetic_av_set(clips=8, size=(32, 32))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = run_dir / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "data": {"url": str(data), "batch_size": 2, "num_workers": 0, "prefetch_mb": 1},
+        "train": {"steps": 40, "log_every": 1, "collective_timeout_s": TIMEOUT_S,
+                  "hang_timeout_s": 0, "precision": "fp32"},
+        "checkpoint": {"every": 2, "keep_last": 5},
+        "tracking": {"uri": "none"},  # metrics.jsonl: no MLflow import in the ranks
+    }))  # fmt: skip
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "STOKER_RUN"))}
+    base.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                WORLD_SIZE="2", STOKER_RUN_DIR=str(run_dir), STOKER_CONFIG=str(config),
+                PYTHONPATH=str(REPO))  # fmt: skip
+    ranks = []
+    for rank in (0, 1):
+        env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        log = (run_dir / f"rank-{rank}.log").open("w")
+        ranks.append(subprocess.Popen([sys.executable, str(STOP_IN_SAVE), "1", "4"], env=env,
+                                      stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path))  # fmt: skip
+    try:
+        rank0 = run_dir / "rank-0.log"
+        deadline = time.monotonic() + 240
+        while "a collective lost a peer" not in rank0.read_text():
+            assert ranks[0].poll() is None, rank0.read_text()[-3000:]
+            assert time.monotonic() < deadline, rank0.read_text()[-3000:]
+            time.sleep(0.2)
+        # It said so; now its process ends (its save of step-4 still waits for rank 1).
+        code = ranks[0].wait(timeout=60)
+        assert code == EXIT_PEER_LOST, rank0.read_text()[-3000:]
+        announced = json.loads((run_dir / "heartbeat" / "r0" / "rank-0.exit.json").read_text())
+        assert announced["exit_code"] == EXIT_PEER_LOST
+        assert ranks[1].poll() is None  # still frozen in the write
+        assert not (run_dir / "checkpoints" / "step-4" / "COMMIT.json").exists()
+    finally:
+        for proc in ranks:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=30)
