@@ -26,8 +26,14 @@ from stoker.runtime.observe.heartbeat import (
     silent_ranks,
 )
 from tests.clirun import stoker
-from tests.faults.training_jobs import TWO_NODES, hostnames, starts, synth_experiment
-from tests.launcher_jobs import scontrol_job, submit_json, wait_final
+from tests.faults.training_jobs import (
+    TWO_NODES,
+    hostnames,
+    job_processes,
+    starts,
+    synth_experiment,
+)
+from tests.launcher_jobs import scontrol_job, submit_json, wait_final, wait_for
 
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
@@ -127,6 +133,7 @@ def test_a_stalled_rank_fails_the_job_and_why_shows_its_stack(
     assert [line.split()[-1] for line in (run / "attempts").read_text().splitlines()] == [
         "spares=n3", "how=in-place"]  # fmt: skip
     assert scontrol_job(job["job_id"])["Restarts"] == "0"
+    wait_for(lambda: not job_processes(run), 60, "the job's processes to be gone")
     assert "not restarted after failure (a hang" in events
 
     logs = {r: (run / "logs" / "r1" / f"rank-{r}.log").read_text() for r in (0, 1)}

@@ -49,9 +49,10 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slurm
 TIMEOUT_S = 20  # train.collective_timeout_s in these tests (the default is 120)
-# Two faults, each after a checkpoint of the start it hits, with steps to spare for a
-# fast machine; one fault (a frozen node) needs fewer.
-STEPS = 60
+# Two faults, each after a checkpoint of the attempt it hits, with steps to spare: under
+# scripts/cpu-burner a 60-step job ran 42 steps between the test seeing its first commit
+# and its kill's srun landing, and finished first.
+STEPS = 100
 # The tests' jobs (fp32: their losses are compared with an uninterrupted run's).
 COMMON = [TINY, *FAST, f"train.steps={STEPS}", "train.log_every=5", "checkpoint.every=5",
           "checkpoint.keep_last=100", f"train.collective_timeout_s={TIMEOUT_S}",
@@ -337,6 +338,7 @@ def test_a_node_is_not_left_out_when_the_job_would_no_longer_fit(
     assert [hostnames(nodelist) for _, _, nodelist in starts(run_dir)] == [set(nodes)] * 2
     assert scontrol_job(job["job_id"]).get("ExcNodeList") in ("(null)", None)
     assert scontrol_job(job["job_id"])["Restarts"] == "0"
+    wait_for(lambda: not job_processes(run_dir), 60, "the job's processes to be gone")
 
 
 def test_without_a_spare_a_killed_tasks_node_is_left_out_by_a_requeue(
@@ -351,8 +353,10 @@ def test_without_a_spare_a_killed_tasks_node_is_left_out_by_a_requeue(
     job = submit_json(
         "job.max_restarts=1", "--nodes", "2", "--ntasks-per-node", "1", "--time", "5",
         "--", "bash", "-c", f'echo "$$ $SLURMD_NODENAME" > {tmp_path}/rank-$RANK; '
-        f"exec python3 {JOBS / 'count_steps.py'} {state} 40 0.2", cwd=tmp_path,
+        f"exec python3 {JOBS / 'count_steps.py'} {state} 120 0.2", cwd=tmp_path,
     )  # fmt: skip
+    # 2 of 120 steps (0.2 s each, resumed after the requeue): a loaded machine's kill
+    # still lands mid-run (40 steps did not, under scripts/cpu-burner).
     wait_for(lambda: state.exists() and len(state.read_text().split()) >= 2, 60, "2 steps")
     pid, node = (tmp_path / "rank-1").read_text().split()
     kill_task(job["job_id"], node, int(pid))
@@ -375,3 +379,4 @@ def test_without_a_spare_a_killed_tasks_node_is_left_out_by_a_requeue(
     assert _attempt_kinds(run_dir) == ["start", "requeue"]
     record = scontrol_job(job["job_id"])
     assert (record["Restarts"], record["ExcNodeList"]) == ("1", node), record
+    wait_for(lambda: not job_processes(run_dir), 60, "the job's processes to be gone")

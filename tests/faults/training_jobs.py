@@ -145,8 +145,11 @@ def kill_task(job_id: str, node: str, pid: int, signal: str = "KILL", check: boo
     STOP stands for a process that hangs whole while its node stays healthy.
     `check=False`: a task that has ended already is no error."""
     argv = ["srun", f"--jobid={job_id}", "--overlap", "-N1", "-n1", f"-w{node}"]
-    subprocess.run([*argv, "kill", f"-{signal}", str(pid)], check=check, capture_output=True,
-                   timeout=60)  # fmt: skip
+    result = subprocess.run([*argv, "kill", f"-{signal}", str(pid)], capture_output=True,
+                            text=True, timeout=60, check=False)  # fmt: skip
+    assert not check or result.returncode == 0, (
+        f"kill -{signal} {pid} on {node} (job {job_id}): exit {result.returncode}\n"
+        f"{result.stderr}")  # fmt: skip
 
 
 def synth_experiment(tmp_path: Path, job: dict[str, Any], train: dict[str, Any]) -> Path:
