@@ -74,7 +74,7 @@ def test_init_writes_a_valid_commented_experiment(tmp_path: Path) -> None:
     assert result.stdout == ""  # messages go to stderr
     assert "wrote experiment exp.yaml" in result.stderr
     text = (tmp_path / "exp.yaml").read_text()
-    assert "# Number of nodes to allocate." in text
+    assert "# Number of nodes the job trains on." in text
     assert resolve_config(tmp_path / "exp.yaml").config == ExperimentConfig()
 
 
