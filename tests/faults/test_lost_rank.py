@@ -297,7 +297,7 @@ def test_program_errors_and_failures_beyond_max_restarts_are_left_failed(
     state = tmp_path / "steps.txt"
     job = submit_json("job.max_restarts=0", "--time", "5", "--", "bash", "-c",
                       f'echo $$ > {tmp_path}/pid; exec python3 {JOBS / "count_steps.py"} '
-                      f"{state} 100 0.2", cwd=tmp_path)  # fmt: skip
+                      f"{state} 300 0.2", cwd=tmp_path)  # fmt: skip
     wait_for(lambda: state.exists() and len(state.read_text().split()) >= 2, 60, "2 steps")
     run_dir = Path(job["run_dir"])
     node = starts(run_dir)[0][2]
