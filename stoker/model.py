@@ -80,6 +80,29 @@ is a dict of the encoder's tensors by name, stacked [B, ...] ("video" [B, T, C, 
 from stoker's own encoder), one shape per bucket the data set was encoded at
 (`DataShapes.latents`); the built-in av_dit trains on its "video" and "audio".
 
+Long sequences (`train.context_parallel: N`, docs/runtime.md): each sample's tokens are
+split over N ranks, and a model computes on its own share. A model that works on its own
+token sequence needs three things, each a plain no-op without context parallelism:
+
+- `token_slice(n)`: the slice of a sequence of n tokens this rank computes (all of it
+  without CP). Cut every per-token tensor with it (the tokens, their positions' RoPE
+  rows, the noise and the targets), after drawing what is random for the whole sample.
+- `attention(q, k, v, causal=False)`: q, k, v [B, heads, tokens of this rank, head_dim]
+  -> the attention over every rank's tokens; torch's scaled_dot_product_attention
+  without CP.
+- `cp_sum(t)`: `t` summed over the ranks that share the samples: a loss is the sum of
+  the per-token losses over `cp_sum`, divided by the whole sequence's count, so every
+  rank has the loss (and gradients) of one rank holding all tokens.
+
+        tokens = tokens[:, token_slice(tokens.shape[1])]
+        ...
+        squared = (predicted - target).square().sum(dim=(1, 2))
+        per_sample = cp_sum(squared) / (target_tokens * channels)
+        return valid_mean(per_sample, batch)
+
+`context_parallel()` gives the active one (None without): its `rank`, `size`, `ulysses`
+and `ring` degrees, and `gather(t, dim)` for what needs every token.
+
 This module imports no torch when imported (valid_mean does when called): the login node
 reads it.
 """
@@ -229,3 +252,80 @@ def valid_mean(per_sample: torch.Tensor, batch: Batch) -> torch.Tensor:
     kept = torch.where(valid, per_sample, torch.zeros_like(per_sample))
     mean: torch.Tensor = kept.sum() / valid.sum().clamp(min=1).to(per_sample.dtype)
     return mean
+
+
+class ContextParallel(Protocol):
+    """The context parallelism a rank trains with (the module doc; implemented by the
+    runtime, stoker/runtime/models/context_parallel.py)."""
+
+    rank: int
+    """This rank's index in its CP group: it holds the group's rank-th share of tokens."""
+    size: int
+    """N: the ranks that split each sample's tokens."""
+    ulysses: int
+    """Of N, the ranks that exchange heads (all-to-all); N / ulysses pass K/V in a ring."""
+    ring: int
+
+    def token_slice(self, tokens: int) -> slice: ...
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor: ...
+
+    def gather(self, tensor: torch.Tensor, dim: int) -> torch.Tensor: ...
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        causal: bool = False,
+        scale: float | None = None,
+    ) -> torch.Tensor: ...
+
+
+_active: ContextParallel | None = None
+
+
+def context_parallel() -> ContextParallel | None:
+    """The context parallelism this process trains with; None without."""
+    return _active
+
+
+def set_context_parallel(cp: ContextParallel | None) -> ContextParallel | None:
+    """Make `cp` the active context parallelism (None: none); returns the one before.
+    The runtime calls it when it sets up the ranks; a test of a model may too."""
+    global _active
+    before, _active = _active, cp
+    return before
+
+
+def token_slice(tokens: int) -> slice:
+    """The slice of a sequence of `tokens` this rank computes: all of it without context
+    parallelism; a ValueError when the tokens do not split evenly over the CP ranks."""
+    return _active.token_slice(tokens) if _active is not None else slice(0, tokens)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Attention of this rank's queries over every rank's keys and values, q, k, v
+    [B, heads, tokens, head_dim] with the tokens of `token_slice`; without context
+    parallelism, torch's scaled_dot_product_attention. Causal attention takes Ulysses
+    only (train.context_parallel_ulysses equal to train.context_parallel)."""
+    if _active is not None:
+        return _active.attention(q, k, v, causal=causal, scale=scale)
+    import torch.nn.functional as F
+
+    out: torch.Tensor = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    return out
+
+
+def cp_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` summed over the context-parallel ranks (itself without): see the module
+    doc for the loss."""
+    return _active.sum(tensor) if _active is not None else tensor

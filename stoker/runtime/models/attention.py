@@ -3,21 +3,23 @@
 q, k and v come out of one fused projection; RoPE (stoker.kernels.apply_rope)
 rotates q and k in their [B, S, heads, Dh] layout, as strided views of the
 fused output, so the kernel reads them in place. Attention itself is
-torch's scaled_dot_product_attention (FlashAttention on GPUs), which takes
-[B, heads, S, Dh]: the transposes are views, not copies.
+stoker.model.attention: torch's scaled_dot_product_attention (FlashAttention on GPUs),
+or with context parallelism the attention over every CP rank's tokens
+(context_parallel.py); both take [B, heads, S, Dh]: the transposes are views, not copies.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from stoker.kernels import RMSNorm, apply_rope
+from stoker.model import attention
 
 
 class SelfAttention(nn.Module):
-    """Self-attention over [B, S, dim] with RoPE tables cos, sin [S, Dh/2].
+    """Self-attention over [B, S, dim] with RoPE tables cos, sin [S, Dh/2] (with context
+    parallelism: this rank's S tokens and their rows).
 
     qk_norm: RMSNorm over each head's q and k before RoPE (keeps attention
     logits bounded in long or large runs, as in SD3 and Wan)."""
@@ -41,8 +43,6 @@ class SelfAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, k, cos, sin)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=self.causal
-        )
+        out = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=self.causal)
         projected: torch.Tensor = self.out(out.transpose(1, 2).reshape(batch, seq, dim))
         return projected

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from stoker.kernels import AddRMSNorm, SwiGLU, cross_entropy, rope_table_1d
-from stoker.model import valid_mean
+from stoker.model import context_parallel, cp_sum, token_slice, valid_mean
 from stoker.runtime.models.attention import SelfAttention
 from stoker.runtime.models.mu_law import CLASSES, mu_law_encode
 from stoker.runtime.models.sizes import AudioARSize
@@ -138,10 +138,11 @@ class AudioAR(TrainingModel):
         bos = torch.full_like(codes[:, :1], BOS)
         return torch.cat((bos, codes[:, :-1]), dim=1), codes
 
-    def logits(self, inputs: torch.Tensor) -> torch.Tensor:
-        """[B, S'] tokens (S' <= S) -> [B, S', 256] next-token logits."""
+    def logits(self, inputs: torch.Tensor, first: int = 0) -> torch.Tensor:
+        """[B, S'] tokens (S' <= S) at positions first .. first + S' - 1 -> [B, S', 256]
+        next-token logits (first > 0: a context-parallel rank's share)."""
         seq = inputs.shape[1]
-        cos, sin = self.rope_cos[:seq], self.rope_sin[:seq]
+        cos, sin = self.rope_cos[first : first + seq], self.rope_sin[first : first + seq]
         x = self.embed(inputs)
         residual = torch.zeros_like(x)
         for block in self.blocks:
@@ -154,5 +155,13 @@ class AudioAR(TrainingModel):
         """Next-token cross-entropy (nats): each sample's mean over its tokens, then the
         mean over the valid rows. `generator` is unused: this loss draws no noise."""
         inputs, targets = self.tokens(batch)
-        per_token = cross_entropy(self.logits(inputs), targets, reduction="none")
-        return valid_mean(per_token.mean(dim=1), batch)
+        if context_parallel() is None:
+            per_token = cross_entropy(self.logits(inputs), targets, reduction="none")
+            return valid_mean(per_token.mean(dim=1), batch)
+        # Context parallelism (Ulysses: causal attention needs every earlier token, which
+        # the all-to-all gathers): this rank's share of the positions; the losses summed
+        # over every share and divided by the whole sequence's count.
+        share = token_slice(inputs.shape[1])
+        logits = self.logits(inputs[:, share], first=share.start)
+        per_token = cross_entropy(logits, targets[:, share], reduction="none")
+        return valid_mean(cp_sum(per_token.sum(dim=1)) / targets.shape[1], batch)

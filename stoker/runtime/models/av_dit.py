@@ -40,7 +40,7 @@ from torch import nn
 
 from stoker.kernels import AdaLNRMSNorm, RMSNorm, SwiGLU, rope_table_1d, rope_table_3d
 from stoker.kernels.rope import default_sections
-from stoker.model import valid_mean
+from stoker.model import context_parallel, cp_sum, token_slice, valid_mean
 from stoker.runtime.models.attention import SelfAttention
 from stoker.runtime.models.conditioning import ConditionArgs, Conditioner
 from stoker.runtime.models.patches import patchify_audio, patchify_video
@@ -407,11 +407,14 @@ class AVDiT(TrainingModel):
         t: torch.Tensor,
         grid: tuple[int, int, int] | None = None,
         conditions: Sequence[str | None] | None = None,
+        shares: Mapping[str, slice] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Predicted v per modality, in the tokens' layout, for noisy tokens at t [B].
         `grid`: the video's patch grid (video_grid_of); None: the largest clip's.
         `conditions`: a conditioned model's caption or class label per sample, None
-        for none (its null vector); all None when not given."""
+        for none (its null vector); all None when not given. `shares`: with context
+        parallelism, which of each modality's tokens x_t holds (stoker.model.token_slice
+        of its whole count); None: all of them."""
         parts = []
         for name in self.modalities:
             embed: nn.Linear = getattr(self, f"{name}_embed")
@@ -419,10 +422,22 @@ class AVDiT(TrainingModel):
             parts.append(embed(tokens) + getattr(self, f"{name}_modality"))
         x = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
         video_tokens = x_t["video"].shape[1] if self.video is not None else 0
+        counts = {name: x_t[name].shape[1] for name in self.modalities}
+        cp = context_parallel()
+        if shares is not None and cp is not None:  # the whole sequence's, from this share
+            counts = {name: count * cp.size for name, count in counts.items()}
         grid = grid or self.video_grid
-        if grid is not None and math.prod(grid) != video_tokens:
-            raise ValueError(f"{video_tokens} video tokens do not make the patch grid {grid}")
-        cos, sin = self.rope(grid, x.shape[1] - video_tokens)
+        if grid is not None and math.prod(grid) != counts.get("video", 0):
+            raise ValueError(
+                f"{counts.get('video', 0)} video tokens do not make the patch grid {grid}"
+            )
+        cos, sin = self.rope(grid, counts.get("audio", 0))
+        if shares is not None:  # the rows of this rank's tokens: its video's, its audio's
+            positions = torch.arange(cos.shape[0], device=cos.device)
+            whole_video = counts.get("video", 0)
+            by_modality = {"video": positions[:whole_video], "audio": positions[whole_video:]}
+            picked = torch.cat([by_modality[name][shares[name]] for name in self.modalities])
+            cos, sin = cos[picked], sin[picked]
         embedded = self.t_embed(t)
         if self.conditioner is not None:
             rows = list(conditions) if conditions is not None else [None] * t.shape[0]
@@ -473,9 +488,25 @@ class AVDiT(TrainingModel):
         conditions = None
         if self.conditioner is not None:  # drawn after the noise: its draws stay as they were
             conditions = self.conditioner.dropped(self.conditioner.labels(batch), generator)
-        predicted = self.velocity(x_t, t, grid, conditions)
+        if context_parallel() is None:
+            predicted = self.velocity(x_t, t, grid, conditions)
+            per_sample = [
+                (predicted[name].float() - target[name]).square().mean(dim=(1, 2))
+                for name in self.modalities
+            ]
+            return valid_mean(torch.stack(per_sample).sum(dim=0), batch)
+        # Context parallelism: this rank's share of each modality's tokens, cut after
+        # the noise was drawn for the whole sample; each modality's squared errors summed
+        # over every rank's share and divided by the whole count: CP 1's loss.
+        shares = {name: token_slice(x.shape[1]) for name, x in x_t.items()}
+        counts = {name: x[0].numel() for name, x in x_t.items()}
+        x_t = {name: x[:, shares[name]] for name, x in x_t.items()}
+        predicted = self.velocity(x_t, t, grid, conditions, shares)
         per_sample = [
-            (predicted[name].float() - target[name]).square().mean(dim=(1, 2))
+            cp_sum(
+                (predicted[name].float() - target[name][:, shares[name]]).square().sum(dim=(1, 2))
+            )
+            / counts[name]
             for name in self.modalities
         ]
         return valid_mean(torch.stack(per_sample).sum(dim=0), batch)
