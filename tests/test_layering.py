@@ -52,6 +52,7 @@ LEAVES = (
     "stoker.import_path",
     "stoker.job_time",
     "stoker.gpus",
+    "stoker.mesh_layout",
 )
 # Whose module-level imports must stay light (login nodes, `--help`, `import stoker`).
 LOGIN_NODE = (

@@ -402,6 +402,10 @@ class TrainConfig(Section):
     """torch.compile each transformer block."""
     sharding: modes.Sharding = "node"
     """FSDP2 shards the weights over one node's ranks (HSDP: replicated across nodes) or all."""
+    context_parallel: Annotated[int, Field(ge=1, le=1024)] = 1
+    """Ranks that split each sample's tokens (long clips), consecutive ones; 1: none."""
+    context_parallel_ulysses: Annotated[int, Field(ge=1, le=1024)] | None = None
+    """Of train.context_parallel, the ranks exchanging heads (all-to-all); the rest: a ring."""
     measure_memory: bool = False
     """CPU runs: trace each batch shape's second step for its peak memory (GPU runs always do)."""
     log_every: Annotated[int, Field(ge=1)] = 10
@@ -444,6 +448,21 @@ class TrainConfig(Section):
                 f"{MAX_REGISTERED_MODEL_NAME} characters without '/' or ':', e.g. av-dit-small"
             )
         return value
+
+    @model_validator(mode="after")
+    def _check_context_parallel(self) -> TrainConfig:
+        ulysses = self.context_parallel_ulysses
+        if ulysses is not None and self.context_parallel % ulysses:
+            raise ValueError(
+                f"train.context_parallel_ulysses {ulysses} does not divide "
+                f"train.context_parallel {self.context_parallel}: use a divisor of it "
+                "(the rest of the ranks form a ring), or null for Ulysses over all"
+            )
+        return self
+
+    def ulysses_degree(self) -> int:
+        """Of train.context_parallel, the ranks in Ulysses (all of them when not set)."""
+        return self.context_parallel_ulysses or self.context_parallel
 
     @field_validator("profile_steps")
     @classmethod

@@ -10,9 +10,13 @@ from stoker.errors import StokerError
 from stoker.runtime.dist.dist_env import DistEnv
 
 
-def held_out_loader(cfg: ExperimentConfig, env: DistEnv) -> Any:
+def held_out_loader(
+    cfg: ExperimentConfig, env: DistEnv, data_rank: int | None = None, data_world: int | None = None
+) -> Any:
     """The held-out split's loader: clips from their start, the same batches every
-    evaluation (the trainer resets its position each time), in the run's micro-batches."""
+    evaluation (the trainer resets its position each time), in the run's micro-batches;
+    data_rank of data_world data-parallel groups (default: the rank of the world; with
+    context parallelism each CP rank reads its group's batches itself)."""
     from stoker.data.stream.loader import loader_from_config
 
     url = cfg.data.eval_url
@@ -30,7 +34,7 @@ def held_out_loader(cfg: ExperimentConfig, env: DistEnv) -> Any:
     data = cfg.data.model_copy(update={"url": url, "sources": [], "clip_offset": "start"})
     return loader_from_config(
         cfg.model_copy(update={"data": data}),
-        rank=env.rank,
-        world_size=env.world_size,
+        rank=env.rank if data_rank is None else data_rank,
+        world_size=env.world_size if data_world is None else data_world,
         micro_batches=cfg.train.grad_accum,
     )

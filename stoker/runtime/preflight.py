@@ -57,12 +57,18 @@ def check_model(cfg: ExperimentConfig) -> None:
     on meta tensors: that part is then left to the ranks, and said on stderr."""
     import torch
 
+    from stoker.model import set_context_parallel
     from stoker.runtime.models import build_model, data_shapes
     from stoker.runtime.models.build import ModelSetupError
+    from stoker.runtime.models.context_parallel import SharesOnly
 
     shapes = data_shapes(cfg.data)
     rows = min(2, cfg.data.batch_size)
     notes: list[str] = []
+    train = cfg.train
+    # Do each bucket's tokens and the heads split over train.context_parallel?
+    cp = train.context_parallel
+    set_context_parallel(SharesOnly(cp, train.ulysses_degree()) if cp > 1 else None)
     with torch.device("meta"):  # the shapes only: nothing allocated
         model = build_model(cfg.model, cfg.data)
         if not shapes.buckets:
@@ -86,9 +92,12 @@ def _check_forward(arch: str, model: Any, batch: dict[str, Any]) -> str:
     from stoker.errors import StokerError
     from stoker.runtime.models import contract
     from stoker.runtime.models.build import ModelSetupError
+    from stoker.runtime.models.context_parallel import DoesNotSplit
 
     try:
         contract.loss_and_metrics(model, batch)
+    except DoesNotSplit as exc:
+        raise ModelSetupError(exc.key, f"{arch}: {exc}", fix=exc.fix) from exc
     except StokerError as exc:
         raise ModelSetupError("model.arch", exc.message, fix=exc.fix or "") from exc
     except KeyError as exc:

@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopRequest()
     stop.install(term=False)
 
-    from stoker.runtime.dist import dist_env
+    from stoker.model import set_context_parallel
+    from stoker.runtime.dist.context_mesh import training_mesh
     from stoker.runtime.observe.data_lineage import record_lineage
     from stoker.runtime.observe.time_account import log_job_time
     from stoker.runtime.session import JobSession
@@ -54,17 +55,22 @@ def main(argv: list[str] | None = None) -> int:
     tracking = session.open_tracking()
     status = "FAILED"
     try:
-        mesh = dist_env.data_parallel_mesh(env, session.device, cfg.train.sharding)
+        train = cfg.train
+        layout = training_mesh(
+            env, session.device, train.sharding, train.context_parallel, train.ulysses_degree()
+        )
+        set_context_parallel(layout.cp)  # the models' attention and token shares
         trainer = Trainer(
             cfg,
             env,
             session.device,
             run_dir=session.run_dir,
             sink=tracking,
-            mesh=mesh,
+            mesh=layout.fsdp,
             mlflow_run_id=tracking.run_id,
             stop=stop,
             marks=session.marks,
+            cp=layout.cp,
         )
         trainer.build()
         if env.is_main:  # the data lineage, now that the loaders made any synthetic set

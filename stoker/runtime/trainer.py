@@ -46,12 +46,14 @@ from stoker.errors import StokerError
 from stoker.modes import RunEnd
 from stoker.protocol import ENV_RESTART, EXIT_REQUEUE, EXIT_TERMINATED
 from stoker.runtime.dist import dist_env
+from stoker.runtime.dist.context_mesh import data_share, group_batches, once_per_group
 from stoker.runtime.dist.dist_env import DistEnv
 from stoker.runtime.dist.parallelize import parallelize
 from stoker.runtime.dist.precision import resolve_precision
 from stoker.runtime.ema import EMA, EMA_KEY
 from stoker.runtime.eval_data import held_out_loader
 from stoker.runtime.models import contract
+from stoker.runtime.models.context_parallel import GroupContextParallel, without_context_parallel
 from stoker.runtime.observe.heartbeat import COLLECTIVE_PHASE
 from stoker.runtime.observe.log_window import (
     GATHERED,
@@ -103,8 +105,12 @@ class Trainer:
         mlflow_run_id: str | None = None,
         stop: StopRequest | None = None,
         marks: Mapping[str, float] | None = None,
+        cp: GroupContextParallel | None = None,
     ) -> None:
         self.cfg, self.env, self.device, self.mesh = cfg, env, device, mesh
+        # Context parallelism: the data is split over the CP groups (context_mesh.py).
+        self.cp, self.data_share = cp, data_share(env, cp)
+        self.data_rank, self.data_world = self.data_share
         self.marks = dict(marks or {})  # the session's (time account's start line)
         self.run_dir = run_dir
         self.sink: MetricsSink = sink or NullSink()
@@ -112,7 +118,7 @@ class Trainer:
         self.stop = stop or StopRequest()
         self.checkpoint_root = cfg.checkpoint.root or str(run_dir / "checkpoints")
         accum = cfg.train.grad_accum
-        check_batch_split(cfg.data, env.world_size, accum)
+        check_batch_split(cfg.data, self.data_world, accum)
         self.micro_batch = cfg.data.batch_size // accum  # global, per loader batch
         self.precision = resolve_precision(cfg.train.precision, device)
         self.slowest: Slowest | None = None  # of the last log window, with several ranks
@@ -143,12 +149,13 @@ class Trainer:
         torch.manual_seed(cfg.train.seed * 100_003 + self.env.rank)
         self.loader = loader_from_config(
             cfg,
-            rank=self.env.rank,
-            world_size=self.env.world_size,
+            rank=self.data_rank,
+            world_size=self.data_world,
             micro_batches=cfg.train.grad_accum,
             url=data_url(cfg.data, say=print if self.env.is_main else None),
         )
-        self.eval_loader = held_out_loader(cfg, self.env) if cfg.train.eval_every else None
+        every = cfg.train.eval_every
+        self.eval_loader = held_out_loader(cfg, self.env, *self.data_share) if every else None
         self.costs = contract.SampleCosts(self.model)  # FLOPs and tokens per batch shape
         self._said_no_flops = False
         self.model_metrics = ModelMetrics(self.env, self.device, type(model).__name__)
@@ -244,7 +251,10 @@ class Trainer:
         return nullcontext()
 
     def _batches(self) -> Iterator[DeviceBatch]:
-        for batch in self.loader.batches():
+        batches = self.loader.batches()
+        if self.cp is not None:  # read on CP rank 0, broadcast to the group
+            batches = group_batches(batches if self.cp.rank == 0 else None, self.cp)
+        for batch in batches:
             yield DeviceBatch.of(batch, self.device)
 
     def noise_for(self, batch: dict[str, Any]) -> list[torch.Generator]:
@@ -336,7 +346,8 @@ class Trainer:
                 if self.sampler.due(step):
                     watch.beat("sample")
                     began = time.perf_counter()
-                    self.sampler.draw(self.model, step)
+                    with without_context_parallel():  # each rank draws whole clips
+                        self.sampler.draw(self.model, step)
                     self._sample_s += time.perf_counter() - began
                 watch.beat("save")
                 if stop_wanted:
@@ -469,7 +480,7 @@ class Trainer:
             )
         else:
             rows = [mine.tolist()]
-        total = across_ranks(rows)
+        total = once_per_group(across_ranks(rows), self.cp)
         elapsed = time.perf_counter() - window.started
         rank_s = elapsed * env.world_size  # per GPU (rank)
         metrics: dict[str, float] = {

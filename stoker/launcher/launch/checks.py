@@ -26,6 +26,7 @@ def check_launch(resolved: ResolvedConfig, after: str | None) -> None:
     check_after(after)
     check_stop_grace(resolved)
     check_eval_data(resolved)
+    check_context_parallel(resolved)
     check_buckets(resolved)
     check_pass_env(resolved)
     check_no_tracking(resolved)
@@ -147,7 +148,8 @@ def check_buckets(resolved: ResolvedConfig) -> None:
     from stoker.data.sets.buckets import resolve_buckets
 
     cfg = resolved.config
-    ranks = cfg.job.nodes * cfg.job.tasks_per_node
+    ranks = cfg.job.nodes * cfg.job.tasks_per_node // cfg.train.context_parallel
+    over = f"{ranks} ranks" if cfg.train.context_parallel == 1 else f"{ranks} CP groups"
     accum = cfg.train.grad_accum
     for i, bucket in enumerate(resolve_buckets(cfg.data)):
         if bucket.batch_size % (ranks * accum):
@@ -155,11 +157,34 @@ def check_buckets(resolved: ResolvedConfig) -> None:
             how = "its batch_size" if given else "its batch size from data.batch_tokens"
             raise StokerError(
                 f"data.buckets[{i}] ({bucket.name}, {resolved.source_of(('data', 'buckets'))}): "
-                f"{how} {bucket.batch_size} does not split over {ranks} ranks x "
+                f"{how} {bucket.batch_size} does not split over {over} x "
                 f"train.grad_accum={accum}",
                 fix=f"use a batch size that is a multiple of {ranks * accum}"
                 + ("" if given else f" (data.batch_multiple={ranks * accum})"),
             )
+
+
+def check_context_parallel(resolved: ResolvedConfig) -> None:
+    """train.context_parallel: its groups of consecutive ranks fit the job's ranks and
+    nodes (stoker/mesh_layout.py); the model's heads and each bucket's tokens are checked
+    by the model check (stoker/runtime/preflight.py)."""
+    from stoker.mesh_layout import mesh_shape
+
+    cfg = resolved.config
+    if cfg.train.context_parallel == 1:
+        return
+    job = cfg.job
+    try:
+        mesh_shape(
+            job.nodes * job.tasks_per_node,
+            job.tasks_per_node,
+            job.nodes,
+            cfg.train.sharding,
+            cfg.train.context_parallel,
+        )
+    except StokerError as exc:
+        where = resolved.source_of(("train", "context_parallel"))
+        raise StokerError(f"{exc.message} ({where})", fix=exc.fix) from exc
 
 
 def check_same_job(configs: Sequence[ResolvedConfig]) -> None:

@@ -29,12 +29,49 @@ users' models find it there, through `stoker.model.attention`, `token_slice`, `c
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from stoker.runtime.models.ring_attention import ring_backward, ring_forward
+
+
+class DoesNotSplit(ValueError):
+    """A sequence or the heads do not split over the CP ranks as set: `key` names the
+    setting, `fix` the values that would."""
+
+    def __init__(self, message: str, key: str, fix: str) -> None:
+        super().__init__(message)
+        self.key, self.fix = key, fix
+
+
+def check_split(tokens: int | None, heads: int | None, causal: bool, cp: int, ulysses: int) -> None:
+    """DoesNotSplit unless `tokens` divide over `cp` ranks, `heads` over `ulysses`, and
+    causal attention has no ring."""
+    if tokens is not None and tokens % cp:
+        raise DoesNotSplit(
+            f"{tokens} tokens do not split over context parallelism of {cp} ranks",
+            "train.context_parallel",
+            f"a train.context_parallel that divides {tokens}, or clips whose tokens divide "
+            f"by {cp} (data.buckets, data.clip_seconds, data.resolution)",
+        )
+    if heads is not None and heads % ulysses:
+        raise DoesNotSplit(
+            f"{heads} attention heads do not split over Ulysses of {ulysses} ranks",
+            "train.context_parallel_ulysses",
+            f"a train.context_parallel_ulysses that divides {heads} (the rest of "
+            "train.context_parallel then forms a ring)",
+        )
+    if causal and ulysses < cp:
+        raise DoesNotSplit(
+            f"causal attention takes Ulysses only, not a ring of {cp // ulysses}",
+            "train.context_parallel_ulysses",
+            f"train.context_parallel_ulysses={cp} (or null), as train.context_parallel",
+        )
 
 
 def _all_to_all(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -229,12 +266,8 @@ class GroupContextParallel:
         )
 
     def token_slice(self, tokens: int) -> slice:
-        """This rank's tokens of a sequence of `tokens`: a ValueError unless they divide."""
-        if tokens % self.size:
-            raise ValueError(
-                f"{tokens} tokens do not split over context parallelism of {self.size} ranks; "
-                f"a sequence's tokens must be a multiple of {self.size} (train.context_parallel)"
-            )
+        """This rank's tokens of a sequence of `tokens`: DoesNotSplit unless they divide."""
+        check_split(tokens, None, False, self.size, self.ulysses)
         share = tokens // self.size
         return slice(self.rank * share, (self.rank + 1) * share)
 
@@ -261,17 +294,7 @@ class GroupContextParallel:
     ) -> torch.Tensor:
         """softmax(q k^T * scale) v over the whole sequence for this rank's queries;
         q, k, v [B, H, S/N, Dh] (module doc)."""
-        heads = q.shape[1]
-        if heads % self.ulysses:
-            raise ValueError(
-                f"{heads} attention heads do not split over Ulysses of {self.ulysses} ranks "
-                "(train.context_parallel_ulysses must divide the heads)"
-            )
-        if causal and self.ring > 1:
-            raise ValueError(
-                "causal attention takes Ulysses only: set train.context_parallel_ulysses "
-                f"to train.context_parallel ({self.size}), not a ring of {self.ring}"
-            )
+        check_split(None, q.shape[1], causal, self.size, self.ulysses)
         scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
         out: torch.Tensor = _cp_attention(
             q, k, v, self._ulysses_name, self._ring_name, causal, scale
@@ -310,3 +333,48 @@ def context_parallel_of_world(cp: int, ulysses: int | None = None) -> GroupConte
                 mine["ring"] = sub
     assert mine["cp"] is not None
     return GroupContextParallel(mine["cp"], mine["ulysses"], mine["ring"])
+
+
+@contextmanager
+def without_context_parallel() -> Iterator[None]:
+    """No context parallelism inside (a sample drawn whole on each rank), as before after."""
+    from stoker.model import set_context_parallel
+
+    before = set_context_parallel(None)
+    try:
+        yield
+    finally:
+        set_context_parallel(before)
+
+
+class SharesOnly:
+    """A CP of `size` ranks for shape checks and traces (the model check on the meta
+    device, the planner's memory trace): this is rank 0 of it, its tokens and heads are
+    checked as GroupContextParallel checks them, and its attention runs over its own
+    share only (the shapes of a real step's, not its values); nothing is communicated."""
+
+    def __init__(self, size: int, ulysses: int) -> None:
+        self.size, self.ulysses, self.ring, self.rank = size, ulysses, size // ulysses, 0
+
+    def token_slice(self, tokens: int) -> slice:
+        check_split(tokens, None, False, self.size, self.ulysses)
+        return slice(0, tokens // self.size)
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def gather(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
+        return torch.cat([tensor] * self.size, dim=dim)
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        causal: bool = False,
+        scale: float | None = None,
+    ) -> torch.Tensor:
+        check_split(None, q.shape[1], causal, self.size, self.ulysses)
+        out: torch.Tensor = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        return out
