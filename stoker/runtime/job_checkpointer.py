@@ -33,6 +33,9 @@ def checkpointer_for(
     layout: dict[str, Any] | None = None
     if mesh is not None:
         layout = {"dims": list(mesh.mesh_dim_names or ()), "shape": list(mesh.shape)}
+        if cfg.train.context_parallel > 1:  # a resume may take any degree (elastic)
+            layout["context_parallel"] = cfg.train.context_parallel
+            layout["context_parallel_ulysses"] = cfg.train.ulysses_degree()
 
     def report(record: SaveRecord) -> None:
         assert sink is not None

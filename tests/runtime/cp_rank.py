@@ -11,53 +11,43 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from stoker.model import attention, cp_sum, set_context_parallel, token_slice, valid_mean
+from stoker.model import set_context_parallel
 from stoker.runtime.models.context_parallel import GroupContextParallel, context_parallel_of_world
 
 # (CP degree, Ulysses degree): Ulysses 2, ring 2, Ulysses 4, ring 4, Ulysses 2 x ring 2.
 LAYOUTS = [(2, 2), (2, 1), (4, 4), (4, 1), (4, 2)]
 
 
-class PluginModel(nn.Module):
-    """A user's model as docs/bring-your-own.md writes one for long sequences: its own
-    tokens, stoker.model's attention, token_slice and cp_sum."""
+DOC = Path(__file__).resolve().parents[2] / "docs" / "bring-your-own.md"
 
-    def __init__(self, width: int = 32, heads: int = 4, tokens: int = 24) -> None:
-        super().__init__()
-        self.heads, self.tokens = heads, tokens
-        self.embed = nn.Linear(3, width)
-        self.position = nn.Parameter(torch.randn(tokens, width) * 0.1)
-        self.qkv = nn.Linear(width, 3 * width)
-        self.out = nn.Linear(width, 3)
 
-    def forward(self, batch: dict[str, Any]) -> torch.Tensor:
-        x, target = batch["x"], batch["target"]  # [B, tokens, 3]
-        share = token_slice(x.shape[1])
-        h = self.embed(x[:, share]) + self.position[share]
-        b, s, w = h.shape
-        q, k, v = self.qkv(h).view(b, s, 3, self.heads, w // self.heads).unbind(2)
-        mixed = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        predicted = self.out(mixed.transpose(1, 2).reshape(b, s, w))
-        squared = (predicted - target[:, share]).square().sum(dim=(1, 2))
-        return valid_mean(cp_sum(squared) / target[0].numel(), batch)
+def documented_model() -> type[nn.Module]:
+    """The long-sequence model docs/bring-your-own.md shows (its `# mypkg/long.py` block),
+    as written there: a user's model with stoker.model's attention, token_slice, cp_sum."""
+    text = DOC.read_text()
+    found = re.search(r"```python\n(# mypkg/long.py\n.*?)```", text, re.S)
+    assert found, f"{DOC} has no `# mypkg/long.py` example"
+    namespace: dict[str, Any] = {}
+    exec(compile(found.group(1), f"{DOC}:mypkg/long.py", "exec"), namespace)
+    model: type[nn.Module] = namespace["LongModel"]
+    return model
 
 
 def plugin_case() -> tuple[nn.Module, list[dict[str, Any]]]:
-    model = PluginModel()
+    model = documented_model()()
     gen = torch.Generator().manual_seed(7)
-    batch = {
-        "x": torch.randn(2, 24, 3, generator=gen),
-        "target": torch.randn(2, 24, 3, generator=gen),
-    }
-    return model, [batch]
+    x, target = (torch.randn(2, 24, 3, generator=gen) for _ in range(2))
+    return model, [{"x": x, "target": target}]
 
 
 def av_dit_case() -> tuple[nn.Module, list[dict[str, Any]]]:

@@ -1,7 +1,7 @@
 """Context parallelism (issue [5/8]): Ulysses, ring attention and both, on real gloo
 ranks, against one rank holding every token: the same loss and gradients for the av_dit
-(video and audio tokens, two buckets), audio_ar (causal, Ulysses) and a user's model
-written with stoker.model's attention; a compiled, recomputed CP 2 step against eager
+(video and audio tokens, two buckets), audio_ar (causal, Ulysses) and the long-sequence
+model of docs/bring-your-own.md (stoker.model's attention); a compiled, recomputed CP 2 step against eager
 CP 1. Plus the attention kernels' blocks against plain matmuls, and the errors."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def test_audio_ar_with_ulysses_matches_one_rank(cp_results: list[dict[str, Any]]
         _assert_matches_cp1(result)
 
 
-def test_a_users_model_with_stokers_attention_matches_one_rank(
+def test_the_documented_users_model_matches_one_rank(
     cp_results: list[dict[str, Any]],
 ) -> None:
     results = _cases(cp_results, "plugin")
