@@ -8,7 +8,9 @@ Keep your loop; call these. For a script started by `stoker run -- python train.
     run = job.init()              # rank, world_size, local_rank, device, mesh, config;
                                   # every rank joined (or a named failure in 45 s)
     model = build().to(run.device)
-    ...                           # shard it over run.mesh if you like (FSDP2 / HSDP)
+    ...                           # shard it over run.mesh if you like (FSDP2 / HSDP);
+                                  # with train.context_parallel, run.cp is the CP group
+                                  # and stoker.model's attention/token_slice/cp_sum use it
     loader = run.loader()         # optional: stoker's resumable AV loader of data.*
     ckpt = run.checkpointer(model=model, optim=opt, loader=loader)
     start = ckpt.restore()        # steps done by the newest verified checkpoint, else 0

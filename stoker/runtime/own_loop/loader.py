@@ -7,12 +7,14 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from stoker.runtime.dist.context_mesh import group_batches
 from stoker.runtime.session import to_device
 
 if TYPE_CHECKING:
     import torch
 
     from stoker.data.stream.loader import StreamingLoader
+    from stoker.runtime.models.context_parallel import GroupContextParallel
 
 
 class DataWait:
@@ -36,13 +38,23 @@ class JobLoader:
     by `Checkpoint.restore()`), and the time each rank waits for a batch is its data
     wait in the straggler report."""
 
-    def __init__(self, loader: StreamingLoader, device: torch.device, wait: DataWait) -> None:
-        self.loader, self.device, self.wait = loader, device, wait
+    def __init__(
+        self,
+        loader: StreamingLoader,
+        device: torch.device,
+        wait: DataWait,
+        cp: GroupContextParallel | None = None,
+    ) -> None:
+        self.loader, self.device, self.wait, self.cp = loader, device, wait, cp
 
     def batches(self) -> Iterator[dict[str, Any]]:
         """Batches on the run's device: tensors and dicts of tensors (latents) moved,
-        the sample positions and lists as they are (stoker/runtime/session.py)."""
+        the sample positions and lists as they are (stoker/runtime/session.py). With
+        context parallelism every rank of a CP group gets its group's batch whole (read
+        on its CP rank 0), and cuts its tokens with stoker.model.token_slice."""
         stream = iter(self.loader.batches())
+        if self.cp is not None:
+            stream = group_batches(stream if self.cp.rank == 0 else None, self.cp)
         while True:
             started = time.perf_counter()
             batch = next(stream)

@@ -20,8 +20,10 @@ from torch import nn
 from stoker import metric_names as names
 from stoker.config import ExperimentConfig
 from stoker.errors import StokerError
+from stoker.model import set_context_parallel
 from stoker.protocol import ENV_CONFIG, EXIT_REQUEUE, EXIT_TERMINATED
 from stoker.runtime.dist import dist_env
+from stoker.runtime.dist.context_mesh import data_share, training_mesh
 from stoker.runtime.dist.dist_env import DistEnv
 from stoker.runtime.observe.data_lineage import record_data_sets
 from stoker.runtime.observe.heartbeat import COLLECTIVE_PHASE, Heartbeat
@@ -34,6 +36,8 @@ from stoker.runtime.stop_request import StopRequest
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
+
+    from stoker.runtime.models.context_parallel import GroupContextParallel
 
 _current: Run | None = None
 
@@ -51,6 +55,9 @@ class Run:
         self.run_dir: Path = session.run_dir
         self.restart: int = session.restart
         self.mesh: DeviceMesh | None = None
+        self.cp: GroupContextParallel | None = None
+        """train.context_parallel above 1: this rank's CP group (`stoker.model`'s
+        attention, token_slice and cp_sum use it; docs/bring-your-own.md); else None."""
         self._heartbeat: Heartbeat | None = None
         self._progress: Progress | None = None
         self._step = 0  # steps done: set by Checkpoint.restore(), +1 per should_stop()
@@ -124,9 +131,11 @@ class Run:
         tracking = self.session.tracking
         if url != cfg.data.url and self.is_main and tracking is not None:
             record_data_sets(tracking, cfg.data, evaluates=False)  # the synthetic set
-        check_batch_split(cfg.data, self.world_size)
-        loader = loader_from_config(cfg, rank=self.rank, world_size=self.world_size, url=url)
-        return JobLoader(loader, self.device, self._data_wait)
+        # With context parallelism, one share per CP group, read on its CP rank 0.
+        data_rank, data_world = data_share(self.env, self.cp)
+        check_batch_split(cfg.data, data_world)
+        loader = loader_from_config(cfg, rank=data_rank, world_size=data_world, url=url)
+        return JobLoader(loader, self.device, self._data_wait, self.cp)
 
     def log(self, metrics: Mapping[str, float | torch.Tensor], step: int) -> None:
         """Record `metrics` at `step` in the job's MLflow run, from rank 0 (call it on
@@ -300,7 +309,13 @@ def init(config: str | Path | None = None) -> Run:
     # Again: init_process_group wraps the hook in one that buffers stderr until the hook
     # returns, and this one ends the process (its exit code) before that.
     sys.excepthook = run._on_uncaught
-    run.mesh = dist_env.data_parallel_mesh(session.env, session.device)
+    train = session.config.train
+    # The loop's mesh as before CP ("node": HSDP across nodes), CP groups within it.
+    layout = training_mesh(
+        session.env, session.device, "node", train.context_parallel, train.ulysses_degree()
+    )
+    run.mesh, run.cp = layout.fsdp, layout.cp
+    set_context_parallel(layout.cp)
     tracking = session.open_tracking()
     if session.env.is_main:  # the data sets the config names (the synthetic one: run.loader())
         record_data_sets(tracking, session.config.data, evaluates=True, synthetic=False)
