@@ -13,6 +13,7 @@ GPU_TEST_PATHS: tuple[str, ...] = (
     "tests/data/test_encode.py",
     "tests/kernels/test_cross_entropy.py",
     "tests/runtime/dist/test_precision.py",
+    "tests/runtime/test_context_parallel.py",
 )
 """Relative to the repository root."""
 

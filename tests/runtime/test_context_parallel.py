@@ -1,8 +1,9 @@
 """Context parallelism (issue [5/8]): Ulysses, ring attention and both, on real gloo
 ranks, against one rank holding every token: the same loss and gradients for the av_dit
 (video and audio tokens, two buckets), audio_ar (causal, Ulysses) and the long-sequence
-model of docs/bring-your-own.md (stoker.model's attention); a compiled, recomputed CP 2 step against eager
-CP 1. Plus the attention kernels' blocks against plain matmuls, and the errors."""
+model of docs/bring-your-own.md (stoker.model's attention); a compiled, recomputed CP 2
+step against eager CP 1. Plus the attention kernels' blocks against plain matmuls (on a
+GPU, its kernels'), and the errors."""
 
 from __future__ import annotations
 
@@ -156,3 +157,32 @@ def test_a_sequence_that_does_not_split_and_heads_that_do_not_are_named() -> Non
         assert context_parallel() is cp and token_slice(8) == slice(2, 4)
     finally:
         set_context_parallel(before)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no GPU here: checks the ring's CUDA attention blocks"
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_the_cuda_blocks_give_the_matmuls_output_log_sum_exp_and_gradients(
+    dtype: torch.dtype, causal: bool
+) -> None:
+    """The memory-efficient kernel's blocks (its log-sum-exp padded to 32 rows, read back
+    padded in backward) against plain matmuls in fp64, at a length that is not a
+    multiple of 32."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, grad = (
+        torch.randn(2, 4, 80, 64, generator=gen, device="cuda", dtype=dtype) for _ in range(4)
+    )
+    scale = 64**-0.5
+    out, lse = block_forward(q, k, v, scale, causal)
+    wide = [t.double() for t in (q, k, v)]
+    ref_out, ref_lse = math_block_forward(*wide, scale, causal)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    assert lse.shape == (2, 4, 80) and torch.allclose(lse.double(), ref_lse, atol=tol)
+    assert torch.allclose(out.double(), ref_out, atol=tol)
+    got = block_backward(grad, q, k, v, out, lse, scale, causal)
+    want = math_block_backward(grad.double(), *wide, ref_out, ref_lse, scale, causal)
+    for g, w in zip(got, want, strict=True):
+        assert torch.allclose(g.double(), w, atol=5 * tol, rtol=5 * tol)
