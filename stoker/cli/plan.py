@@ -214,7 +214,7 @@ def sections(result: Plan) -> list[Section]:
     rows = []
     for n, c in enumerate(result.candidates, 1):
         layout = f"fsdp {c.shard}" if c.replicate == 1 else f"hsdp {c.replicate}x{c.shard}"
-        layout = "1 rank" if c.shard * c.replicate == 1 else layout
+        layout = ("1 rank" if c.shard * c.replicate == 1 else layout) + c.cp_text()
         micro = "/".join(str(m) for m in c.micro_batches)
         peak = max((p for p in c.peak if p is not None), default=None) if c.peak else None
         rows.append(

@@ -50,6 +50,9 @@ class Plan:
             "train.precision": c.precision,
             "train.grad_accum": c.grad_accum,
         }
+        if c.cp > 1:
+            out["train.context_parallel"] = c.cp
+            out["train.context_parallel_ulysses"] = c.ulysses
         if self.target.spare_nodes:
             out["job.spare_nodes"] = self.target.spare_nodes
         if self.target.nodes > 1:
@@ -107,18 +110,12 @@ def make_plan(cfg: Any, target: Target, *, trace_all: bool = False) -> Plan:
     """Trace, time and choose (search.py). A StokerError when no candidate can exist."""
     began = time.perf_counter()
     batches = plan_batches(cfg)
-    for b in batches:
-        if b.global_batch % target.world:
-            key = "data.batch_size" if b.bucket is None else f"data.buckets[{b.bucket}]"
-            raise StokerError(
-                f"{key}: a global batch of {b.global_batch} does not split over "
-                f"{target.world} ranks ({target.nodes} node(s) x {target.ranks_per_node})",
-                fix=f"use a multiple of {target.world}, or plan for another number of nodes",
-            )
     precisions = _precisions(cfg, target)
     with tracer_for(cfg, len(batches)) as (tracer, width):  # workers start meanwhile
         facts = trace.model_facts(cfg, [b.bucket for b in batches])
         candidates = enumerate_candidates(target, batches, facts, precisions)
+        if not candidates:  # not even a CP group's share of the ranks splits a batch
+            _refuse_batch(batches, target)
         time_candidates(candidates, target, facts)
         chosen, traces = search(
             candidates,
@@ -131,6 +128,18 @@ def make_plan(cfg: Any, target: Target, *, trace_all: bool = False) -> Plan:
         )
     candidates.sort(key=lambda c: c.mean_step_s)
     return Plan(target, batches, facts, candidates, chosen, traces, time.perf_counter() - began)
+
+
+def _refuse_batch(batches: list[Batch], target: Target) -> None:
+    for b in batches:
+        if b.global_batch % target.world:
+            key = "data.batch_size" if b.bucket is None else f"data.buckets[{b.bucket}]"
+            raise StokerError(
+                f"{key}: a global batch of {b.global_batch} does not split over "
+                f"{target.world} ranks ({target.nodes} node(s) x {target.ranks_per_node})",
+                fix=f"use a multiple of {target.world}, or plan for another number of nodes",
+            )
+    raise StokerError(f"no candidate for {target.world} ranks", fix="plan for other ranks")
 
 
 def _precisions(cfg: Any, target: Target) -> list[ResolvedPrecision]:
@@ -153,4 +162,26 @@ def fits_note(plan: Plan) -> str:
         return "no candidate fits: " + (plan.candidates[0].reason if plan.candidates else "none")
     c = plan.chosen
     worst = max(need_bytes(p or 0, plan.target, c.replicate) for p in c.peak)
-    return f"{c.describe()}: needs {size_text(worst)} of {size_text(usable_bytes(plan.target))}"
+    note = f"{c.describe()}: needs {size_text(worst)} of {size_text(usable_bytes(plan.target))}"
+    return note + needs_cp_note(plan)
+
+
+def needs_cp_note(plan: Plan) -> str:
+    """'; needs CP >= 2 on 80 GB: activations 61 GiB at CP 1' when the chosen takes CP
+    and no candidate without CP fits (its smallest traced need named); else ''."""
+    c, target = plan.chosen, plan.target
+    if (
+        c is None
+        or c.cp == 1
+        or any(o.cp == 1 and o.status in ("fits", "chosen") for o in plan.candidates)
+    ):
+        return ""
+    without = [o for o in plan.candidates if o.cp == 1 and o.status == "too big"]
+    memory = target.memory_bytes
+    gpu = f"{memory / 1e9:.0f} GB" if memory >= 1e9 else size_text(memory)
+    if not without:
+        return f"; needs CP >= {c.cp} on {gpu}"
+    least = min(without, key=lambda o: max(p or 0 for p in o.peak))
+    worst = max(range(len(least.peak)), key=lambda i: least.peak[i] or 0)
+    activations = least.parts[worst].get("activations", 0)
+    return f"; needs CP >= {c.cp} on {gpu}: activations {size_text(activations)} at CP 1"

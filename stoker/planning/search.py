@@ -1,10 +1,14 @@
 """The candidates of a plan, and the search for the fastest that fits.
 
 A candidate is a layout (FSDP2 over every rank, or HSDP: sharded within a node and
-replicated across nodes), an activation-checkpointing mode, a precision and a gradient
+replicated across nodes), a context parallelism (none, or CP groups of N ranks splitting
+each sample's tokens: Ulysses within a node, a ring, or Ulysses within a node and a ring
+across nodes), an activation-checkpointing mode, a precision and a gradient
 accumulation; its micro-batch in each bucket follows from the experiment's global batch
-(data.batch_size, or each bucket's): global / (ranks x accumulation). The global batch
-is kept: it is an optimisation setting, not a memory one.
+(data.batch_size, or each bucket's): global / (ranks / N x accumulation). The global
+batch is kept: it is an optimisation setting, not a memory one. A CP degree is a
+candidate only where every bucket's sequences divide by it and, for Ulysses, the heads;
+a causal model takes Ulysses only.
 
 Every candidate is timed (timing.py: no trace needed). They are then visited fastest
 first, each traced in each bucket at its own micro-batch (trace.py); the first that
@@ -82,7 +86,9 @@ class Candidate:
     precision: ResolvedPrecision
     grad_accum: int
     micro_batches: list[int]
-    """Per Batch, the rows of one rank's micro-batch."""
+    """Per Batch, the rows of one rank's micro-batch (of its CP group, with CP)."""
+    cp: int = 1
+    ulysses: int = 1
     step_s: list[float] = field(default_factory=list)
     peak: list[int | None] = field(default_factory=list)
     """Per Batch; None for a bucket not traced (another one did not fit)."""
@@ -112,9 +118,23 @@ class Candidate:
         )
         micro = "/".join(str(m) for m in self.micro_batches)
         return (
-            f"{where}, AC {self.activation_checkpointing}, {self.precision}, "
+            f"{where}{self.cp_text()}, AC {self.activation_checkpointing}, {self.precision}, "
             f"micro-batch {micro} x {self.grad_accum}"
         )
+
+    def cp_text(self) -> str:
+        """', CP 8 (Ulysses 8)', ', CP 16 (Ulysses 8 x ring 2)'; '' without CP."""
+        if self.cp == 1:
+            return ""
+        ring = self.cp // self.ulysses
+        how = (
+            f"Ulysses {self.ulysses}"
+            if ring == 1
+            else f"ring {ring}"
+            if self.ulysses == 1
+            else f"Ulysses {self.ulysses} x ring {ring}"
+        )
+        return f", CP {self.cp} ({how})"
 
 
 def divisors(n: int) -> list[int]:
@@ -128,26 +148,67 @@ def enumerate_candidates(
     precisions: list[ResolvedPrecision],
 ) -> list[Candidate]:
     world = target.world
-    per_rank = [b.global_batch // world for b in batches]
-    common = math.gcd(*per_rank)
-    layouts = [(world, 1)]
-    if target.nodes > 1:
-        layouts.append((target.ranks_per_node, target.nodes))
     modes: tuple[ActivationCheckpointing, ...] = MODES if facts.blocks else ("none",)
     out = []
-    for shard, replicate in layouts:
-        for mode in modes:
-            for precision in precisions:
-                for accum in divisors(common):
-                    micro = [rows // accum for rows in per_rank]
-                    out.append(Candidate(shard, replicate, mode, precision, accum, micro))
+    for cp, ulysses in cp_options(target, facts):
+        groups = world // cp
+        if any(b.global_batch % groups for b in batches):
+            continue
+        per_rank = [b.global_batch // groups for b in batches]
+        common = math.gcd(*per_rank)
+        layouts = [(world, 1)]
+        if target.nodes > 1 and cp <= target.ranks_per_node:
+            layouts.append((target.ranks_per_node, target.nodes))
+        for shard, replicate in layouts:
+            for mode in modes:
+                for precision in precisions:
+                    for accum in divisors(common):
+                        micro = [rows // accum for rows in per_rank]
+                        out.append(
+                            Candidate(
+                                shard,
+                                replicate,
+                                mode,
+                                precision,
+                                accum,
+                                micro,
+                                cp=cp,
+                                ulysses=ulysses,
+                            )
+                        )
     return out
+
+
+def cp_options(target: Target, facts: ModelFacts) -> list[tuple[int, int]]:
+    """(CP, Ulysses) pairs worth a candidate: none; within a node each degree as Ulysses
+    (where it divides the heads) and, for a non-causal model, as a ring; across nodes,
+    Ulysses over a node and a ring over the nodes. Only where every bucket's sequences
+    divide by the degree."""
+    options = [(1, 1)]
+    attention = facts.attention
+    if not attention or any(a.heads is None for a in attention):
+        return options  # the model calls no stoker.model.attention
+    heads = min(a.heads or 0 for a in attention)
+    causal = any(a.causal for a in attention)
+    per_node = target.ranks_per_node
+    degrees = [
+        (cp, per_node) for cp in (per_node * n for n in divisors(target.nodes)) if cp > per_node
+    ]
+    pairs = [(cp, cp) for cp in divisors(per_node) if cp > 1] + degrees
+    pairs += [(cp, 1) for cp in divisors(per_node) if cp > 1]
+    for cp, ulysses in pairs:
+        splits = all(t % cp == 0 for a in attention for t in a.tokens)
+        ring = cp // ulysses
+        if splits and heads % ulysses == 0 and not (causal and ring > 1):
+            options.append((cp, ulysses))
+    return options
 
 
 def time_candidates(candidates: list[Candidate], target: Target, facts: ModelFacts) -> None:
     for c in candidates:
         c.step_s = []
-        for rows, flops in zip(c.micro_batches, facts.flops_per_sample, strict=True):
+        qkvs = [a.qkv_elements for a in facts.attention] or [0] * len(facts.flops_per_sample)
+        for rows, flops, qkv in zip(c.micro_batches, facts.flops_per_sample, qkvs, strict=True):
             work = StepWork(
                 flops=flops * rows * c.grad_accum,
                 params=facts.params,
@@ -156,6 +217,9 @@ def time_candidates(candidates: list[Candidate], target: Target, facts: ModelFac
                 accum=c.grad_accum,
                 activation_checkpointing=c.activation_checkpointing,
                 precision=c.precision,
+                cp=c.cp,
+                ulysses=c.ulysses,
+                qkv_elements=qkv * rows / c.cp,
             )
             gpu = target.gpu or _CPU
             c.step_s.append(
@@ -209,6 +273,8 @@ class Memory:
             micro_batches=min(c.grad_accum, 2),
             bucket=self.batches[index].bucket,
             gpu=self.target.gpu is not None,
+            cp=c.cp,
+            ulysses=c.ulysses,
         )
 
     def estimate(self, c: Candidate, *, every: bool = False) -> None:
@@ -305,6 +371,8 @@ def as_dict(c: Candidate, batches: list[Batch]) -> dict[str, Any]:
         "activation_checkpointing": c.activation_checkpointing,
         "precision": c.precision,
         "grad_accum": c.grad_accum,
+        "context_parallel": c.cp,
+        "context_parallel_ulysses": c.ulysses,
         "status": c.status,
         "reason": c.reason,
         "step_s": round(c.mean_step_s, 6),

@@ -17,6 +17,14 @@
   between nodes (`--inter-node-gbps`), at LINK_EFFICIENCY.
 - optimizer: fused AdamW reads and writes 16 bytes per parameter of the rank's shard
   (weight, gradient, two moments) twice: HBM-bound.
+- context parallelism (train.context_parallel: N, Ulysses U of it, a ring of R = N/U):
+  compute is unchanged (a CP group's ranks share its samples' FLOPs); each micro-batch
+  adds, per attention call, Ulysses' all-to-alls of q, k, v and the output in forward
+  and of their gradients in backward (and again in a recomputed forward), each rank
+  sending (U-1)/U of its share, on NVLink when U ranks fit in a node; and the ring's
+  R-1 passes of K and V in forward, R-1 of K, V and R of fp32 dK, dV in backward, on
+  the fabric when the CP group spans nodes. Not overlapped with compute (a ring does
+  overlap, in part): the estimate errs slow.
 
 Not modelled: kernel launch gaps, the data loader (`stoker data bench` says whether it
 keeps up), attention's own efficiency (FlashAttention runs below the matmul rate),
@@ -53,6 +61,11 @@ class StepWork:
     accum: int
     activation_checkpointing: ActivationCheckpointing
     precision: ResolvedPrecision
+    cp: int = 1
+    ulysses: int = 1
+    qkv_elements: float = 0.0
+    """With CP: elements of this rank's q (= k = v = out) over every attention call of
+    one micro-batch's forward."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +96,31 @@ def step_time(
     micro_compute = compute / work.accum
     overlapped = work.accum * max(micro_compute, gather)
     optimizer = 2 * 16 * work.params / work.shard / gpu.hbm_bytes_s
-    seconds = overlapped + scatter + replicas + optimizer
+    cp = work.accum * context_parallel_s(work, param_bytes, intra, inter, ranks_per_node)
+    seconds = overlapped + scatter + replicas + optimizer + cp
     return StepTime(
-        seconds=seconds, compute_s=compute, comm_s=work.accum * gather + scatter + replicas
+        seconds=seconds, compute_s=compute, comm_s=work.accum * gather + scatter + replicas + cp
     )
+
+
+def context_parallel_s(
+    work: StepWork, element_bytes: int, intra: float, inter: float, ranks_per_node: int
+) -> float:
+    """One micro-batch's CP traffic in seconds (the module doc)."""
+    if work.cp == 1:
+        return 0.0
+    forwards = 2 + 3 * RECOMPUTE[work.activation_checkpointing]  # the forward, backward, recompute
+    share = work.qkv_elements * element_bytes
+    ulysses = 0.0
+    if work.ulysses > 1:
+        link = intra if work.ulysses <= ranks_per_node else inter
+        ulysses = 4 * forwards * share * (work.ulysses - 1) / work.ulysses / link
+    ring = 0.0
+    rounds = work.cp // work.ulysses
+    if rounds > 1:
+        link = intra if work.cp <= ranks_per_node else min(intra, inter)
+        forward_kv = 2 * share * (rounds - 1) * (forwards - 1)  # with its recompute
+        backward_kv = 2 * share * (rounds - 1)
+        gradients = 2 * rounds * work.qkv_elements * 4  # dK, dV in fp32, home again
+        ring = (forward_kv + backward_kv + gradients) / link
+    return ulysses + ring

@@ -49,6 +49,9 @@ class TraceSpec:
     """Index in data.buckets, or None for the data's one shape."""
     gpu: bool
     """A GPU target: stoker's Triton kernels (when model.kernels allows) and bf16 params."""
+    cp: int = 1
+    """train.context_parallel: the trace computes one CP rank's share of the tokens."""
+    ulysses: int = 1
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,7 @@ def trace_step(cfg: Any, spec: TraceSpec) -> Traced:
 
     from stoker.runtime.dist.parallelize import apply_activation_checkpointing, apply_fsdp
     from stoker.runtime.models import build_model
+    from stoker.runtime.models.context_parallel import SharesOnly, context_parallel_as
     from stoker.runtime.observe.step_memory import local_bytes, tracked
     from stoker.runtime.optim import build_optimizer
 
@@ -168,7 +172,10 @@ def trace_step(cfg: Any, spec: TraceSpec) -> Traced:
             "cpu", (spec.world // spec.shard, spec.shard), mesh_dim_names=("replicate", "shard")
         )
     bf16 = spec.precision == "bf16"
-    with _kernels_for(cfg, spec.gpu), FakeTensorMode():
+    # One CP rank's share of every sequence, as stoker.model's attention, token_slice and
+    # cp_sum give it a rank (its attention over its share: the shapes, not the values).
+    shares = SharesOnly(spec.cp, spec.ulysses) if spec.cp > 1 else None
+    with _kernels_for(cfg, spec.gpu), FakeTensorMode(), context_parallel_as(shares):
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model, cfg.data)
         apply_activation_checkpointing(model, spec.activation_checkpointing)
@@ -258,6 +265,23 @@ class ModelFacts:
     """Training FLOPs of one sample of each bucket's shape (one entry without buckets)."""
     flops_source: str
     """"the model's flops_per_sample" or "PyTorch's FLOP counter"."""
+    attention: tuple[AttentionFacts, ...] = ()
+    """Per bucket, what context parallelism would split (empty: not recorded)."""
+
+
+@dataclass(frozen=True)
+class AttentionFacts:
+    """One sample's sequences and attention, as stoker.model saw a forward of it: what
+    context parallelism splits and what its collectives move."""
+
+    tokens: tuple[int, ...]
+    """Every sequence length the model cut with token_slice (each must divide by CP)."""
+    heads: int | None
+    """The fewest heads of an attention call (Ulysses' degree must divide it); None: the
+    model calls no stoker.model.attention, so it cannot take CP."""
+    causal: bool
+    qkv_elements: int
+    """Elements of q (= k = v = the output) over every attention call of a forward."""
 
 
 def model_facts(cfg: Any, buckets: list[int | None]) -> ModelFacts:
@@ -273,9 +297,11 @@ def model_facts(cfg: Any, buckets: list[int | None]) -> ModelFacts:
         params = sum(p.numel() for p in model.parameters())
         blocks = len(contract.blocks_of(model))
         flops: list[float] = []
+        attention: list[AttentionFacts] = []
         source = "the model's flops_per_sample"
         for bucket in buckets:
             batch = random_batch(cfg, 1, bucket=bucket)
+            attention.append(_attention_facts(model, batch))
             said = contract.flops_per_sample(model, batch)
             if said is None:
                 source = "PyTorch's FLOP counter"
@@ -285,4 +311,37 @@ def model_facts(cfg: Any, buckets: list[int | None]) -> ModelFacts:
                 said = float(counter.get_total_flops())
                 model.zero_grad(set_to_none=True)
             flops.append(float(said))
-    return ModelFacts(int(params), blocks, tuple(flops), source)
+    return ModelFacts(int(params), blocks, tuple(flops), source, tuple(attention))
+
+
+def _attention_facts(model: Any, batch: dict[str, Any]) -> AttentionFacts:
+    """A forward of one sample with a CP of one rank that records what it is asked."""
+    from stoker.runtime.models import contract
+    from stoker.runtime.models.context_parallel import SharesOnly, context_parallel_as
+
+    class Recorder(SharesOnly):
+        def __init__(self) -> None:
+            super().__init__(1, 1)
+            self.tokens: list[int] = []
+            self.heads: list[int] = []
+            self.causal, self.elements = False, 0
+
+        def token_slice(self, tokens: int) -> slice:
+            self.tokens.append(tokens)
+            return super().token_slice(tokens)
+
+        def attention(self, q: Any, k: Any, v: Any, **kw: Any) -> Any:
+            self.heads.append(int(q.shape[1]))
+            self.causal |= bool(kw.get("causal"))
+            self.elements += int(q.numel())
+            return super().attention(q, k, v, **kw)
+
+    recorder = Recorder()
+    with torch.no_grad(), context_parallel_as(recorder):
+        contract.loss_and_metrics(model, batch)
+    return AttentionFacts(
+        tuple(dict.fromkeys(recorder.tokens)),
+        min(recorder.heads) if recorder.heads else None,
+        recorder.causal,
+        recorder.elements,
+    )

@@ -88,9 +88,14 @@ def test_errors_name_the_value_and_the_fix(tmp_path: Path) -> None:
     for memory in ([], ["--gpu-memory", "32GB"]):  # no stand-in GPU's figures, either way
         unknown = stoker_text("plan", TINY, "--gpus-per-node", "8", "--gpu", "Voodoo5", *memory)
         assert unknown.returncode != 0 and "'Voodoo5' is not in stoker's table" in unknown.stderr
-    odd = stoker_text("plan", TINY, "data.batch_size=6", "--gpus-per-node", "4", "--gpu", "H100")
+    # 5 clips split over no data-parallel width: not 4 ranks, not 2 CP groups of 2, and
+    # CP 4 does not split a 0.25 s clip's 10 audio tokens.
+    odd = stoker_text(
+        "plan", TINY, "data.batch_size=5", "data.clip_seconds=0.25", "--gpus-per-node", "4",
+        "--gpu", "H100",
+    )  # fmt: skip
     assert odd.returncode != 0
-    assert "data.batch_size: a global batch of 6 does not split over 4 ranks" in odd.stderr
+    assert "data.batch_size: a global batch of 5 does not split over 4 ranks" in odd.stderr
     assert "use a multiple of 4" in odd.stderr
     empty = tmp_path / "run"
     empty.mkdir()

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
@@ -336,15 +336,20 @@ def context_parallel_of_world(cp: int, ulysses: int | None = None) -> GroupConte
 
 
 @contextmanager
-def without_context_parallel() -> Iterator[None]:
-    """No context parallelism inside (a sample drawn whole on each rank), as before after."""
+def context_parallel_as(cp: Any) -> Iterator[None]:
+    """`cp` the active context parallelism inside (None: none), as before after."""
     from stoker.model import set_context_parallel
 
-    before = set_context_parallel(None)
+    before = set_context_parallel(cp)
     try:
         yield
     finally:
         set_context_parallel(before)
+
+
+def without_context_parallel() -> AbstractContextManager[None]:
+    """No context parallelism inside (a sample drawn whole on each rank)."""
+    return context_parallel_as(None)
 
 
 class SharesOnly:

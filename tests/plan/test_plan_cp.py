@@ -1,0 +1,76 @@
+"""`stoker plan` with context parallelism (issue [5/8]): CP candidates where every
+sequence splits (Ulysses where the heads do, rings for non-causal models), their
+memory traced as one CP rank computes its share, their time with the all-to-all and
+ring traffic; a clip that fits only with CP gets a CP plan that says so."""
+
+from __future__ import annotations
+
+import pytest
+
+from stoker.config import resolve_config
+from stoker.gpus import gpu_spec
+from stoker.planning.plan import fits_note, make_plan
+from stoker.planning.search import GIB, Target, cp_options
+from stoker.planning.timing import StepWork, step_time
+from stoker.planning.trace import AttentionFacts, ModelFacts
+
+LONG_CLIP = [
+    "model.size=tiny", "data.resolution=[128,128]", "data.clip_seconds=4",
+    "data.batch_size=4", "train.precision=fp32",
+]  # fmt: skip
+
+
+def test_a_clip_that_fits_only_with_cp_gets_a_cp_plan_that_says_so() -> None:
+    """4 CPU ranks of 82 MiB: no layout without CP fits the 2208-token clip (its least,
+    full recompute, needs 94 MiB), CP 2 with full recompute does."""
+    cfg = resolve_config(None, LONG_CLIP, use_profile=False).config
+    plan = make_plan(cfg, Target(1, 4, None, int(0.08 * GIB), "4 CPU ranks"))
+    chosen = plan.chosen
+    assert chosen is not None and chosen.cp == 2, [c.describe() for c in plan.candidates]
+    assert plan.settings()["train.context_parallel"] == 2
+    assert plan.settings()["train.context_parallel_ulysses"] == chosen.ulysses
+    note = fits_note(plan)
+    assert "needs CP >= 2 on 82 MiB: activations" in note and "at CP 1" in note, note
+    without = [c for c in plan.candidates if c.cp == 1]
+    assert without and all(c.status in ("too big", "slower") for c in without)
+    # Every candidate says why it was or was not chosen.
+    assert all(c.reason for c in plan.candidates)
+    # One CP rank's share: CP 2's activations at full recompute are below CP 1's.
+    cp1 = min((c for c in without if c.status == "too big"), key=lambda c: c.peak[0] or 0)
+    assert chosen.parts[0]["activations"] < cp1.parts[0]["activations"]
+
+
+def _facts(heads: int, tokens: tuple[int, ...], causal: bool) -> ModelFacts:
+    attention = AttentionFacts(tokens, heads, causal, 10**6)
+    return ModelFacts(10**8, 4, (1e12,), "test", (attention,))
+
+
+def test_cp_candidates_are_those_the_runtime_takes() -> None:
+    one_node = Target(1, 8, None, GIB, "test")
+    # 12 heads: Ulysses 2 and 4, not 8; a 96-token sequence splits over 2, 4 and 8.
+    options = cp_options(one_node, _facts(12, (96,), causal=False))
+    assert options == [(1, 1), (2, 2), (4, 4), (2, 1), (4, 1), (8, 1)]
+    # A causal model: Ulysses only; a sequence of 36 tokens does not split over 8.
+    assert cp_options(one_node, _facts(8, (36,), causal=True)) == [(1, 1), (2, 2), (4, 4)]
+    # Two nodes of 8: Ulysses over a node and a ring across them (CP 16), as Wan trains.
+    two_nodes = Target(2, 8, None, GIB, "test")
+    assert (16, 8) in cp_options(two_nodes, _facts(40, (75_600,), causal=False))
+    # A model that calls no stoker.model.attention cannot take CP.
+    no_attention = ModelFacts(10**8, 4, (1e12,), "test", (AttentionFacts((), None, False, 0),))
+    assert cp_options(one_node, no_attention) == [(1, 1)]
+
+
+@pytest.mark.parametrize("mode", ["none", "full"])
+def test_cp_adds_its_traffic_and_a_ring_across_nodes_costs_more_than_over_nvlink(
+    mode: str,
+) -> None:
+    h100 = gpu_spec("H100")
+    assert h100 is not None
+
+    def seconds(cp: int, ulysses: int, ranks_per_node: int = 8) -> float:
+        work = StepWork(1e15, 10**9, 8, 1, 1, mode, "bf16", cp, ulysses, 5e8)  # type: ignore[arg-type]
+        return step_time(work, h100, ranks_per_node, 50e9).seconds
+
+    plain = step_time(StepWork(1e15, 10**9, 8, 1, 1, mode, "bf16"), h100, 8, 50e9).seconds  # type: ignore[arg-type]
+    assert plain < seconds(2, 2) < seconds(8, 8)
+    assert seconds(8, 1, ranks_per_node=8) < seconds(8, 1, ranks_per_node=4)  # NVLink vs fabric
