@@ -45,8 +45,7 @@ from stoker.config import ExperimentConfig
 from stoker.errors import StokerError
 from stoker.modes import RunEnd
 from stoker.protocol import ENV_RESTART, EXIT_REQUEUE, EXIT_TERMINATED
-from stoker.runtime.dist import dist_env
-from stoker.runtime.dist.context_mesh import data_share, group_batches, once_per_group
+from stoker.runtime.dist import context_mesh, dist_env
 from stoker.runtime.dist.dist_env import DistEnv
 from stoker.runtime.dist.parallelize import parallelize
 from stoker.runtime.dist.precision import resolve_precision
@@ -109,7 +108,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.env, self.device, self.mesh = cfg, env, device, mesh
         # Context parallelism: the data is split over the CP groups (context_mesh.py).
-        self.cp, self.data_share = cp, data_share(env, cp)
+        self.cp, self.data_share = cp, context_mesh.data_share(env, cp)
         self.data_rank, self.data_world = self.data_share
         self.marks = dict(marks or {})  # the session's (time account's start line)
         self.run_dir = run_dir
@@ -253,7 +252,7 @@ class Trainer:
     def _batches(self) -> Iterator[DeviceBatch]:
         batches = self.loader.batches()
         if self.cp is not None:  # read on CP rank 0, broadcast to the group
-            batches = group_batches(batches if self.cp.rank == 0 else None, self.cp)
+            batches = context_mesh.group_batches(batches if self.cp.rank == 0 else None, self.cp)
         for batch in batches:
             yield DeviceBatch.of(batch, self.device)
 
@@ -480,7 +479,7 @@ class Trainer:
             )
         else:
             rows = [mine.tolist()]
-        total = once_per_group(across_ranks(rows), self.cp)
+        total = context_mesh.once_per_group(across_ranks(rows), self.cp)
         elapsed = time.perf_counter() - window.started
         rank_s = elapsed * env.world_size  # per GPU (rank)
         metrics: dict[str, float] = {
@@ -582,7 +581,8 @@ class Trainer:
         """Save the state after `step`; with checkpoint.async the files are written
         while training goes on. `wait`: return once it has committed (or failed)."""
         began = time.perf_counter()
-        state = TrainState(step, self.loader.state_dict(), self.mlflow_run_id)
+        loader = context_mesh.group_state(self.loader.state_dict(), self.cp)  # CP rank 0's
+        state = TrainState(step, loader, self.mlflow_run_id)
         self.checkpointer.save(
             step, state, self.model, self.optimizer, self.scheduler, extra=self._extra()
         )

@@ -108,3 +108,15 @@ def group_batches(source: Iterator[Any] | None, cp: GroupContextParallel) -> Ite
         box: list[Any] = [next(source) if source is not None else None]
         dist.broadcast_object_list(box, src=first, group=cp.group)
         yield box[0]
+
+
+def group_state(state: Any, cp: GroupContextParallel | None) -> Any:
+    """The loader's state as the CP group's rank 0 has it, on every rank of the group (a
+    collective; `state` itself without CP). Only CP rank 0 reads batches, so only its
+    loader has moved on; a checkpoint takes the loader state of whichever rank DCP picks
+    (it saves a replicated object once), which must be that one."""
+    if cp is None:
+        return state
+    box = [state]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(cp.group, 0), group=cp.group)
+    return box[0]

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from stoker.runtime.dist.context_mesh import group_batches
+from stoker.runtime.dist.context_mesh import group_batches, group_state
 from stoker.runtime.session import to_device
 
 if TYPE_CHECKING:
@@ -62,7 +62,10 @@ class JobLoader:
             yield to_device(batch, self.device)
 
     def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
+        """Where the loader stands (with CP: as the CP group's rank 0 has it; a collective
+        of the group, which a checkpoint's save is)."""
+        state: dict[str, Any] = group_state(self.loader.state_dict(), self.cp)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.loader.load_state_dict(state)
