@@ -25,13 +25,18 @@ def measure(cfg: Any, shard: int, steps: list[tuple[int, int]]) -> list[int]:
     model of `cfg`."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    from stoker.model import set_context_parallel
     from stoker.planning.trace import random_batch, train_step
     from stoker.runtime.dist.parallelize import apply_activation_checkpointing, apply_fsdp
     from stoker.runtime.models import build_model
+    from stoker.runtime.models.context_parallel import context_parallel_of_world
     from stoker.runtime.observe.step_memory import tracked
     from stoker.runtime.optim import build_optimizer
 
     mesh = init_device_mesh("cpu", (shard,), mesh_dim_names=("shard",))
+    if cfg.train.context_parallel > 1:  # the CP group over both ranks, as the runtime's
+        cp = context_parallel_of_world(cfg.train.context_parallel, cfg.train.ulysses_degree())
+        set_context_parallel(cp)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, cfg.data)
     apply_activation_checkpointing(model, cfg.train.activation_checkpointing)
@@ -46,6 +51,7 @@ def measure(cfg: Any, shard: int, steps: list[tuple[int, int]]) -> list[int]:
         with tracked(model, optimizer, micro) as peak:
             train_step(model, optimizer, micro, params, cfg.optim.grad_clip, False)
         peaks.append(int(peak()["Total"]))
+    set_context_parallel(None)
     return peaks
 
 
