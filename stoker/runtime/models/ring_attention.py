@@ -2,8 +2,8 @@
 a group, each holding one contiguous block of queries, keys and values.
 
 Forward: each rank computes its queries against its own K/V block, then passes the
-block to the next rank and receives the previous rank's, R times in all (R the ring's
-size), merging the partial results with their log-sum-exp (an online softmax). The
+block to the next rank and receives the previous rank's: R blocks and R-1 passes (R the
+ring's size), the partial results merged by their log-sum-exp (an online softmax). The
 pass for the next block is in flight while the current one is computed.
 
 Backward: the same ring again. With the output O and log-sum-exp L of the whole
