@@ -7,6 +7,8 @@ rank (modes joined by commas act together: `slow,nofinish`).
     raise    rank 1 raises ValueError at step 3
     hang R   rank R stops calling should_stop() at step 3 (sleeps)
     nofinish trains, but the script ends without run.finish()
+    cp       with train.context_parallel=2: logs `cp_one_batch`, 1 when both ranks (one
+             CP group) got the same batch and their own halves of a sequence, else 0
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from torch import nn
 
 from stoker import job
+from stoker.model import token_slice
 
 modes = set(sys.argv[1].split(","))
 target = int(sys.argv[2]) if len(sys.argv) > 2 else 1
@@ -44,7 +47,14 @@ for step in range(start, total):
         raise ValueError("the loss went sideways at step 3")
     if "hang" in modes and run.rank == target and done == 3:
         time.sleep(3600)
-    run.log({"loss": loss.item(), "x_mean": x.mean().item()}, step=done)
+    logged = {"loss": loss.item(), "x_mean": x.mean().item()}
+    if "cp" in modes:
+        assert run.cp is not None and run.cp.size == 2, run.cp
+        both = run.cp.gather(batch["position"], dim=0)  # rank 0's positions, then rank 1's
+        half = token_slice(4) == slice(2 * run.cp.rank, 2 * run.cp.rank + 2)
+        same = torch.equal(both[: len(both) // 2], both[len(both) // 2 :])
+        logged["cp_one_batch"] = float(same and half)
+    run.log(logged, step=done)
     if run.should_stop():
         ckpt.save(done, wait=True)
         run.exit_for_requeue()

@@ -1,6 +1,7 @@
 """Your own loop with stoker's guarantees (`stoker.job`), run by `stoker run -- CMD` on two
 local ranks (gloo): the example trains and checkpoints into a FINISHED MLflow run with
-`stoker status`'s step and loss; a straggler is named; an exception fails the MLflow run
+`stoker status`'s step and loss; a straggler is named; two ranks as one CP group get
+its one batch; an exception fails the MLflow run
 and `why` shows it; a stalled rank is caught by the hang watchdog; and misuse is told
 with the fix. The requeue and its bit-exact resume are in test_slurm_own_loop.py."""
 
@@ -108,6 +109,18 @@ def test_a_script_that_forgets_finish_still_logs_every_step(
     assert [m.step for m in losses] == list(range(1, 13))  # sent at exit, not lost
     assert client.get_run(summary["run_id"]).info.status == "FINISHED"  # the job's end
     assert (Path(summary["run_dir"]) / "checkpoints/step-12/COMMIT.json").is_file()
+
+
+def test_the_own_loop_gets_its_cp_group_and_one_batch_per_group(
+    data: Path, isolated_home: Path
+) -> None:
+    """job.init() sets up train.context_parallel: run.cp, stoker.model's token_slice,
+    and run.loader() giving both ranks of the group its one batch (read on CP rank 0)."""
+    command = [str(SCRIPT), "cp"]
+    summary = _run(data, "train.steps=4", "train.context_parallel=2", command=command)
+    assert summary["state"] == "COMPLETED", summary["stderr"][-3000:]
+    checks = _client(isolated_home).get_metric_history(summary["run_id"], "cp_one_batch")
+    assert [(m.step, m.value) for m in checks] == [(step, 1.0) for step in range(1, 5)]
 
 
 def test_an_exception_fails_the_run_and_why_shows_it(data: Path, isolated_home: Path) -> None:
