@@ -210,7 +210,7 @@ def time_candidates(candidates: list[Candidate], target: Target, facts: ModelFac
         qkvs = [a.qkv_elements for a in facts.attention] or [0] * len(facts.flops_per_sample)
         for rows, flops, qkv in zip(c.micro_batches, facts.flops_per_sample, qkvs, strict=True):
             work = StepWork(
-                flops=flops * rows * c.grad_accum,
+                flops=flops * rows * c.grad_accum / c.cp,  # a CP rank: its share of each sample
                 params=facts.params,
                 shard=c.shard,
                 replicate=c.replicate,
