@@ -167,8 +167,9 @@ def fits_note(plan: Plan) -> str:
 
 
 def needs_cp_note(plan: Plan) -> str:
-    """'; needs CP >= 2 on 80 GB: activations 61 GiB at CP 1' when the chosen takes CP
-    and no candidate without CP fits (its smallest traced need named); else ''."""
+    """'; needs CP on 80 GB: activations 61 GiB at CP 1 (CP 4 chosen)' when the chosen
+    takes CP and no candidate without it fits (the activations of the least needy one
+    named); else ''. The chosen degree is the fastest that fits, not always the least."""
     c, target = plan.chosen, plan.target
     if (
         c is None
@@ -179,9 +180,10 @@ def needs_cp_note(plan: Plan) -> str:
     without = [o for o in plan.candidates if o.cp == 1 and o.status == "too big"]
     memory = target.memory_bytes
     gpu = f"{memory / 1e9:.0f} GB" if memory >= 1e9 else size_text(memory)
+    chosen = f"CP {c.cp} chosen"
     if not without:
-        return f"; needs CP >= {c.cp} on {gpu}"
+        return f"; needs CP on {gpu} ({chosen})"
     least = min(without, key=lambda o: max(p or 0 for p in o.peak))
     worst = max(range(len(least.peak)), key=lambda i: least.peak[i] or 0)
-    activations = least.parts[worst].get("activations", 0)
-    return f"; needs CP >= {c.cp} on {gpu}: activations {size_text(activations)} at CP 1"
+    activations = size_text(least.parts[worst].get("activations", 0))
+    return f"; needs CP on {gpu}: activations {activations} at CP 1 ({chosen})"

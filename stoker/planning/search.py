@@ -318,10 +318,11 @@ def search(
     trace_all: bool = False,
 ) -> tuple[Candidate | None, int]:
     """Visit fastest first; set each candidate's status and reason. The chosen one, and
-    how many traces it took."""
+    how many traces it took. When the chosen one takes context parallelism, the
+    candidates without it are traced too, slower or not: whether the run needs CP at
+    all is worth a plan's saying (plan.needs_cp_note)."""
     memory = Memory(target, batches, tracer, flops, width)
     chosen: Candidate | None = None
-    usable = usable_bytes(target)
     for c in sorted(candidates, key=lambda c: c.mean_step_s):
         if chosen is not None and not trace_all:
             c.status = "slower"
@@ -331,22 +332,35 @@ def search(
             )
             continue
         memory.estimate(c, every=trace_all)
-        fits, need, worst = _fits(c, target)
-        where = f" in {batches[worst].label}" if len(batches) > 1 else ""
-        if not fits:
-            c.status = "too big"
-            c.reason = (
-                f"needs {size_text(need)}{where} > {size_text(usable)} usable "
-                f"({_biggest(c.parts[worst])})"
-            )
-        elif chosen is None:
-            c.status, c.reason = "chosen", f"the fastest that fits: {size_text(need)}{where}"
+        if _judge(c, chosen, target, batches):
             chosen = c
-        else:
-            c.status = "fits"
-            ratio = c.mean_step_s / chosen.mean_step_s
-            c.reason = f"fits ({size_text(need)}{where}) but {ratio:.2f}x the chosen step time"
+    if chosen is not None and chosen.cp > 1:
+        for c in candidates:
+            if c.cp == 1 and c.status == "slower":
+                memory.estimate(c)
+                _judge(c, chosen, target, batches)
     return chosen, memory.traces
+
+
+def _judge(c: Candidate, chosen: Candidate | None, target: Target, batches: list[Batch]) -> bool:
+    """Set a traced candidate's status and reason; True when it is the one chosen (it
+    fits and none was chosen before it)."""
+    fits, need, worst = _fits(c, target)
+    where = f" in {batches[worst].label}" if len(batches) > 1 else ""
+    if not fits:
+        c.status = "too big"
+        c.reason = (
+            f"needs {size_text(need)}{where} > {size_text(usable_bytes(target))} usable "
+            f"({_biggest(c.parts[worst])})"
+        )
+        return False
+    if chosen is None:
+        c.status, c.reason = "chosen", f"the fastest that fits: {size_text(need)}{where}"
+        return True
+    c.status = "fits"
+    ratio = c.mean_step_s / chosen.mean_step_s
+    c.reason = f"fits ({size_text(need)}{where}) but {ratio:.2f}x the chosen step time"
+    return False
 
 
 def _biggest(parts: dict[str, int]) -> str:
