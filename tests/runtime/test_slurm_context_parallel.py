@@ -1,8 +1,9 @@
 """Context parallelism on the real cluster (issue [5/8]): 2 nodes x 2 ranks, FSDP over
 all four with CP groups of 2 (a ring within each node), requeued mid-run with `scontrol
 requeue`: the requeued job resumes from its last verified checkpoint, its losses equal an
-uninterrupted run's bit for bit, in one MLflow run with every step once; its checkpoint
-records the CP degree, and a run at CP 1 on 2 local ranks continues from it."""
+uninterrupted run's bit for bit, in one MLflow run with every step once; `stoker sample`
+draws from its checkpoint; the checkpoint records the CP degree, and a run at CP 1 on 2
+local ranks continues from it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from stoker.data.synthetic.shapes import synth_dataset
+from tests.clirun import stoker_text
 from tests.faults.training_jobs import (
     committed_steps,
     loss_history,
@@ -63,6 +65,14 @@ def test_cp2_resumes_bit_exact_after_a_requeue_and_cp1_continues_its_checkpoint(
     requeued, uninterrupted = loss_history(job["run_id"]), loss_history(whole["run_id"])
     assert [s for s, _ in requeued] == list(range(1, STEPS + 1)), "every step once"
     assert requeued == uninterrupted  # bit for bit
+
+    # `stoker sample` draws from the CP-trained checkpoint in one process (no CP there).
+    clips = tmp_path / "clips"
+    sampled = stoker_text("sample", job["job_id"], "--seed", "9", "--steps", "1",
+                          "--out", str(clips), "--json")  # fmt: skip
+    assert sampled.returncode == 0, sampled.stderr[-3000:]
+    assert json.loads(sampled.stdout)["step"] == STEPS
+    assert (clips / "seed-9.mp4").stat().st_size > 0
 
     # The checkpoint says how it was trained; CP 1 on one node of 2 ranks resumes it.
     checkpoints = run_dir / "checkpoints"
