@@ -5,6 +5,8 @@ ring traffic; a clip that fits only with CP gets a CP plan that says so."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from stoker.config import resolve_config
@@ -79,3 +81,22 @@ def test_cp_adds_its_traffic_and_a_ring_across_nodes_costs_more_than_over_nvlink
     plain = step_time(StepWork(1e15, 10**9, 8, 1, 1, mode, "bf16"), h100, 8, 50e9).seconds  # type: ignore[arg-type]
     assert plain < seconds(2, 2) < seconds(8, 8)
     assert seconds(8, 1, ranks_per_node=8) < seconds(8, 1, ranks_per_node=4)  # NVLink vs fabric
+
+
+def test_the_long_clip_example_on_eight_h100s_takes_cp_and_says_why_not_the_others() -> None:
+    """examples/long_clip.yaml: 5 s of 720p latents on one node of 8 x H100 80GB. Without
+    recompute one rank would need 174 GiB of activations; the plan takes a CP layout
+    and gives every candidate it did not take its reason."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "long_clip.yaml"
+    cfg = resolve_config(example, [], use_profile=False).config
+    h100 = gpu_spec("H100")
+    assert h100 is not None
+    plan = make_plan(cfg, Target(1, 8, h100, int(h100.memory_gib * GIB), "8 x H100"))
+    chosen = plan.chosen
+    assert chosen is not None and chosen.cp > 1, [c.describe() for c in plan.candidates]
+    assert plan.settings()["train.context_parallel"] == chosen.cp
+    others = [c for c in plan.candidates if c is not chosen]
+    assert all(c.status != "chosen" and c.reason for c in others)
+    # It fits where one rank holding every token without recompute does not.
+    whole = next(c for c in others if c.cp == 1 and c.activation_checkpointing == "none")
+    assert whole.status == "too big", whole.reason
