@@ -186,3 +186,41 @@ def test_the_cuda_blocks_give_the_matmuls_output_log_sum_exp_and_gradients(
     want = math_block_backward(grad.double(), *wide, ref_out, ref_lse, scale, causal)
     for g, w in zip(got, want, strict=True):
         assert torch.allclose(g.double(), w, atol=5 * tol, rtol=5 * tol)
+
+
+def test_a_layout_that_does_not_fit_is_refused_before_anything_starts() -> None:
+    """What `stoker run`, `submit` and `check` refuse, naming the setting, its source and
+    the fix: CP groups that do not fit the job's ranks (the launch check) or nodes, and
+    (the model check, on the meta device) a bucket whose tokens do not split, heads
+    that do not split over Ulysses, a causal model with a ring."""
+    from stoker.config import resolve_config
+    from stoker.errors import StokerError
+    from stoker.launcher.launch.checks import check_launch
+    from stoker.runtime.models.build import ModelSetupError
+    from stoker.runtime.preflight import check_model
+
+    def resolved(*overrides: str) -> Any:
+        return resolve_config(None, list(overrides), use_profile=False)
+
+    with pytest.raises(StokerError, match=r"context_parallel=4 does not divide the job's 2 ranks"):
+        check_launch(resolved("train.context_parallel=4", "job.ntasks_per_node=2"), None)
+    with pytest.raises(StokerError, match="neither divides a node's 4 ranks nor spans whole"):
+        check_launch(
+            resolved("train.context_parallel=6", "job.nodes=3", "job.ntasks_per_node=4"), None
+        )
+    check_launch(resolved("train.context_parallel=8", "job.nodes=2", "job.ntasks_per_node=4"), None)
+
+    # 64x64 x 1 s: 256 video tokens and 40 audio tokens; the tiny model has 4 heads.
+    cp, ulysses = "train.context_parallel", "train.context_parallel_ulysses"
+    audio_ar = ("model.arch=audio_ar", "data.modalities=[audio]")
+    cases = {
+        (f"{cp}=3",): (cp, "256 tokens do not split over context parallelism of 3"),
+        (f"{cp}=16", f"{ulysses}=1"): (cp, "40 tokens do not split over context parallelism of 16"),
+        (f"{cp}=8",): (ulysses, "4 attention heads do not split over Ulysses of 8"),
+        (*audio_ar, f"{cp}=2", f"{ulysses}=1"): (ulysses, "causal attention takes Ulysses only"),
+    }
+    for overrides, (key, message) in cases.items():
+        with pytest.raises(ModelSetupError, match=message) as refused:
+            check_model(resolved(*overrides).config)
+        assert refused.value.key == key and refused.value.fix, overrides
+    check_model(resolved("train.context_parallel=4", "train.context_parallel_ulysses=2").config)
