@@ -224,3 +224,67 @@ def test_a_layout_that_does_not_fit_is_refused_before_anything_starts() -> None:
             check_model(resolved(*overrides).config)
         assert refused.value.key == key and refused.value.fix, overrides
     check_model(resolved("train.context_parallel=4", "train.context_parallel_ulysses=2").config)
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(
+                    not torch.cuda.is_available(),
+                    reason="no GPU here: a CP step on the GPU's attention kernels",
+                ),
+            ],
+        ),
+    ],
+)
+def test_a_one_rank_cp_step_matches_the_plain_step(device: str, tmp_path: Path) -> None:
+    """The av_dit through the CP attention op on a CP group of one rank (no exchange:
+    the op's own kernels and its backward) against the same step without CP: the GPU
+    check's CP step, one GPU being one rank (compiled, the op is checked on the CPU's
+    ranks: test_a_compiled_recomputed_cp2_step_matches_eager_cp1)."""
+    import torch.distributed as dist
+
+    from stoker.config import DataConfig, ModelConfig
+    from stoker.runtime.models import build_model
+    from stoker.runtime.models.context_parallel import GroupContextParallel
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        cp = GroupContextParallel(dist.new_group([0]), None, None)
+        data = DataConfig.model_validate({"clip_seconds": 0.5, "resolution": [32, 32]})
+        torch.manual_seed(0)
+        model = build_model(ModelConfig(arch="av_dit", size="tiny"), data).to(device)  # type: ignore[arg-type]
+        gen = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(torch.randn(param.shape, generator=gen).to(device) * 0.05)
+        batch = {
+            "video": torch.randint(0, 256, (2, 4, 3, 32, 32), generator=gen, dtype=torch.uint8),
+            "audio": torch.rand(2, 1, 8000, generator=gen) * 2 - 1,
+        }
+        batch = {k: v.to(device) for k, v in batch.items()}
+
+        def step() -> tuple[float, list[torch.Tensor]]:
+            model.zero_grad(set_to_none=True)
+            noise = [torch.Generator(device=device).manual_seed(i) for i in range(2)]
+            loss = model({**batch, "generators": noise})
+            loss.backward()
+            return float(loss.detach()), [p.grad.clone() for p in model.parameters()]
+
+        plain_loss, plain_grads = step()
+        before = set_context_parallel(cp)
+        try:
+            cp_loss, cp_grads = step()
+        finally:
+            set_context_parallel(before)
+        assert cp_loss == pytest.approx(plain_loss, rel=1e-5)
+        for got, want in zip(cp_grads, plain_grads, strict=True):
+            assert torch.allclose(got, want, rtol=1e-4, atol=1e-6 * float(want.abs().max()) + 1e-9)
+    finally:
+        dist.destroy_process_group()
