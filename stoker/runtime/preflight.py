@@ -57,10 +57,9 @@ def check_model(cfg: ExperimentConfig) -> None:
     on meta tensors: that part is then left to the ranks, and said on stderr."""
     import torch
 
-    from stoker.model import set_context_parallel
     from stoker.runtime.models import build_model, data_shapes
     from stoker.runtime.models.build import ModelSetupError
-    from stoker.runtime.models.context_parallel import SharesOnly
+    from stoker.runtime.models.context_parallel import SharesOnly, context_parallel_as
 
     shapes = data_shapes(cfg.data)
     rows = min(2, cfg.data.batch_size)
@@ -68,8 +67,8 @@ def check_model(cfg: ExperimentConfig) -> None:
     train = cfg.train
     # Do each bucket's tokens and the heads split over train.context_parallel?
     cp = train.context_parallel
-    set_context_parallel(SharesOnly(cp, train.ulysses_degree()) if cp > 1 else None)
-    with torch.device("meta"):  # the shapes only: nothing allocated
+    shares = SharesOnly(cp, train.ulysses_degree()) if cp > 1 else None
+    with torch.device("meta"), context_parallel_as(shares):  # shapes only: nothing allocated
         model = build_model(cfg.model, cfg.data)
         if not shapes.buckets:
             notes.append(_check_forward(cfg.model.arch, model, meta_batch(shapes, rows)))
