@@ -2,7 +2,8 @@
 replaced by a script that records every call (the real install runs in `make run` and
 `make test`, each CI run): without a GPU it asks PyTorch's CPU wheel index first, falls
 back to the default index, and says which build it installed; with one it lets pip pick
-the CUDA build."""
+the CUDA build. The project itself goes in with uv where uv can be had (bytecode
+compiled, as pip does), else with pip."""
 
 from __future__ import annotations
 
@@ -30,14 +31,17 @@ case "$1 $2" in
 esac
 """
 FAKE_STOKER = '#!/bin/bash\necho "stoker 0.1.0"\n'
+# The uv that `pip install uv` put in the venv: records its arguments, fails with $UV_DOWN.
+FAKE_UV = '#!/bin/bash\necho "uv $*" >>"$CALLS"\n[ -z "${UV_DOWN:-}" ]\n'
 
 
 def _bootstrap(
-    tmp_path: Path, *, gpu: bool = False, **env: str
+    tmp_path: Path, *, gpu: bool = False, uv: bool = False, **env: str
 ) -> tuple[subprocess.CompletedProcess[str], list[list[str]]]:
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
-    for name, text in (("python", FAKE_PYTHON), ("stoker", FAKE_STOKER)):
+    tools = [("python", FAKE_PYTHON), ("stoker", FAKE_STOKER)] + ([("uv", FAKE_UV)] if uv else [])
+    for name, text in tools:
         (venv / "bin" / name).write_text(text)
         (venv / "bin" / name).chmod(0o755)
     tools = tmp_path / "tools"  # PATH: the system's tools, nvidia-smi only with a GPU
@@ -54,11 +58,15 @@ def _bootstrap(
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     lines = calls.read_text().splitlines() if calls.exists() else []
-    return result, [shlex.split(line) for line in lines]
+    return result, [c for c in (shlex.split(line) for line in lines) if c]
 
 
 def _torch_installs(calls: list[list[str]]) -> list[list[str]]:
-    return [c[c.index("install") + 1 :] for c in calls if c[:2] == ["-m", "pip"] and "-e" not in c]
+    return [
+        c[c.index("install") + 1 :]
+        for c in calls
+        if c[:2] == ["-m", "pip"] and "-e" not in c and c[-1] != "uv"
+    ]
 
 
 def test_without_a_gpu_the_cpu_index_is_asked_first(tmp_path: Path) -> None:
@@ -113,3 +121,29 @@ def test_no_index_reachable_says_how_to_point_pip_at_a_cpu_build(tmp_path: Path)
     assert result.returncode == 1
     assert "could not install torch==2.13.0 (CPU build)" in result.stderr
     assert "STOKER_TORCH" in result.stderr and "PIP_EXTRA_INDEX_URL" in result.stderr
+
+
+def test_the_project_goes_in_with_uv_where_it_can_be_had(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    result, calls = _bootstrap(tmp_path, uv=True)
+    assert result.returncode == 0, result.stderr
+    uv_installs = [c for c in calls if c[0] == "uv"]
+    assert uv_installs == [
+        ["uv", "pip", "install", "-q", "--compile-bytecode", "--python", f"{venv}/bin/python",
+         "-e", "."]
+    ]  # fmt: skip
+    assert not [c for c in calls if c[:2] == ["-m", "pip"] and "-e" in c]
+
+
+def test_where_uv_fails_pip_installs_the_project(tmp_path: Path) -> None:
+    result, calls = _bootstrap(tmp_path, uv=True, UV_DOWN="1")
+    assert result.returncode == 0, result.stderr
+    assert "bootstrap: uv could not install .: pip installs it" in result.stderr
+    assert ["-m", "pip", "--disable-pip-version-check", "-q", "install", "-e", "."] in calls
+
+
+def test_stoker_installer_pip_skips_uv(tmp_path: Path) -> None:
+    result, calls = _bootstrap(tmp_path, uv=True, STOKER_INSTALLER="pip")
+    assert result.returncode == 0, result.stderr
+    assert not [c for c in calls if c[0] == "uv" or c[-1] == "uv"]
+    assert ["-m", "pip", "--disable-pip-version-check", "-q", "install", "-e", "."] in calls

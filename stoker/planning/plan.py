@@ -4,6 +4,7 @@ micro-batch of each bucket, and the settings that make the experiment run it."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,8 +107,11 @@ def plan_batches(cfg: Any) -> list[Batch]:
     ]
 
 
-def make_plan(cfg: Any, target: Target, *, trace_all: bool = False) -> Plan:
-    """Trace, time and choose (search.py). A StokerError when no candidate can exist."""
+def make_plan(
+    cfg: Any, target: Target, *, trace_all: bool | Callable[[Candidate], bool] = False
+) -> Plan:
+    """Trace, time and choose (search.py). A StokerError when no candidate can exist.
+    `trace_all`: trace every candidate, or those it returns True for."""
     began = time.perf_counter()
     batches = plan_batches(cfg)
     precisions = _precisions(cfg, target)
@@ -177,7 +181,7 @@ def needs_cp_note(plan: Plan) -> str:
         or any(o.cp == 1 and o.status in ("fits", "chosen") for o in plan.candidates)
     ):
         return ""
-    without = [o for o in plan.candidates if o.cp == 1 and o.status == "too big"]
+    without = [o for o in plan.candidates if o.cp == 1 and o.status == "too big" and o.peak]
     memory = target.memory_bytes
     gpu = f"{memory / 1e9:.0f} GB" if memory >= 1e9 else size_text(memory)
     chosen = f"CP {c.cp} chosen"

@@ -13,7 +13,9 @@ a causal model takes Ulysses only.
 Every candidate is timed (timing.py: no trace needed). They are then visited fastest
 first, each traced in each bucket at its own micro-batch (trace.py); the first that
 fits is chosen, and a slower one is not traced (its memory cannot change the choice)
-unless `trace_all`. Each candidate keeps why it was not chosen.
+unless `trace_all`. A kind of candidate (precision, CP, accumulation) whose least
+needy one does not fit is too big in every mode and micro-batch: the rest of it is not
+traced. Each candidate keeps why it was not chosen.
 
 Fits: traced peak x (1 + ALLOCATOR_SLACK) + the fixed allowances of a GPU (CUDA
 context, NCCL) <= the GPU's memory x (1 - margin).
@@ -315,31 +317,139 @@ def search(
     flops: tuple[float, ...],
     *,
     width: int = 1,
-    trace_all: bool = False,
+    trace_all: bool | Callable[[Candidate], bool] = False,
 ) -> tuple[Candidate | None, int]:
     """Visit fastest first; set each candidate's status and reason. The chosen one, and
-    how many traces it took. When the chosen one takes context parallelism, the
-    candidates without it are traced too, slower or not: whether the run needs CP at
-    all is worth a plan's saying (plan.needs_cp_note)."""
+    how many traces it took. `trace_all`: trace every candidate (or those it returns
+    True for), every bucket, whatever the search needs. Once two of a kind are too big,
+    the least needy of that kind decides for the rest (_try_least_needy). When the
+    chosen one takes context parallelism, whether the run needs CP at all is worth a
+    plan's saying (plan.needs_cp_note): the candidates without it are judged too."""
     memory = Memory(target, batches, tracer, flops, width)
     chosen: Candidate | None = None
+    too_big: list[Candidate] = []  # traced, and did not fit
     for c in sorted(candidates, key=lambda c: c.mean_step_s):
-        if chosen is not None and not trace_all:
+        every = trace_all(c) if callable(trace_all) else trace_all
+        if chosen is not None and not every:
             c.status = "slower"
             c.reason = (
                 f"{c.mean_step_s / chosen.mean_step_s:.2f}x the chosen step time; "
                 "not traced (its memory cannot change the choice)"
             )
             continue
-        memory.estimate(c, every=trace_all)
+        if c.status != "not traced" or (not every and _too_big_as(c, too_big)):
+            continue  # judged already as the least needy of its kind, or held more than one
+        memory.estimate(c, every=every)
         if _judge(c, chosen, target, batches):
             chosen = c
+        elif not _fits(c, target)[0]:
+            too_big.append(c)
+            if not every:
+                _try_least_needy(c, candidates, memory, too_big)
     if chosen is not None and chosen.cp > 1:
-        for c in candidates:
-            if c.cp == 1 and c.status == "slower":
-                memory.estimate(c)
-                _judge(c, chosen, target, batches)
+        _judge_without_cp([c for c in candidates if c.cp == 1], chosen, memory, too_big)
+    for c in candidates:  # slower, but traced as the least needy of its kind: say so
+        if c.status == "slower" and c.peak:
+            _judge(c, chosen, target, batches)
     return chosen, memory.traces
+
+
+def _try_least_needy(
+    c: Candidate, candidates: list[Candidate], memory: Memory, too_big: list[Candidate]
+) -> None:
+    """After a second candidate of c's kind (the same precision, CP and accumulation) did
+    not fit: trace the least needy of that kind (full recompute, the fewest rows, the
+    most sharding). If that does not fit either, none of its kind can, and the search
+    says so of each without tracing it (it would otherwise trace every mode and
+    micro-batch of a degree that cannot fit: a long clip's plan). If it fits, it waits
+    for its turn. After the first only, one that does not fit is common (no recompute
+    at the largest micro-batch) and the next usually fits: no trace is spent on it."""
+    floor = _floor(c)
+    if sum(1 for o in too_big if _needs_at_least(o, floor)) < 2:
+        return
+    kind = [o for o in candidates if _needs_at_least(o, floor) and o.status == "not traced"]
+    if not kind:
+        return
+    least = min(kind, key=_neediness)
+    memory.estimate(least)
+    if not _fits(least, memory.target)[0]:
+        _judge(least, None, memory.target, memory.batches)
+        too_big.append(least)
+
+
+def _floor(c: Candidate) -> Candidate:
+    """The least a candidate of c's kind can hold: a stand-in that every one of them
+    holds at least as much as (_needs_at_least)."""
+    accum = 2 if c.grad_accum > 1 else 1
+    return Candidate(
+        c.shard * c.replicate, 1, MODES[-1], c.precision, accum, [0] * len(c.micro_batches),
+        cp=c.cp, ulysses=c.ulysses,
+    )  # fmt: skip
+
+
+def _too_big_as(c: Candidate, too_big: list[Candidate]) -> bool:
+    """Mark `c` too big, untraced, when it holds at least what a traced candidate that
+    did not fit holds; True if so."""
+    for other in too_big:
+        if _needs_at_least(c, other):
+            c.status = "too big"
+            c.reason = (
+                f"needs more than {other.describe()}, which does not fit (not traced: "
+                "it recomputes less, holds more rows or shards over fewer ranks)"
+            )
+            return True
+    return False
+
+
+def _judge_without_cp(
+    without: list[Candidate], chosen: Candidate, memory: Memory, too_big: list[Candidate]
+) -> None:
+    """Whether the run needs CP at all: per precision, the candidate without CP that needs
+    least (full recompute, the smallest micro-batch, sharded over every rank) is traced
+    if the search has not. When it does not fit, none of the others without CP can: they
+    are too big, said so untraced. When it fits, the others stay as the search left them:
+    slower than the chosen, so not traced."""
+    for precision in dict.fromkeys(c.precision for c in without):
+        mine = [c for c in without if c.precision == precision]
+        least = min(mine, key=_neediness)
+        if least.status == "slower":
+            _trace_and_judge(least, chosen, memory, too_big)
+        if least.status != "too big":
+            continue
+        for c in mine:
+            if c.status == "slower" and not _too_big_as(c, too_big):
+                _trace_and_judge(c, chosen, memory, too_big)  # not comparable: traced
+
+
+def _trace_and_judge(
+    c: Candidate, chosen: Candidate, memory: Memory, too_big: list[Candidate]
+) -> None:
+    memory.estimate(c)
+    _judge(c, chosen, memory.target, memory.batches)
+    if c.status == "too big":
+        too_big.append(c)
+
+
+def _neediness(c: Candidate) -> tuple[int, int, int]:
+    """Orders candidates by what they hold: full recompute, fewer rows, more sharding first
+    (the least of them holds least of all but perhaps the accumulated gradients)."""
+    return (-MODES.index(c.activation_checkpointing), max(c.micro_batches), -c.shard)
+
+
+def _needs_at_least(c: Candidate, least: Candidate) -> bool:
+    """c holds at least what `least` does in every respect: the same precision and
+    context parallelism, no more recompute, no fewer rows, no more sharding, and
+    unsharded gradients held across micro-batches if `least` holds them (FSDP2
+    reduce-scatters on the last micro-batch only: fewer rows with accumulation can
+    need more than more rows without)."""
+    return (
+        (c.precision, c.cp, c.ulysses) == (least.precision, least.cp, least.ulysses)
+        and min(c.grad_accum, 2) >= min(least.grad_accum, 2)
+        and MODES.index(c.activation_checkpointing) <= MODES.index(least.activation_checkpointing)
+        and all(m >= n for m, n in zip(c.micro_batches, least.micro_batches, strict=True))
+        and c.shard <= least.shard
+        and c.replicate >= least.replicate
+    )
 
 
 def _judge(c: Candidate, chosen: Candidate | None, target: Target, batches: list[Batch]) -> bool:

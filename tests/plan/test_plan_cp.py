@@ -32,11 +32,11 @@ def test_a_clip_that_fits_only_with_cp_gets_a_cp_plan_that_says_so() -> None:
     assert chosen is not None and chosen.cp > 1, [c.describe() for c in plan.candidates]
     assert plan.settings()["train.context_parallel"] == chosen.cp
     assert plan.settings()["train.context_parallel_ulysses"] == chosen.ulysses
-    # Every candidate without CP was traced (slower ones too): none fits.
+    # No candidate without CP fits: the least needy one was traced (slower or not).
     without = [c for c in plan.candidates if c.cp == 1]
     assert without and all(c.status == "too big" for c in without)
-    least = min(without, key=lambda c: c.peak[0] or 0)
-    assert least.activation_checkpointing == "full"
+    least = min((c for c in without if c.peak), key=lambda c: c.peak[0] or 0)
+    assert least.activation_checkpointing == "full" and least.shard == 4
     activations = size_text(least.parts[0]["activations"])
     note = fits_note(plan)
     assert f"; needs CP on 82 MiB: activations {activations} at CP 1" in note, note

@@ -120,11 +120,44 @@ def test_the_search_chooses_the_fastest_that_fits_and_says_why_of_each() -> None
         candidates,
         target,
         batches,
-        tracer,
-        facts.flops_per_sample,  # type: ignore[arg-type]
+        tracer,  # type: ignore[arg-type]
+        facts.flops_per_sample,
         trace_all=True,
     )
     assert all(c.peak for c in candidates) and {"fits", "chosen"} <= {c.status for c in candidates}
+
+
+def test_a_kind_that_cannot_fit_is_judged_by_its_least_needy_candidate() -> None:
+    """Nothing fits 1.5 GiB (full recompute at one row needs 2): after two candidates of
+    a kind (precision, CP, accumulation) are too big, the least needy of that kind is
+    traced, and when it is too big every other of its kind is said too big untraced,
+    naming it. A search over 24 candidates then traces a handful."""
+    target = Target(2, 4, None, int(1.5 * GIB), "test", margin=0.0)
+    facts = ModelFacts(10**8, 4, (1e12,), "test")
+    batches = [Batch(None, "the data's shape", 64)]
+    candidates = enumerate_candidates(target, batches, facts, ["fp32"])
+    time_candidates(candidates, target, facts)
+    seen, tracer = _fake_tracer({"none": 4 * GIB, "selective": 2 * GIB, "full": GIB})
+    chosen, traces = search(candidates, target, batches, tracer, facts.flops_per_sample)  # type: ignore[arg-type]
+    assert chosen is None and all(c.status == "too big" for c in candidates)
+    traced = [c for c in candidates if c.peak]
+    assert traces == len(seen) <= 8 < len(candidates), [c.describe() for c in traced]
+    # The least needy of each kind was traced: full recompute, the smallest micro-batch.
+    for accumulates in (False, True):
+        kind = [c for c in candidates if (c.grad_accum > 1) == accumulates]
+        least = min(
+            kind, key=lambda c: (c.micro_batches[0], -c.shard, c.activation_checkpointing != "full")
+        )
+        assert least.peak and least.activation_checkpointing == "full", least.describe()
+    for c in candidates:
+        if not c.peak:
+            named = next(
+                o for o in traced if c.reason.startswith(f"needs more than {o.describe()},")
+            )
+            # It holds at least what the named one does: as many rows, and the
+            # accumulated gradients if that one holds them.
+            assert c.micro_batches[0] >= named.micro_batches[0], c.reason
+            assert c.grad_accum > 1 or named.grad_accum == 1, c.reason
 
 
 def test_write_keeps_the_experiment_and_sets_the_plan(tmp_path: Path) -> None:
