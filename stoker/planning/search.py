@@ -31,7 +31,7 @@ from typing import Any, Literal
 from stoker.gpus import GPUSpec
 from stoker.modes import ActivationCheckpointing, ResolvedPrecision
 from stoker.planning.timing import INTER_NODE_BYTES_S, StepWork, step_time
-from stoker.planning.trace import ModelFacts, Traced, TraceSpec
+from stoker.planning.trace import AttentionFacts, ModelFacts, Traced, TraceSpec
 
 GIB = 1024**3
 ALLOCATOR_SLACK = 0.10
@@ -209,8 +209,9 @@ def cp_options(target: Target, facts: ModelFacts) -> list[tuple[int, int]]:
 def time_candidates(candidates: list[Candidate], target: Target, facts: ModelFacts) -> None:
     for c in candidates:
         c.step_s = []
-        qkvs = [a.qkv_elements for a in facts.attention] or [0] * len(facts.flops_per_sample)
-        for rows, flops, qkv in zip(c.micro_batches, facts.flops_per_sample, qkvs, strict=True):
+        none = [AttentionFacts((), None, False, 0)] * len(facts.flops_per_sample)
+        attention = facts.attention or none
+        for rows, flops, a in zip(c.micro_batches, facts.flops_per_sample, attention, strict=True):
             work = StepWork(
                 flops=flops * rows * c.grad_accum / c.cp,  # a CP rank: its share of each sample
                 params=facts.params,
@@ -221,7 +222,8 @@ def time_candidates(candidates: list[Candidate], target: Target, facts: ModelFac
                 precision=c.precision,
                 cp=c.cp,
                 ulysses=c.ulysses,
-                qkv_elements=qkv * rows / c.cp,
+                qkv_elements=a.qkv_elements * rows / c.cp,
+                score_flops=a.score_flops * rows / c.cp,
             )
             gpu = target.gpu or _CPU
             c.step_s.append(

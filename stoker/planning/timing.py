@@ -21,10 +21,14 @@
   compute is unchanged (a CP group's ranks share its samples' FLOPs); each micro-batch
   adds, per attention call, Ulysses' all-to-alls of q, k, v and the output in forward
   and of their gradients in backward (and again in a recomputed forward), each rank
-  sending (U-1)/U of its share, on NVLink when U ranks fit in a node; and the ring's
-  R-1 passes of K and V in forward, R-1 of K, V and R of fp32 dK, dV in backward, on
-  the fabric when the CP group spans nodes. Not overlapped with compute (a ring does
-  overlap, in part): the estimate errs slow.
+  sending (U-1)/U of its share, on NVLink when U ranks fit in a node (not overlapped:
+  the attention waits for them); and the ring's R-1 passes of K and V in forward, R-1
+  of K, V and R of fp32 dK, dV in backward, on the fabric when the CP group spans
+  nodes. A ring pass overlaps the block computed meanwhile (ring_attention.py posts
+  the next block's transfer before it computes the current one): only what the
+  attention's R-1 hiding blocks (their q k^T and p v at the matmul rate; twice that in
+  backward) do not cover counts. Attention runs below the matmul rate, so it hides
+  more than this says: the estimate errs slow.
 
 Not modelled: kernel launch gaps, the data loader (`stoker data bench` says whether it
 keeps up), attention's own efficiency (FlashAttention runs below the matmul rate),
@@ -66,6 +70,9 @@ class StepWork:
     qkv_elements: float = 0.0
     """With CP: elements of this rank's q (= k = v = out) over every attention call of
     one micro-batch's forward."""
+    score_flops: float = 0.0
+    """With CP: FLOPs of this rank's attention matmuls over every call of one
+    micro-batch's forward (what a ring's passes hide behind)."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,9 @@ def step_time(
     micro_compute = compute / work.accum
     overlapped = work.accum * max(micro_compute, gather)
     optimizer = 2 * 16 * work.params / work.shard / gpu.hbm_bytes_s
-    cp = work.accum * context_parallel_s(work, param_bytes, intra, inter, ranks_per_node)
+    cp = work.accum * context_parallel_s(
+        work, param_bytes, intra, inter, ranks_per_node, peak * MATMUL_EFFICIENCY
+    )
     seconds = overlapped + scatter + replicas + optimizer + cp
     return StepTime(
         seconds=seconds, compute_s=compute, comm_s=work.accum * gather + scatter + replicas + cp
@@ -104,9 +113,15 @@ def step_time(
 
 
 def context_parallel_s(
-    work: StepWork, element_bytes: int, intra: float, inter: float, ranks_per_node: int
+    work: StepWork,
+    element_bytes: int,
+    intra: float,
+    inter: float,
+    ranks_per_node: int,
+    flops_s: float = float("inf"),
 ) -> float:
-    """One micro-batch's CP traffic in seconds (the module doc)."""
+    """One micro-batch's CP traffic in seconds that compute does not hide (the module
+    doc); `flops_s`: the rate the attention's blocks run at."""
     if work.cp == 1:
         return 0.0
     forwards = 2 + 3 * RECOMPUTE[work.activation_checkpointing]  # the forward, backward, recompute
@@ -119,8 +134,9 @@ def context_parallel_s(
     rounds = work.cp // work.ulysses
     if rounds > 1:
         link = intra if work.cp <= ranks_per_node else min(intra, inter)
-        forward_kv = 2 * share * (rounds - 1) * (forwards - 1)  # with its recompute
-        backward_kv = 2 * share * (rounds - 1)
-        gradients = 2 * rounds * work.qkv_elements * 4  # dK, dV in fp32, home again
-        ring = (forward_kv + backward_kv + gradients) / link
+        hiding = (rounds - 1) / rounds * work.score_flops / flops_s  # a forward's, seconds
+        forward_kv = 2 * share * (rounds - 1) / link  # one forward's passes
+        backward_kv = (2 * share * (rounds - 1) + 2 * rounds * work.qkv_elements * 4) / link
+        forward = max(0.0, forward_kv - hiding)  # dK, dV above: fp32, home again
+        ring = (forwards - 1) * forward + max(0.0, backward_kv - 2 * hiding)
     return ulysses + ring

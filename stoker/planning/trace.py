@@ -282,6 +282,9 @@ class AttentionFacts:
     causal: bool
     qkv_elements: int
     """Elements of q (= k = v = the output) over every attention call of a forward."""
+    score_flops: float = 0.0
+    """FLOPs of the attention's two matmuls (q k^T and p v) over every call of a forward:
+    the compute a ring's passes hide behind."""
 
 
 def model_facts(cfg: Any, buckets: list[int | None]) -> ModelFacts:
@@ -324,7 +327,7 @@ def _attention_facts(model: Any, batch: dict[str, Any]) -> AttentionFacts:
             super().__init__(1, 1)
             self.tokens: list[int] = []
             self.heads: list[int] = []
-            self.causal, self.elements = False, 0
+            self.causal, self.elements, self.flops = False, 0, 0.0
 
         def token_slice(self, tokens: int) -> slice:
             self.tokens.append(tokens)
@@ -334,6 +337,9 @@ def _attention_facts(model: Any, batch: dict[str, Any]) -> AttentionFacts:
             self.heads.append(int(q.shape[1]))
             self.causal |= bool(kw.get("causal"))
             self.elements += int(q.numel())
+            # [B, H, S_q, D] against [B, H, S_k, D]: 2 FLOPs per multiply-add, two matmuls.
+            causal = 0.5 if kw.get("causal") else 1.0
+            self.flops += 4.0 * q.numel() * int(k.shape[-2]) * causal
             return super().attention(q, k, v, **kw)
 
     recorder = Recorder()
@@ -344,4 +350,5 @@ def _attention_facts(model: Any, batch: dict[str, Any]) -> AttentionFacts:
         min(recorder.heads) if recorder.heads else None,
         recorder.causal,
         recorder.elements,
+        recorder.flops,
     )
