@@ -359,34 +359,30 @@ def search(
 def _try_least_needy(
     c: Candidate, candidates: list[Candidate], memory: Memory, too_big: list[Candidate]
 ) -> None:
-    """After a second candidate of c's kind (the same precision, CP and accumulation) did
-    not fit: trace the least needy of that kind (full recompute, the fewest rows, the
-    most sharding). If that does not fit either, none of its kind can, and the search
-    says so of each without tracing it (it would otherwise trace every mode and
-    micro-batch of a degree that cannot fit: a long clip's plan). If it fits, it waits
-    for its turn. After the first only, one that does not fit is common (no recompute
-    at the largest micro-batch) and the next usually fits: no trace is spent on it."""
-    floor = _floor(c)
-    if sum(1 for o in too_big if _needs_at_least(o, floor)) < 2:
+    """After a second candidate of c's kind (_kind) did not fit: trace the least needy
+    of that kind (full recompute, the fewest rows, the most sharding). If that does not
+    fit either, none of its kind can, and the search says so of each without tracing it
+    (it would otherwise trace every mode and micro-batch of a degree that cannot fit: a
+    long clip's plan). If it fits, it waits for its turn. After the first only, one that
+    does not fit is common (no recompute at the largest micro-batch) and the next
+    usually fits: no trace is spent on it."""
+    kind = _kind(c)
+    if sum(1 for o in too_big if _kind(o) == kind) < 2:
         return
-    kind = [o for o in candidates if _needs_at_least(o, floor) and o.status == "not traced"]
-    if not kind:
+    rest = [o for o in candidates if _kind(o) == kind and o.status == "not traced"]
+    if not rest:
         return
-    least = min(kind, key=_neediness)
+    least = min(rest, key=_neediness)
     memory.estimate(least)
     if not _fits(least, memory.target)[0]:
         _judge(least, None, memory.target, memory.batches)
         too_big.append(least)
 
 
-def _floor(c: Candidate) -> Candidate:
-    """The least a candidate of c's kind can hold: a stand-in that every one of them
-    holds at least as much as (_needs_at_least)."""
-    accum = 2 if c.grad_accum > 1 else 1
-    return Candidate(
-        c.shard * c.replicate, 1, MODES[-1], c.precision, accum, [0] * len(c.micro_batches),
-        cp=c.cp, ulysses=c.ulysses,
-    )  # fmt: skip
+def _kind(c: Candidate) -> tuple[str, int, int, bool]:
+    """Candidates whose memory orders by recompute, rows and sharding alone: the same
+    precision and CP, and all accumulating gradients or none (_needs_at_least)."""
+    return (c.precision, c.cp, c.ulysses, c.grad_accum > 1)
 
 
 def _too_big_as(c: Candidate, too_big: list[Candidate]) -> bool:
