@@ -107,8 +107,9 @@ def _layout(c: dict[str, Any]) -> dict[str, Any]:
 
 def _describe(c: dict[str, Any]) -> str:
     cp, ulysses = c["context_parallel"], c["context_parallel_ulysses"]
-    ring = f" x ring {cp // ulysses}" if cp // ulysses > 1 else ""
-    where = f"CP {cp} (Ulysses {ulysses}{ring})" if cp > 1 else "no CP"
+    parts = [f"Ulysses {ulysses}"] if ulysses > 1 else []
+    parts += [f"ring {cp // ulysses}"] if cp // ulysses > 1 else []
+    where = f"CP {cp} ({' x '.join(parts)})" if cp > 1 else "no CP"
     mode, precision, accum = c["activation_checkpointing"], c["precision"], c["grad_accum"]
     return (f"{c['layout'].upper()} {c['shard']}x{c['replicate']}, {where}, "
             f"AC {mode}, {precision}, accumulation {accum}")  # fmt: skip

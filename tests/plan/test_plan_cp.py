@@ -29,8 +29,7 @@ LONG_CLIP = [
 
 def test_a_clip_that_fits_only_with_cp_gets_a_cp_plan_that_says_so() -> None:
     """4 CPU ranks of 82 MiB: no layout without CP fits the 2208-token clip (its least,
-    full recompute, needs 94 MiB); with CP some do (measured: CP 2 with full recompute,
-    CP 4 with selective, the faster)."""
+    full recompute, needs 94 MiB); with CP some do, and the fastest of them is chosen."""
     cfg = resolve_config(None, LONG_CLIP, use_profile=False).config
     plan = make_plan(cfg, Target(1, 4, None, int(0.08 * GIB), "4 CPU ranks"))
     chosen = plan.chosen
