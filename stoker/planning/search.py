@@ -402,13 +402,13 @@ def _too_big_as(c: Candidate, too_big: list[Candidate]) -> bool:
 def _judge_without_cp(
     without: list[Candidate], chosen: Candidate, memory: Memory, too_big: list[Candidate]
 ) -> None:
-    """Whether the run needs CP at all: per precision, the candidate without CP that needs
-    least (full recompute, the smallest micro-batch, sharded over every rank) is traced
-    if the search has not. When it does not fit, none of the others without CP can: they
-    are too big, said so untraced. When it fits, the others stay as the search left them:
-    slower than the chosen, so not traced."""
-    for precision in dict.fromkeys(c.precision for c in without):
-        mine = [c for c in without if c.precision == precision]
+    """Whether the run needs CP at all: per kind (_kind), the candidate without CP that
+    needs least (full recompute, the smallest micro-batch, sharded over every rank) is
+    traced if the search has not. When it does not fit, none of the others of its kind
+    can: they are too big, said so untraced. When it fits, the others stay as the
+    search left them: slower than the chosen, so not traced."""
+    for kind in dict.fromkeys(_kind(c) for c in without):
+        mine = [c for c in without if _kind(c) == kind]
         least = min(mine, key=_neediness)
         if least.status == "slower":
             _trace_and_judge(least, chosen, memory, too_big)
