@@ -78,6 +78,7 @@ def test_without_a_gpu_the_cpu_index_is_asked_first(tmp_path: Path) -> None:
     assert "asking PyTorch's CPU wheel index" in result.stderr
     assert "torch 2.13.0 (CPU build) in the environment" in result.stderr
     assert ["-m", "pip", "--disable-pip-version-check", "-q", "install", "-e", "."] in calls
+    assert ["-m", "compileall", "-q", "stoker"] in calls  # its bytecode, once
 
 
 def test_an_unreachable_cpu_index_falls_back_to_the_default_one(tmp_path: Path) -> None:
