@@ -28,6 +28,7 @@ def import_callable(
     default `path`) begin each message; `noun` lists the module's callables for a name
     that is not there; `kind` and `kind_fix` speak of a name that is not callable."""
     shown = path if shown is None else shown
+    the_current_folder_first()
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise StokerError(
@@ -63,6 +64,17 @@ def import_callable(
     if not callable(found):
         raise StokerError(f"{key} {shown!r} is a {type(found).__name__}, not {kind}", fix=kind_fix)
     return found
+
+
+def the_current_folder_first() -> None:
+    """Put the current folder first on the import path, as `python -m` does for the
+    ranks, the model check and loader workers: one rule for every command that imports a
+    user's code (check, run, submit, plan, sample, export, sweep, data encode), whether
+    it imports in its own process or in a child. The console script alone puts only its
+    own folder there, so `stoker plan` did not find a package that `stoker run` did."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
 
 
 def last_frame(exc: BaseException) -> str:

@@ -83,7 +83,7 @@ def stoker_text(
     """`stoker ARGS` run in this process by the console entry point, as `stoker` would
     run it: the same argument splitting, error printing and exit status; stdout and
     stderr captured apart; `env` added to the environment and `cwd` entered for the call
-    only. Leaves the process as it found it (environment, folder, sys.argv)."""
+    only. Leaves the process as it found it (environment, folder, import path, sys.argv)."""
     from stoker.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
@@ -127,13 +127,17 @@ def _environment(extra: dict[str, str]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _folder(path: Path | None) -> Iterator[None]:
-    before = os.getcwd()
+    """`path` as the current folder, and the import path as it was after the call: a
+    command puts its current folder on it (stoker/import_path.py), as a new process
+    would for itself."""
+    before, import_path = os.getcwd(), list(sys.path)
     if path is not None:
         os.chdir(path)
     try:
         yield
     finally:
         os.chdir(before)
+        sys.path[:] = import_path
 
 
 @contextlib.contextmanager

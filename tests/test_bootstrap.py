@@ -27,7 +27,7 @@ case "$1 $2" in
         [[ " $* " == *" torch"* ]] && touch "$VENV/torch-installed"
     fi
     exit 0 ;;
-"-c "*) echo "bootstrap: torch 2.13.0 ($BUILD build) in the environment" >&2 ;;
+"scripts/torch-build ") echo "bootstrap: torch 2.13.0 ($BUILD build) in the environment" >&2 ;;
 esac
 """
 FAKE_STOKER = '#!/bin/bash\necho "stoker 0.1.0"\n'
@@ -148,3 +148,26 @@ def test_stoker_installer_pip_skips_uv(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert not [c for c in calls if c[0] == "uv" or c[-1] == "uv"]
     assert ["-m", "pip", "--disable-pip-version-check", "-q", "install", "-e", "."] in calls
+
+
+def test_the_build_is_read_without_importing_torch_so_no_numpy_warning(tmp_path: Path) -> None:
+    """On a fresh machine numpy comes with the project, after torch: the build line is
+    read from torch/version.py, not by `import torch`, which warns "Failed to initialize
+    NumPy" without it. Here numpy cannot be imported, as on that machine."""
+    import sys
+
+    import torch
+
+    (tmp_path / "numpy").mkdir()
+    (tmp_path / "numpy" / "__init__.py").write_text("raise ImportError('no numpy here')\n")
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", str(REPO / "scripts" / "torch-build")],
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU"
+    assert said == [f"bootstrap: torch {torch.__version__} ({build} build) in the environment"]
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines()[1:]}
+    assert "torch" not in imported and "numpy" not in imported

@@ -113,8 +113,13 @@ class Checkpointer:
         full_verify_on_load: bool = False,
         on_commit: Callable[[SaveRecord], None] | None = None,
         start_fresh_if_none_verifies: bool = False,
+        described_by: str | None = None,
+        facts: dict[str, Any] | None = None,
     ) -> None:
         self.root = root_url.rstrip("/")
+        # What makes each commit usable alone (no run folder): the frozen experiment
+        # (ck.CONFIG_NAME) and COMMIT.json's `extra` facts (the data's shapes, the store).
+        self.described_by, self.facts = described_by, dict(facts or {})
         self.rank, self.world_size = rank, world_size
         self.is_coordinator = rank == 0
         self.async_save = async_save
@@ -283,6 +288,8 @@ class Checkpointer:
                 state_hash=self.state_hash,
                 known=known,
                 fs_options=self.fs_options,
+                texts={ck.CONFIG_NAME: self.described_by} if self.described_by else None,
+                extra=self.facts,
             )
             problems = ck.verify(url, full=False, fs_options=self.fs_options)
             if problems:

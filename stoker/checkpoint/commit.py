@@ -26,6 +26,10 @@ from stoker.errors import StokerError
 FORMAT_VERSION = 1
 COMMIT_NAME = "COMMIT.json"
 METADATA_NAME = ".metadata"
+CONFIG_NAME = "config.yaml"
+"""The frozen experiment that saved the checkpoint, beside its shards (listed and hashed
+in COMMIT.json like them): what `stoker sample` and `stoker ckpt export --register`
+read when the checkpoint is used without its run folder."""
 _CHUNK = 8 << 20  # sha256 streamed in 8 MiB reads: shards are GBs, memory stays flat
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -154,25 +158,29 @@ def write_commit(
     extra: dict[str, Any] | None = None,
     known: dict[str, tuple[int, str]] | None = None,
     fs_options: dict[str, Any] | None = None,
+    texts: dict[str, str] | None = None,
 ) -> Commit:
     """Hash every file of a finished DCP save and write COMMIT.json (coordinator only).
 
     `known`: (size, sha256) by relative path, as the ranks that wrote the files
     hashed them (hash_files); a file whose size differs, or that is not in it,
-    is hashed here."""
+    is hashed here. `texts`: small files written into the folder first (CONFIG_NAME),
+    then listed and hashed with the shards."""
     fs, folder = _open(folder_url, fs_options)
     if not fs.isdir(folder):
         raise StokerError(
             f"no checkpoint folder at {folder_url!r}",
             fix="commit a folder that a DCP save has written",
         )
-    sizes = _files(fs, folder)
-    if METADATA_NAME not in sizes:
+    if METADATA_NAME not in _files(fs, folder):
         raise StokerError(
             f"cannot commit {folder_url!r}: DCP has not finished: no {METADATA_NAME}",
             fix="commit only after every rank's save has returned (the coordinator "
             "writes .metadata last)",
         )
+    for name, text in (texts or {}).items():
+        fs.pipe_file(f"{folder}/{name}", text.encode())
+    sizes = _files(fs, folder)
     known = known or {}
     entries = tuple(
         FileEntry(

@@ -83,3 +83,42 @@ def read_origin(folder_url: str, *, fs_options: dict[str, Any] | None = None) ->
         commit_sha256=hashlib.sha256(raw).hexdigest(),
         mlflow_run_id=saved_run_id(folder_url, fs_options=fs_options),
     )
+
+
+@dataclass(frozen=True)
+class SavedDescription:
+    """What a committed checkpoint says of itself (stoker/checkpoint/commit.py's
+    CONFIG_NAME and COMMIT.json's extra): enough to use it with no run folder."""
+
+    folder: str
+    """The `step-<N>` folder it was read from (a root's newest that verifies)."""
+    config_text: str | None
+    """The frozen experiment of the run that saved it; None for a checkpoint written
+    before stoker kept it there, or by a Checkpointer given none."""
+    facts: dict[str, Any]
+    """COMMIT.json's extra: model_arch, data_shapes, tracking_uri (passwords hidden)."""
+
+
+def saved_description(url: str, *, fs_options: dict[str, Any] | None = None) -> SavedDescription:
+    """The description a checkpoint carries: `url` is a committed step-<N> folder, or a
+    checkpoint root (its newest committed step that verifies, by sizes)."""
+    folder = url
+    if ck.step_of(url) is None:
+        found = ck.newest_verified(url, full=False, warn=lambda _: None, fs_options=fs_options)
+        if found is None:
+            raise StokerError(
+                f"no committed checkpoint under {url!r} verifies",
+                fix=f"see `stoker ckpt verify {url}`; name a committed step-<N> folder",
+            )
+        folder = found[1]
+    commit = ck.read_commit(folder, fs_options=fs_options)
+    if commit is None:
+        raise StokerError(
+            f"checkpoint {folder!r} is not committed: no {ck.COMMIT_NAME}",
+            fix="name a committed step-<N> folder (`stoker ckpt ls` on the root lists them)",
+        )
+    text: str | None = None
+    if any(f.path == ck.CONFIG_NAME for f in commit.files):
+        fs, path = ck._open(folder, fs_options)
+        text = bytes(fs.cat_file(f"{path}/{ck.CONFIG_NAME}")).decode()
+    return SavedDescription(folder=folder, config_text=text, facts=dict(commit.extra))

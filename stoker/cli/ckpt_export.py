@@ -38,7 +38,9 @@ def export(
     tracking_uri: str | None = typer.Option(
         None,
         "--tracking-uri",
-        help="The MLflow store for --register (default: $MLFLOW_TRACKING_URI, else stoker's own).",
+        help="The MLflow store for --register (default: the store of the run that saved "
+        "the checkpoint, as its COMMIT.json records it; else $MLFLOW_TRACKING_URI, else "
+        "stoker's own).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
@@ -90,6 +92,8 @@ def export(
         from stoker.tracking.model_registry import WEIGHTS_TAG, register_version
 
         origin = read_origin(result.source)
+        if tracking_uri is None:
+            tracking_uri = _store_of_its_run(result.source)
         registered = register_version(
             register,
             result.out,
@@ -118,3 +122,13 @@ def export(
     if registered is not None:
         run = f" from run {registered.run_id}" if registered.run_id else ""
         typer.echo(f"registered {registered.name} version {registered.version}{run}")
+
+
+def _store_of_its_run(folder: str) -> str | None:
+    """The MLflow store the job that saved `folder` logged to (COMMIT.json's extra,
+    passwords hidden: credentials come from MLFLOW_TRACKING_USERNAME/PASSWORD), where its
+    run is and so its lineage; None when it recorded none (no tracking, an older stoker)."""
+    from stoker.checkpoint.origin import saved_description
+
+    recorded = saved_description(folder).facts.get("tracking_uri")
+    return recorded if isinstance(recorded, str) and recorded else None

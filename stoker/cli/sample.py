@@ -45,8 +45,8 @@ def sample(
     config: Path | None = typer.Option(
         None,
         "--config",
-        help="The run's experiment file, where the checkpoint is not in "
-        "a run folder (an s3:// root).",
+        help="The experiment that trained it, for a checkpoint that carries no "
+        "config.yaml (saved by an older stoker) outside a run folder.",
     ),
     device: str | None = typer.Option(
         None, "--device", help="cpu, cuda, cuda:1; default: the GPU where there is one."
@@ -140,9 +140,14 @@ def _checkpoint_and_config(source: str, config: Path | None) -> tuple[str, Exper
         pass
     elif Path(source).exists():
         path = Path(source).resolve()
-        # A run folder, its checkpoint root, or a step-<N> folder under it.
+        # A run folder, its checkpoint root, or a step-<N> folder under it (which holds a
+        # config.yaml of its own, beside its COMMIT.json: not a run folder).
         run_dir = next(
-            (p for p in (path, path.parent, path.parent.parent) if (p / CONFIG_NAME).is_file()),
+            (
+                p
+                for p in (path, path.parent, path.parent.parent)
+                if (p / CONFIG_NAME).is_file() and not (p / "COMMIT.json").exists()
+            ),
             None,
         )
         if run_dir == path:
@@ -160,15 +165,35 @@ def _checkpoint_and_config(source: str, config: Path | None) -> tuple[str, Exper
         run_dir, url = Path(record.run_dir), None
     experiment = config or (run_dir / CONFIG_NAME if run_dir is not None else None)
     if experiment is None:
-        raise StokerError(
-            f"no run config found for {source!r}: it is not in a run folder",
-            fix="pass the experiment file that trained it with --config",
-        )
+        assert url is not None
+        return url, _config_it_carries(url)
     cfg = resolve_config(experiment, use_profile=False).config
     if url is None:
         assert run_dir is not None
         url = cfg.checkpoint.root or str(run_dir / "checkpoints")
     return url, cfg
+
+
+def _config_it_carries(url: str) -> ExperimentConfig:
+    """The frozen experiment a checkpoint outside any run folder carries (its commit's
+    config.yaml: a checkpoint root on a shared bucket, a copied step-<N> folder)."""
+    import tempfile
+
+    from stoker.checkpoint.origin import saved_description
+    from stoker.config import resolve_config
+    from stoker.errors import StokerError
+
+    described = saved_description(url)
+    if described.config_text is None:
+        raise StokerError(
+            f"{described.folder} carries no config.yaml (saved by an older stoker or by a "
+            "checkpointer given none), and is not in a run folder",
+            fix="pass the experiment file that trained it with --config",
+        )
+    with tempfile.TemporaryDirectory(prefix="stoker-sample-") as folder:
+        frozen = Path(folder) / CONFIG_NAME
+        frozen.write_text(described.config_text)
+        return resolve_config(frozen, use_profile=False).config
 
 
 def _log(checkpoint: str, cfg: ExperimentConfig, out: Path, step: int) -> str:

@@ -21,15 +21,19 @@ from stoker.version import __version__
 
 def freeze_config(resolved: ResolvedConfig) -> str:
     """The YAML a job reads: every value resolved, no profile or overrides left to apply."""
-    # The file name on one comment line: a newline in it would start a line of YAML.
-    origin = printable_line(str(resolved.experiment or "the built-in defaults"))
+    return frozen_text(resolved.config, str(resolved.experiment or "the built-in defaults"))
+
+
+def frozen_text(config: ExperimentConfig, origin: str) -> str:
+    """`config` as a frozen config's YAML, its header saying it came from `origin`."""
+    # The origin on one comment line: a newline in it would start a line of YAML.
     header = (
         f"# Frozen by stoker {__version__} at {dt.datetime.now(dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
-        f" from {origin}.\n"
+        f" from {printable_line(origin)}.\n"
         "# This file is the job's only input; edit the experiment file, not this one.\n"
     )
     body = dump_yaml(
-        resolved.config.model_dump(mode="json", by_alias=True), sort_keys=False, allow_unicode=True
+        config.model_dump(mode="json", by_alias=True), sort_keys=False, allow_unicode=True
     )
     return header + body
 

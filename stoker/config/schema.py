@@ -242,11 +242,28 @@ class SourceConfig(Section):
     """One data set of a mixture (data.sources)."""
 
     name: str
-    """What metrics, MLflow's dataset inputs and messages call it: letters, digits, . _ -."""
+    """What metrics, MLflow's dataset inputs and messages call it: letters, digits, . _ -;
+    left out, the last part of its url (s3://b/sets/speech/ is speech)."""
     url: str
     """fsspec URL of its packed data set."""
     weight: Annotated[float, Field(gt=0, le=1e6)] = 1.0
     """Its share of the samples: weight / the sum of all weights."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_from_url(cls, value: Any) -> Any:
+        if not isinstance(value, Mapping) or value.get("name") is not None:
+            return value
+        url = value.get("url")
+        if not isinstance(url, str):
+            return value  # the url's own error says what is wrong
+        name = source_name_of(url)
+        if not _NAME.match(name):
+            raise ValueError(
+                f"no name, and the last part of its url {url!r} ({name!r}) cannot be one: "
+                "set name (letters, digits, '.', '_' and '-')"
+            )
+        return {**value, "name": name}
 
     @field_validator("name")
     @classmethod
@@ -254,6 +271,13 @@ class SourceConfig(Section):
         if not _NAME.match(value):
             raise ValueError(f"{value!r}: use letters, digits, '.', '_' and '-' (at most 128)")
         return value
+
+
+def source_name_of(url: str) -> str:
+    """A source's default name: its url's last path segment, without a query or a
+    trailing slash (file:///d/speech/ -> speech)."""
+    path = url.split("?", 1)[0].split("#", 1)[0].rstrip("/")
+    return posixpath.basename(path.split("://", 1)[-1])
 
 
 class BucketConfig(Section):
@@ -273,7 +297,7 @@ class DataConfig(Section):
     url: str | None = None
     """fsspec URL of a packed data set (file://, s3://, ...); null uses synthetic data."""
     sources: list[SourceConfig] = []
-    """A mixture of data sets [{name, url, weight}], each with its own epochs; url must be null."""
+    """A mixture of data sets [{name, url, weight}]; a name left out is the url's last part."""
     mixing: modes.Mixing = "random"
     """How sources share the stream: seeded draws by weight, or exact proportions in every batch."""
     buckets: list[BucketConfig] = []
@@ -324,10 +348,16 @@ class DataConfig(Section):
     @field_validator("sources")
     @classmethod
     def _check_sources(cls, value: list[SourceConfig]) -> list[SourceConfig]:
-        names = [s.name for s in value]
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise ValueError(f"source names must differ: {', '.join(twice)} appears twice")
+        seen: dict[str, int] = {}
+        for index, source in enumerate(value):
+            if source.name in seen:
+                first = value[seen[source.name]]
+                raise ValueError(
+                    f"data.sources[{seen[source.name]}] ({first.url}) and data.sources[{index}] "
+                    f"({source.url}) are both named {source.name!r}: give one of them "
+                    "another name (name: ...)"
+                )
+            seen[source.name] = index
         return value
 
     @field_validator("buckets")

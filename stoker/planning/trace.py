@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from stoker.metric_names import PEAK_GPU_MEMORY_GB
 from stoker.modes import ActivationCheckpointing, ResolvedPrecision
 
 # Each trace: a fresh fake process group of its world size (one per process at a time).
@@ -85,6 +86,59 @@ _PARTS = {
 }
 
 
+@contextlib.contextmanager
+def values_needed_said(cfg: Any) -> Iterator[None]:
+    """A model whose code reads a tensor's values (`.item()`, `if loss > 0:`, a
+    `nonzero` whose size depends on them) cannot run on fake tensors, which have shapes
+    and no values: a ModelSetupError naming the model, the line of its code and the op,
+    and the way out, rather than FakeTensor's traceback."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        UnsupportedOperatorException,
+    )
+
+    from stoker.runtime.models.build import ModelSetupError
+
+    try:
+        yield
+    except (DataDependentOutputException, DynamicOutputShapeException) as exc:
+        op = getattr(exc, "func", None) or type(exc).__name__
+        what = (
+            "reads a tensor's value (.item(), float(t), a Python `if` on a tensor)"
+            if isinstance(exc, DataDependentOutputException)
+            else "makes a tensor whose size depends on values"
+        )
+        raise ModelSetupError(
+            "model.arch",
+            f"{cfg.model.arch}: the planner runs the model on fake tensors (shapes, no "
+            f"values), and its code {what} at {_users_line(exc)} ({op})",
+            fix="keep values in tensors there (torch.where, torch.clamp, a masked mean; "
+            "return metrics as tensors: the trainer reads them after the step); or size "
+            "the job without a plan: a few steps of it log each rank's peak memory "
+            f"({PEAK_GPU_MEMORY_GB} in its MLflow run)",
+        ) from exc
+    except UnsupportedOperatorException as exc:
+        raise ModelSetupError(
+            "model.arch",
+            f"{cfg.model.arch}: the planner runs the model on fake tensors, and {exc.func} "
+            f"at {_users_line(exc)} has no fake implementation",
+            fix="register one (torch.library.register_fake) for your op; or size the "
+            f"job without a plan: a few steps of it log {PEAK_GPU_MEMORY_GB}",
+        ) from exc
+
+
+def _users_line(exc: BaseException) -> str:
+    """file:line of the innermost frame outside torch: the model's code that asked."""
+    import traceback
+
+    torch_dir = os.path.dirname(torch.__file__)
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(torch_dir)
+    ]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "an unknown line"
+
+
 def _fake_process_group(world: int) -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -131,25 +185,11 @@ def random_batch(
     tensors under a FakeTensorMode (a plan's trace), real ones on `device` otherwise (a
     candidate measured for real: tests/plan, benchmarks/plan_measured.py)."""
     from stoker.runtime.models import data_shapes
-    from stoker.runtime.preflight import meta_batch
+    from stoker.runtime.preflight import batch_with_values
 
     shapes = data_shapes(cfg.data)
     clip = shapes.buckets[bucket] if bucket is not None else None
-
-    def filled(value: Any) -> Any:
-        if isinstance(value, dict):  # latents, a .safetensors member
-            return {k: filled(v) for k, v in value.items()}
-        if not isinstance(value, torch.Tensor):
-            return value
-        if value.dtype == torch.uint8:
-            return torch.randint(0, 256, value.shape, dtype=torch.uint8, device=device)
-        if value.dtype == torch.bool:
-            return torch.ones(value.shape, dtype=torch.bool, device=device)
-        if value.dtype.is_floating_point:
-            return (torch.rand(value.shape, device=device) * 2 - 1).to(value.dtype)
-        return torch.zeros(value.shape, dtype=value.dtype, device=device)
-
-    return {key: filled(value) for key, value in meta_batch(shapes, rows, clip).items()}
+    return batch_with_values(shapes, rows, clip, device)
 
 
 def trace_step(cfg: Any, spec: TraceSpec) -> Traced:
@@ -175,7 +215,12 @@ def trace_step(cfg: Any, spec: TraceSpec) -> Traced:
     # One CP rank's share of every sequence, as stoker.model's attention, token_slice and
     # cp_sum give it a rank (its attention over its share: the shapes, not the values).
     shares = SharesOnly(spec.cp, spec.ulysses) if spec.cp > 1 else None
-    with _kernels_for(cfg, spec.gpu), FakeTensorMode(), context_parallel_as(shares):
+    with (
+        values_needed_said(cfg),
+        _kernels_for(cfg, spec.gpu),
+        FakeTensorMode(),
+        context_parallel_as(shares),
+    ):
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model, cfg.data)
         apply_activation_checkpointing(model, spec.activation_checkpointing)
@@ -294,7 +339,7 @@ def model_facts(cfg: Any, buckets: list[int | None]) -> ModelFacts:
 
     from stoker.runtime.models import build_model, contract
 
-    with _kernels_for(cfg, False), FakeTensorMode():
+    with values_needed_said(cfg), _kernels_for(cfg, False), FakeTensorMode():
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model, cfg.data)
         params = sum(p.numel() for p in model.parameters())

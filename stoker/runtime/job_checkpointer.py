@@ -8,11 +8,34 @@ from typing import TYPE_CHECKING, Any
 
 from stoker.checkpoint.checkpointer import Checkpointer, SaveRecord
 from stoker.config import ExperimentConfig, state_hash
+from stoker.config.frozen import frozen_text
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
     from stoker.runtime.observe.metrics_sink import MetricsSink
+
+
+def checkpoint_facts(cfg: ExperimentConfig) -> dict[str, Any]:
+    """What COMMIT.json's `extra` says of the run beside its frozen config: the data's
+    shapes as the model was built for them (latent shapes come from the data sets'
+    manifests, which a reader of the checkpoint may not reach) and the MLflow store of
+    the run that saved it (passwords hidden), where `ckpt export --register` registers."""
+    import contextlib
+    import dataclasses
+    import os
+
+    from stoker.redact import hide_url_passwords
+    from stoker.runtime.models import data_shapes
+
+    facts: dict[str, Any] = {"model_arch": cfg.model.arch}
+    # Where they cannot be had (a manifest not reachable), the config beside them says how.
+    with contextlib.suppress(Exception):
+        facts["data_shapes"] = dataclasses.asdict(data_shapes(cfg.data))
+    store = os.environ.get("MLFLOW_TRACKING_URI")
+    if store:
+        facts["tracking_uri"] = hide_url_passwords(store)
+    return facts
 
 
 def checkpointer_for(
@@ -51,6 +74,8 @@ def checkpointer_for(
 
     return Checkpointer(
         root,
+        described_by=frozen_text(cfg, f"the run that saved this checkpoint under {root}"),
+        facts=checkpoint_facts(cfg),
         rank=rank,
         world_size=world_size,
         async_save=ckpt.async_save,

@@ -2,7 +2,9 @@
 forward run on a meta batch of the loader's shapes: a data config the model cannot
 take, a plugin that does not import, a wrong argument or a forward that breaks the
 contract is refused in seconds, before a data set is written or a rank is started
-(`stoker run`; docs/runtime.md, docs/bring-your-own.md).
+(`stoker run`; docs/runtime.md, docs/bring-your-own.md). A forward that reads values
+(`.item()`, a branch on a tensor), which meta tensors lack, is run again for real on
+the CPU: one sample of the data's shapes with random values, within 60 s.
 
 Run by the launcher as a child process (it imports torch, which the login node's
 commands do not): `python -m stoker.runtime.preflight --config FROZEN [--config ...]`,
@@ -16,9 +18,10 @@ arguments.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,36 +61,108 @@ def check_model(cfg: ExperimentConfig) -> None:
     import torch
 
     from stoker.runtime.models import build_model, data_shapes
-    from stoker.runtime.models.build import ModelSetupError
     from stoker.runtime.models.context_parallel import SharesOnly, context_parallel_as
 
     shapes = data_shapes(cfg.data)
     rows = min(2, cfg.data.batch_size)
+    clips: list[ClipShape | None] = list(shapes.buckets) or [None]
     notes: list[str] = []
+    needs_values: list[ClipShape | None] = []
     train = cfg.train
     # Do each bucket's tokens and the heads split over train.context_parallel?
     cp = train.context_parallel
     shares = SharesOnly(cp, train.ulysses_degree()) if cp > 1 else None
     with torch.device("meta"), context_parallel_as(shares):  # shapes only: nothing allocated
         model = build_model(cfg.model, cfg.data)
-        if not shapes.buckets:
-            notes.append(_check_forward(cfg.model.arch, model, meta_batch(shapes, rows)))
-        for index, clip in enumerate(shapes.buckets):
-            try:
-                notes.append(_check_forward(cfg.model.arch, model, meta_batch(shapes, rows, clip)))
-            except ModelSetupError as exc:
-                raise ModelSetupError(
-                    "data.buckets",
-                    f"data.buckets[{index}] ({_described(shapes, clip)}): {exc.message}",
-                    fix=f"{exc.fix}; or change or drop data.buckets[{index}]",
-                ) from exc
+        parameters = sum(p.numel() for p in model.parameters())
+        for clip in clips:
+            with _naming_the_bucket(shapes, clip):
+                note, values = _check_forward(cfg.model.arch, model, meta_batch(shapes, rows, clip))
+            notes.append(note)
+            if values:
+                needs_values.append(clip)
+    del model
+    for clip in needs_values:  # what meta tensors cannot run: for real, on the CPU
+        with _naming_the_bucket(shapes, clip):
+            notes.append(_check_forward_with_values(cfg, shapes, clip, parameters))
     for note in dict.fromkeys(n for n in notes if n):  # once each, in order
         print(f"stoker: {cfg.model.arch}: {note}", file=sys.stderr)
 
 
-def _check_forward(arch: str, model: Any, batch: dict[str, Any]) -> str:
-    """Run forward on a meta batch: a ModelSetupError when it breaks the contract; a
-    note ('' when none) when it could not run on meta tensors."""
+# The forward on values (a model that reads them: `.item()`, a branch on a tensor):
+# bounded in time, and only for a model whose fp32 weights a login node can hold.
+VALUES_FORWARD_S = 60
+VALUES_FORWARD_MAX_BYTES = 4 << 30
+
+
+@contextlib.contextmanager
+def _naming_the_bucket(shapes: DataShapes, clip: ClipShape | None) -> Iterator[None]:
+    """A refusal for one of data.buckets' shapes names that bucket and its shape."""
+    from stoker.runtime.models.build import ModelSetupError
+
+    try:
+        yield
+    except ModelSetupError as exc:
+        if clip is None:
+            raise
+        index = shapes.buckets.index(clip)
+        raise ModelSetupError(
+            "data.buckets",
+            f"data.buckets[{index}] ({_described(shapes, clip)}): {exc.message}",
+            fix=f"{exc.fix}; or change or drop data.buckets[{index}]",
+        ) from exc
+
+
+class _TookTooLong(Exception):
+    pass
+
+
+def _check_forward_with_values(
+    cfg: ExperimentConfig, shapes: DataShapes, clip: ClipShape | None, parameters: int
+) -> str:
+    """The forward of a model the meta device cannot run, for real on the CPU: built
+    under the run's seed, on one sample of the data's shapes with random values, in at
+    most VALUES_FORWARD_S. A ModelSetupError as on the meta device (a loss that is not a
+    scalar, a wrong key, a dtype error); a note when it was not run."""
+    import signal
+
+    import torch
+
+    from stoker.runtime.models import build_model
+
+    if parameters * 4 > VALUES_FORWARD_MAX_BYTES:
+        return (
+            f"forward not checked: the meta device cannot run it, and its "
+            f"{parameters / 1e9:.1f} B parameters are too many to run it here; the ranks "
+            "will run it"
+        )
+
+    def took_too_long(signum: int, frame: object) -> None:
+        raise _TookTooLong
+
+    before = signal.signal(signal.SIGALRM, took_too_long)
+    signal.alarm(VALUES_FORWARD_S)
+    try:
+        torch.manual_seed(cfg.train.seed)
+        with torch.device("cpu"):
+            model = build_model(cfg.model, cfg.data)
+        with torch.no_grad():
+            note, _ = _check_forward(cfg.model.arch, model, batch_with_values(shapes, 1, clip))
+    except _TookTooLong:
+        return (
+            f"forward not checked: the meta device cannot run it, and on the CPU it took "
+            f"more than {VALUES_FORWARD_S} s; the ranks will run it"
+        )
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+    return note
+
+
+def _check_forward(arch: str, model: Any, batch: dict[str, Any]) -> tuple[str, bool]:
+    """Run forward on `batch`: a ModelSetupError when it breaks the contract; else a
+    note ('' when none) and whether the forward needs values (it could not run on meta
+    tensors)."""
     from stoker.errors import StokerError
     from stoker.runtime.models import contract
     from stoker.runtime.models.build import ModelSetupError
@@ -106,20 +181,19 @@ def _check_forward(arch: str, model: Any, batch: dict[str, Any]) -> str:
         # A member of the data set's own (.npy, .safetensors) or one data.transform
         # adds: the data set says whether it is there, not the config.
         return (
-            f"forward not checked on the meta device (it reads batch[{key!r}], which the "
-            "data set's members or data.transform give); the ranks will run it"
-        )
+            f"forward not checked (it reads batch[{key!r}], which the data set's members "
+            "or data.transform give); the ranks will run it"
+        ), False
     except (NotImplementedError, RuntimeError) as exc:
         if 'missing the required "forward"' in str(exc):
             fix = "define forward(self, batch) returning the loss (stoker/model.py)"
             raise _forward_failed(arch, exc, fix) from exc
         if "meta" not in str(exc):
             raise _forward_failed(arch, exc) from exc
-        first = str(exc).splitlines()[0]
-        return f"forward not checked on the meta device ({first}); the ranks will run it"
+        return "", True
     except Exception as exc:
         raise _forward_failed(arch, exc) from exc
-    return ""
+    return "", False
 
 
 def meta_batch(shapes: DataShapes, rows: int, clip: ClipShape | None = None) -> dict[str, Any]:
@@ -152,6 +226,29 @@ def meta_batch(shapes: DataShapes, rows: int, clip: ClipShape | None = None) -> 
             for name, shape in latent.tensors.items()
         }
     return batch
+
+
+def batch_with_values(
+    shapes: DataShapes, rows: int, clip: ClipShape | None = None, device: Any = "cpu"
+) -> dict[str, Any]:
+    """`meta_batch` with values, on `device` (fake tensors under a FakeTensorMode):
+    random uint8 video, audio and latents in [-1, 1], every row valid."""
+    import torch
+
+    def filled(value: Any) -> Any:
+        if isinstance(value, dict):  # latents, a .safetensors member
+            return {k: filled(v) for k, v in value.items()}
+        if not isinstance(value, torch.Tensor):
+            return value
+        if value.dtype == torch.uint8:
+            return torch.randint(0, 256, value.shape, dtype=torch.uint8, device=device)
+        if value.dtype == torch.bool:
+            return torch.ones(value.shape, dtype=torch.bool, device=device)
+        if value.dtype.is_floating_point:
+            return (torch.rand(value.shape, device=device) * 2 - 1).to(value.dtype)
+        return torch.zeros(value.shape, dtype=value.dtype, device=device)
+
+    return {key: filled(value) for key, value in meta_batch(shapes, rows, clip).items()}
 
 
 def _described(shapes: DataShapes, clip: ClipShape) -> str:

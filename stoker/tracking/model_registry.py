@@ -118,9 +118,10 @@ def register_version(
             tags[MISSING_TAG] = ", ".join(missing)
         model_id = _upload(client, experiment_id, name, local, step, run_id, tags)
         _ensure_registered_model(client, name)
-        version = client.create_model_version(
-            name, source=f"models:/{model_id}", run_id=run_id, tags=tags, model_id=model_id
-        )
+        with _global_tracking_uri(target.uri):
+            version = client.create_model_version(
+                name, source=f"models:/{model_id}", run_id=run_id, tags=tags, model_id=model_id
+            )
     return RegisteredVersion(
         name=name,
         version=int(version.version),
@@ -233,6 +234,29 @@ def _upload(
         raise
     client.finalize_logged_model(model.model_id, "READY")
     return str(model.model_id)
+
+
+@contextlib.contextmanager
+def _global_tracking_uri(uri: str) -> Iterator[None]:
+    """MLflow's global tracking URI set to `uri` for one call, then put back as it was.
+
+    A database store's registry resolves a version's `models:/<model_id>` source
+    through MLflow's global tracking URI, not through the client's own (MLflow's TODO in
+    SqlAlchemyStore.create_model_version). stoker never sets the global one, so there it
+    is MLflow's default, sqlite:///mlflow.db in the current folder: the logged model is
+    "not found", and a stray mlflow.db is left behind. A server resolves it in its own
+    store; setting the global URI changes nothing there. Set directly, not through
+    `mlflow.set_tracking_uri`, which also writes MLFLOW_TRACKING_URI into the
+    environment and, when put back to unset, would delete a value the user had there.
+    """
+    from mlflow.tracking._tracking_service import utils
+
+    before = utils._tracking_uri
+    utils._tracking_uri = uri  # type: ignore[assignment]  # typed None in MLflow
+    try:
+        yield
+    finally:
+        utils._tracking_uri = before
 
 
 def _ensure_registered_model(client: Any, name: str) -> None:

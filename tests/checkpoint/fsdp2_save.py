@@ -10,7 +10,9 @@ weight, shards it with FSDP2 as the runtime does (apply_fsdp), takes one AdamW
 step on a different batch per rank (and one of an EMA of decay 0.5), saves
 {"model", "optim", "train", "rng": {"rank-<r>"}, "ema"} with DCP into
 ROOT/step-STEP as stoker.checkpoint.train_state lays it out, and commits it on
-rank 0. Rank 0 also writes REFERENCE (torch.save): the full state dict, the full
+rank 0 with the frozen experiment beside it (config.yaml: tiny.yaml in fp32, which
+`stoker sample` reads when given no run folder), as the runtime's checkpointer commits.
+Rank 0 also writes REFERENCE (torch.save): the full state dict, the full
 EMA, a fixed input, and the sharded model's outputs on it.
 """
 
@@ -31,8 +33,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule
 
-from stoker.checkpoint.commit import write_commit
+from stoker.checkpoint.commit import CONFIG_NAME, write_commit
 from stoker.config import DataConfig, resolve_config
+from stoker.config.frozen import frozen_text
 from stoker.runtime.dist import dist_env, rendezvous
 from stoker.runtime.dist.parallelize import apply_fsdp
 from stoker.runtime.ema import EMA
@@ -104,7 +107,12 @@ def main(root: Path, step: int, reference: Path) -> None:
     )
     full_ema = {fqn: t.full_tensor() for fqn, t in ema.state_dict().items()}  # a collective
     if env.rank == 0:
-        write_commit(str(folder), step=step, world_size=env.world_size, mesh={"shard": 2})
+        # fp32: what the tests compare across processes (auto is bf16 on some CPUs).
+        frozen = cfg.model_copy(
+            update={"train": cfg.train.model_copy(update={"precision": "fp32"})}
+        )
+        write_commit(str(folder), step=step, world_size=env.world_size, mesh={"shard": 2},
+                     texts={CONFIG_NAME: frozen_text(frozen, str(TINY))})  # fmt: skip
         torch.save(
             {
                 "state": full,

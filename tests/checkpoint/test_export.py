@@ -300,6 +300,14 @@ def test_export_from_and_to_s3(trained: Trained, tmp_path: Path, s3_env: S3Serve
     exists = stoker_text("ckpt", "export", root, out, env=s3_env.env)
     assert exists.returncode == 2 and f"{out}' exists" in exists.stderr
 
+    # `stoker sample` on the root in the bucket alone: the experiment comes with the
+    # checkpoint (its commit's config.yaml), no run folder, no --config.
+    sampled = stoker_text("sample", root, "--seed", "3", "--steps", "1", "--device", "cpu",
+                          "--out", str(tmp_path / "clips"), "--json", env=s3_env.env)  # fmt: skip
+    assert sampled.returncode == 0, sampled.stderr[-2000:]
+    assert json.loads(sampled.stdout)["checkpoint"] == f"{root}/step-{STEP}"
+    assert (tmp_path / "clips" / "seed-3.mp4").stat().st_size > 0
+
 
 def _with_precision(experiment_yaml: str, precision: str) -> str:
     """The experiment file's text with train.precision set."""
@@ -319,16 +327,18 @@ def test_stoker_sample_draws_from_a_two_rank_checkpoint_in_one_process(
     from stoker.runtime.sampling.files import write_samples
 
     out = tmp_path / "clips"
-    # fp32 in both processes: `train.precision: auto` samples in bf16 on a CPU with native
-    # bf16, and this test compares the subprocess's bytes with in-process fp32 sampling.
-    config = tmp_path / "tiny-fp32.yaml"
-    config.write_text(_with_precision(TINY.read_text(), "fp32"))
-    args = ["sample", str(trained.folder), "--config", str(config), "--seed", "3", "--seed", "4",
+    # No run folder and no --config: the experiment is the one the checkpoint carries
+    # (config.yaml in its commit), tiny.yaml in fp32. fp32 in both processes:
+    # `train.precision: auto` samples in bf16 on a CPU with native bf16, and this test
+    # compares the command's bytes with in-process fp32 sampling.
+    args = ["sample", str(trained.folder), "--seed", "3", "--seed", "4",
             "--steps", "2", "--method", "euler", "--device", "cpu"]  # fmt: skip
     result = json.loads(stoker_text(*args, "--out", str(out), "--json", check=True).stdout)
     assert (result["step"], result["weights"]) == (STEP, "ema")
     assert result["files"] == ["seed-3.mp4", "seed-4.mp4", "contact.png", "samples.json"]
 
+    config = tmp_path / "tiny-fp32.yaml"
+    config.write_text(_with_precision(TINY.read_text(), "fp32"))
     cfg = resolve_config(config, use_profile=False).config
     assert cfg.train.precision == "fp32"
     model = build_model(cfg.model, cfg.data)
@@ -343,6 +353,14 @@ def test_stoker_sample_draws_from_a_two_rank_checkpoint_in_one_process(
     stoker_text(*args, "--weights", "model", "--out", str(trained_weights), check=True)
     assert (trained_weights / "seed-3.mp4").read_bytes() != (out / "seed-3.mp4").read_bytes()
 
-    failed = stoker_text("sample", str(trained.folder), "--out", str(tmp_path / "x"))
-    assert failed.returncode != 0 and "no run config found" in failed.stderr
-    assert "--config" in failed.stderr
+    # A checkpoint committed without its experiment (an older stoker): --config.
+    older = trained.copy_to(tmp_path / "older")
+    (older / "config.yaml").unlink()
+    (older / "COMMIT.json").unlink()
+    ck.write_commit(str(older), step=STEP, world_size=2, mesh={"shard": 2})
+    failed = stoker_text("sample", str(older), "--out", str(tmp_path / "x"))
+    assert failed.returncode != 0 and "carries no config.yaml" in failed.stderr
+    assert "pass the experiment file that trained it with --config" in failed.stderr
+    stoker_text(*args[:1], str(older), *args[2:], "--config", str(config),
+                "--out", str(tmp_path / "given"), check=True)  # fmt: skip
+    assert (tmp_path / "given" / "seed-3.mp4").read_bytes() == (out / "seed-3.mp4").read_bytes()

@@ -202,7 +202,16 @@ def test_unknown_profile_key_suggests_profile_keys(tmp_path: Path) -> None:
         ("job=3", "is a section"),
         ("data.buckets=[{batch_size: 2}]", "data.buckets[0].clip_seconds: expected"),
         ("data.sources=[{url: x}, {name: a b, url: y}]", "data.sources[1].name: got 'a b'"),
-        ("data.sources=[{name: a, url: x}, {name: a, url: y}]", "a appears twice"),
+        (
+            "data.sources=[{name: a, url: x}, {name: a, url: y}]",
+            "data.sources[0] (x) and data.sources[1] (y) are both named 'a'",
+        ),
+        (
+            "data.sources=[{url: s3://one/speech}, {url: 's/two/speech/', weight: 2}]",
+            "data.sources[0] (s3://one/speech) and data.sources[1] (s/two/speech/) are both "
+            "named 'speech': give one of them another name",
+        ),
+        ("data.sources=[{url: 's3://b/{a..b}'}]", "its url 's3://b/{a..b}' ('{a..b}') cannot"),
         ("data.buckets=[{clip_seconds: 1}]", "needs data.batch_tokens"),
         (
             "data.buckets=[{clip_seconds: 1, batch_size: 2}, {clip_seconds: 1, batch_size: 4}]",
@@ -215,6 +224,20 @@ def test_invalid_values_are_rejected(override: str, fragment: str) -> None:
         resolve_config(overrides=[override])
     assert fragment in str(info.value)
     assert f"override {override}" in str(info.value)
+
+
+def test_a_source_without_a_name_is_named_by_its_urls_last_part(tmp_path: Path) -> None:
+    experiment = write(
+        tmp_path / "mix.yaml",
+        "data:\n  sources:\n    - url: s3://bucket/sets/speech/\n      weight: 3\n"
+        "    - {url: /data/music, name: tunes}\n    - url: file:///d/noise?anon=1\n",
+    )
+    sources = resolve_config(experiment).config.data.sources
+    assert [(s.name, s.url, s.weight) for s in sources] == [
+        ("speech", "s3://bucket/sets/speech/", 3.0),
+        ("tunes", "/data/music", 1.0),
+        ("noise", "file:///d/noise?anon=1", 1.0),
+    ]
 
 
 def test_yaml_syntax_error_and_duplicate_keys_report_the_line(tmp_path: Path) -> None:

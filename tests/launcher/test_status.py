@@ -16,6 +16,7 @@ import re
 import select
 import shutil
 import signal
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -260,6 +261,23 @@ def test_one_squeue_and_one_sacct_per_refresh_and_ended_jobs_cached(
     assert sum(slurm_cli.CALLS.values()) == 0
     assert [r.state for r in second.rows] == ["COMPLETED", "FAILED", "CANCELLED"]
     assert {r.source for r in second.rows} == {"ledger"}
+    # ...and the elapsed time sacct gave when they were seen ending (ELAPSED, not "-").
+    seen = {r.job_id: r.elapsed_s for r in first.rows}
+    assert {r.job_id: r.elapsed_s for r in second.rows} == {j: seen[j] for j in ended}
+    assert all(isinstance(seen[j], int) for j in ended), seen
+
+    # A job kept as ended by an older stoker, without its elapsed time: asked of sacct
+    # once (no squeue: its state is known), then kept.
+    older = jobs.ids["completes"]
+    with sqlite3.connect(ledger.path) as conn:
+        conn.execute("UPDATE jobs SET extra = '{}' WHERE job_id = ?", (older,))
+    slurm_cli.CALLS.clear()
+    (asked,) = collect_status(select_jobs(ledger, [older]), ledger).rows
+    assert dict(slurm_cli.CALLS) == {"sacct": 1}
+    assert (asked.state, asked.elapsed_s) == ("COMPLETED", seen[older])
+    slurm_cli.CALLS.clear()
+    (kept,) = collect_status(select_jobs(ledger, [older]), ledger).rows
+    assert sum(slurm_cli.CALLS.values()) == 0 and kept.elapsed_s == seen[older]
 
     slurm_cli.CALLS.clear()
     again = collect_status(select_jobs(ledger), ledger)
@@ -411,7 +429,7 @@ def test_watch_refreshes_on_a_terminal_until_ctrl_c(tmp_path: Path) -> None:
 
 def test_default_shows_recent_jobs_and_all_shows_old_ones(tmp_path: Path) -> None:
     ledger = Ledger()
-    for job_id, age_days, final in (("11", 3, "COMPLETED"), ("12", 0.5, "FAILED")):
+    for job_id, age_days, final in (("900011", 3, "COMPLETED"), ("900012", 0.5, "FAILED")):
         ledger.add(
             JobRecord(
                 job_id=job_id,
@@ -426,17 +444,23 @@ def test_default_shows_recent_jobs_and_all_shows_old_ones(tmp_path: Path) -> Non
             )
         )
     slurm_cli.CALLS.clear()
-    assert [t.job_id for t in select_jobs(ledger)] == ["12"]
-    assert [t.job_id for t in select_jobs(ledger, all_jobs=True)] == ["12", "11"]
+    assert [t.job_id for t in select_jobs(ledger)] == ["900012"]
+    assert [t.job_id for t in select_jobs(ledger, all_jobs=True)] == ["900012", "900011"]
     rows = collect_status(select_jobs(ledger, all_jobs=True), ledger).rows
     assert [r.state for r in rows] == ["FAILED", "COMPLETED"]
-    assert sum(slurm_cli.CALLS.values()) == 0  # final states come from the ledger
+    # Final states come from the ledger; kept without an elapsed time, they are asked
+    # of sacct once for it (these ids are unknown to it: "-"), and not again.
+    assert dict(slurm_cli.CALLS) == {"sacct": 1}
+    assert [r.elapsed_s for r in rows] == [None, None]
+    slurm_cli.CALLS.clear()
+    collect_status(select_jobs(ledger, all_jobs=True), ledger)
+    assert sum(slurm_cli.CALLS.values()) == 0
     # A job submitted 3 days ago whose batch log was written an hour ago ended recently.
-    (tmp_path / "11" / "logs").mkdir(parents=True)
-    (tmp_path / "11" / "logs" / "batch.log").write_text("done\n")
-    assert [t.job_id for t in select_jobs(ledger)] == ["12", "11"]
+    (tmp_path / "900011" / "logs").mkdir(parents=True)
+    (tmp_path / "900011" / "logs" / "batch.log").write_text("done\n")
+    assert [t.job_id for t in select_jobs(ledger)] == ["900012", "900011"]
     result = stoker_text("status", "--json", check=True)
-    assert [row["job_id"] for row in json.loads(result.stdout)] == ["12", "11"]
+    assert [row["job_id"] for row in json.loads(result.stdout)] == ["900012", "900011"]
 
 
 def test_local_state_file_round_trip_and_process_checks(tmp_path: Path) -> None:

@@ -105,6 +105,46 @@ def test_errors_name_the_value_and_the_fix(tmp_path: Path) -> None:
     assert "neither a run folder nor a job in the ledger" in missing.stderr
 
 
+# A newcomer's model: its forward reads a value (`.item()`), which fake tensors lack.
+READS_A_VALUE = """\
+import torch
+from torch import nn
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+
+    def forward(self, batch):
+        scale = batch["audio"].abs().max().item()
+        return (batch["audio"].float().mean() * self.w).sum() / max(scale, 1.0)
+
+def build(data):
+    return Scaled()
+"""
+
+
+def test_a_model_that_reads_values_is_named_with_its_line_from_its_folder(
+    tmp_path: Path,
+) -> None:
+    """From the folder that holds the package, as `stoker run` finds it (the same import
+    rule in every command); the planner cannot trace `.item()` on fake tensors, and says
+    so with the model's line and what to do, not with FakeTensor's traceback."""
+    (tmp_path / "valueplug").mkdir()
+    (tmp_path / "valueplug" / "__init__.py").write_text("")
+    (tmp_path / "valueplug" / "model.py").write_text(READS_A_VALUE)
+    planned = stoker_text("plan", "model.arch=valueplug.model:build", cwd=tmp_path)
+    assert planned.returncode == 2, planned.stderr
+    model_file = tmp_path / "valueplug" / "model.py"
+    assert (
+        "valueplug.model:build: the planner runs the model on fake tensors (shapes, no values), "
+        f"and its code reads a tensor's value (.item(), float(t), a Python `if` on a tensor) "
+        f"at {model_file}:10 (aten._local_scalar_dense.default)"
+    ) in planned.stderr, planned.stderr
+    assert "fix: keep values in tensors there" in planned.stderr
+    assert "Traceback" not in planned.stderr
+
+
 @pytest.mark.slurm
 def test_a_partitions_gpus_come_from_sinfo(slurm_cluster: ClusterSettings) -> None:
     """The local cluster's partition: 3 nodes with GRES gpu:4 (no type: --gpu says it)."""

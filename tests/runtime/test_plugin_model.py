@@ -6,6 +6,7 @@ setting, where it came from and the fix, before anything starts."""
 from __future__ import annotations
 
 import json
+import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +56,15 @@ def build_plain(data, depth, scale=1.0):
 def build_nothing(data):
     return 42
 
+def build_no_data(width=32, depth=2):  # a newcomer's factory: no data parameter
+    return Flat(width)
+
+def build_keywords(*, width=4):
+    return Flat(width)
+
+def build_typed(size: int, width=4):
+    return Flat(width)
+
 def build_raises(data):
     raise RuntimeError("out of ideas")
 
@@ -99,6 +109,18 @@ class NoForward(nn.Module):
 
 def build_no_forward(data):
     return NoForward()
+
+class ReadsValues(nn.Module):  # meta tensors cannot run it; its loss is per sample
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(1))
+
+    def forward(self, batch):
+        peak = batch["audio"].abs().max().item()
+        return batch["audio"].float().mean(dim=(1, 2)) * self.w / max(peak, 1.0)
+
+def build_reads_values(data):
+    return ReadsValues()
 """
 
 
@@ -130,7 +152,7 @@ def _build(*overrides: str) -> object:
         (["model.arch=myplug.broken:build"], "model.arch",
          "importing myplug.broken raised ModuleNotFoundError", "fix the error in myplug.broken"),
         (["model.arch=myplug.models:buld"], "model.arch",
-         "module myplug.models", "name one of its callables: Args, Flat, build"),
+         "module myplug.models", "name one of its callables: Args, Flat, build, build_keywords"),
         (["model.arch=myplug.models:NOT_CALLABLE"], "model.arch",
          "is a int, not a function or class", "name the function"),
         (["model.arch=myplug.models:build", "model.args.width=wide"], "model.args.width",
@@ -141,6 +163,18 @@ def _build(*overrides: str) -> object:
          "takes no argument 'dept'", "use one of: depth, scale"),
         (["model.arch=myplug.models:build_plain"], "model.args.depth",
          "model.args.depth is required", "model.args.depth=VALUE"),
+        (["model.arch=myplug.models:build_no_data", "model.args.width=16"], "model.arch",
+         "must take the data shapes as its first argument (stoker calls "
+         "build_no_data(data, **model.args)), but its first parameter 'width' is set by "
+         "model.args.width", "def build_no_data(data: DataShapes, width=32, depth=2)"),
+        (["model.arch=myplug.models:build_no_data"], "model.arch",
+         "its first parameter 'width' has a default (32)",
+         "def build_no_data(data: DataShapes, width=32, depth=2)"),
+        (["model.arch=myplug.models:build_keywords"], "model.arch",
+         "it takes no positional parameter", "def build_keywords(data: DataShapes, *, width=4)"),
+        (["model.arch=myplug.models:build_typed"], "model.arch",
+         "its first parameter 'size' is annotated int",
+         "def build_typed(data: DataShapes, size: int, width=4)"),
         (["model.arch=myplug.models:build_nothing"], "model.arch",
          "returned int, not a torch.nn.Module", "return the nn.Module"),
         (["model.arch=myplug.models:build_raises"], "model.arch",
@@ -231,6 +265,21 @@ def test_the_example_plugin_trains_on_two_ranks_from_its_folder(
     run_dir = Path(summary["run_dir"])
     assert (run_dir / "checkpoints" / "step-30" / "COMMIT.json").is_file()
 
+    # One import rule for every command that builds the model: `plan` and `sample`, which
+    # build it in their own process, find the package in the folder as the ranks did.
+    for name in [m for m in sys.modules if m.split(".")[0] == "own_model"]:
+        del sys.modules[name]  # imported afresh, from the current folder
+    planned = stoker_text(
+        "plan", "model.arch=own_model.denoiser:build", "model.args.width=16",
+        f"data.url={data}", "data.batch_size=4", "--json", cwd=OWN_MODEL,
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    assert json.loads(planned.stdout)["chosen"]["status"] == "chosen"
+    sampled = stoker_text("sample", str(run_dir), "--out", str(run_dir / "clips"), cwd=OWN_MODEL)
+    # Found and built: refused only because this example model draws no samples.
+    assert sampled.returncode == 2 and "no module" not in sampled.stderr, sampled.stderr
+    assert "sample(" in sampled.stderr, sampled.stderr
+
 
 def test_a_plugin_module_is_imported_by_name_not_by_path(tmp_path: Path) -> None:
     """A file path is refused by the config (it would not import the same way on
@@ -280,8 +329,11 @@ def test_submit_checks_the_model_before_anything_is_created_unless_told_not_to(
         (["model.arch=myplug.models:build"], "Flat.forward(batch) returned [2], not a scalar"),
         (["model.arch=myplug.models:build", "model.args.width=wide"],
          "model.args.width: got 'wide'"),
+        (["model.arch=myplug.extra:build_reads_values"],
+         "ReadsValues.forward(batch) returned [1], not a scalar"),
     ],
-    ids=["import-fails", "no-forward", "loss-per-sample", "wrong-argument"],
+    ids=["import-fails", "no-forward", "loss-per-sample", "wrong-argument",
+         "loss-per-sample-reading-values"],
 )  # fmt: skip
 def test_check_and_submit_refuse_a_broken_plugin_and_queue_nothing(
     plugin_dir: Path, isolated_home: Path, overrides: list[str], message: str

@@ -186,17 +186,25 @@ def test_refusals_name_the_problem_and_the_fix(
 
 
 def test_a_run_registers_its_ema_weights_with_their_lineage_and_samples_join_it(
-    isolated_home: Path, tmp_path: Path, mlflow_server: Server
+    isolated_home: Path, tmp_path: Path
 ) -> None:
-    """train.register_final through `stoker run`: the version names the run, the final
-    checkpoint's COMMIT.json digest, the data set's digest and the final step's samples,
-    and holds the EMA's weights."""
+    """train.register_final through `stoker run`, on the default store (stoker's sqlite
+    in $STOKER_HOME, no MLFLOW_TRACKING_URI), run from a folder of the user's: the
+    version names the run, the final checkpoint's COMMIT.json digest, the data set's
+    digest and the final step's samples, and holds the EMA's weights. Then `ckpt export
+    --register` of the same checkpoint, as a newcomer types it after `make run`, is
+    version 2; neither leaves an mlflow.db in the current folder (MLflow's own default
+    store, where its registry looked for the logged model)."""
+    from mlflow.tracking import MlflowClient
+
     from stoker.data.synthetic.shapes import synth_dataset
+    from stoker.tracking.store import resolve_tracking_uri
 
     data = tmp_path / "data"
     synth_dataset(str(data), clips=4, seconds=1.0, size=(32, 32), fps=8)
+    bucket = tmp_path / "shared" / "ckpts"  # outside the run folder, as a shared bucket
     result = stoker(
-        "run", "--nproc", "1", "--json", f"data.url={data}", f"tracking.uri={mlflow_server.url}",
+        "run", "--nproc", "1", "--json", f"data.url={data}", f"checkpoint.root={bucket}",
         "data.batch_size=2", "data.num_workers=0", "train.steps=3", "checkpoint.every=0",
         "train.ema_decay=0.9", "train.sample_every=3", "train.sample_seeds=[0]",
         "train.sample_steps=1", "train.register_final=tiny-av", timeout=600,
@@ -204,9 +212,11 @@ def test_a_run_registers_its_ema_weights_with_their_lineage_and_samples_join_it(
     assert result.returncode == 0, result.stderr[-3000:]
     job = json.loads(result.stdout.strip().splitlines()[-1])
     run_id = job["run_id"]
-    client = client_of(mlflow_server)
+    default_store = resolve_tracking_uri(None).uri
+    assert default_store.startswith("sqlite:") and str(isolated_home) in default_store
+    client = MlflowClient(tracking_uri=default_store, registry_uri=default_store)
     version = client.get_model_version("tiny-av", "1")
-    final = Path(job["run_dir"]) / "checkpoints" / "step-3"
+    final = bucket / "step-3"
     commit = hashlib.sha256((final / "COMMIT.json").read_bytes()).hexdigest()
     assert version.run_id == run_id
     assert version.tags[RUN_TAG] == run_id and version.tags[COMMIT_TAG] == commit
@@ -217,10 +227,14 @@ def test_a_run_registers_its_ema_weights_with_their_lineage_and_samples_join_it(
     assert digests and digests[0] == run.inputs.dataset_inputs[0].dataset.digest
     assert MISSING_TAG not in version.tags
 
-    # `stoker sample JOB --log`: the job's frozen config rebuilds the model; the clips
-    # join its run.
+    # `stoker sample ROOT --log`, the checkpoint alone: the experiment it carries (its
+    # commit's config.yaml) rebuilds the model; the clips join its run.
+    record = json.loads((final / "COMMIT.json").read_text())
+    assert "config.yaml" in {f["path"] for f in record["files"]}
+    assert record["extra"]["model_arch"] == "av_dit"
+    assert record["extra"]["tracking_uri"] == default_store
     clips = tmp_path / "clips"
-    sampled = stoker_text("sample", job["job_id"], "--seed", "9", "--steps", "1",
+    sampled = stoker_text("sample", str(bucket), "--seed", "9", "--steps", "1",
                           "--out", str(clips), "--log", "--json")  # fmt: skip
     assert sampled.returncode == 0, sampled.stderr[-3000:]
     record = json.loads(sampled.stdout)
@@ -228,3 +242,12 @@ def test_a_run_registers_its_ema_weights_with_their_lineage_and_samples_join_it(
     assert record["logged"] == f"runs:/{run_id}/samples/cli-step-3"
     logged = [a.path for a in client.list_artifacts(run_id, "samples/cli-step-3")]
     assert "samples/cli-step-3/seed-9.mp4" in logged, logged
+
+    # As a newcomer types it: the checkpoint alone, registered in the store of its run.
+    exported = stoker_text("ckpt", "export", str(bucket), str(tmp_path / "model.safetensors"),
+                           "--register", "tiny-av")  # fmt: skip
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert "registered tiny-av version 2" in exported.stdout
+    again = client.get_model_version("tiny-av", "2")
+    assert again.run_id == run_id and again.tags[COMMIT_TAG] == commit
+    assert not (tmp_path / "mlflow.db").exists() and not Path("mlflow.db").exists()

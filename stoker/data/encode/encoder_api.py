@@ -91,10 +91,6 @@ def identify_encoder(factory_path: str, args: Mapping[str, str]) -> tuple[Any, E
     """Import the factory (without calling it: the login node builds nothing) and take
     the encoder's identity. A StokerError names the --encoder value when it does not
     import or is not callable."""
-    # As `python -m` would: the encoder's package may be in the folder stoker runs from
-    # (the console script puts only its own folder on the path).
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
     factory = import_callable(
         factory_path,
         key="--encoder",

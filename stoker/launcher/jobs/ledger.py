@@ -259,12 +259,13 @@ class Ledger:
         self._run(f"update {len(changes)} job(s) in the job ledger", body, write=True)
 
     def reopen(self, job_id: str) -> None:
-        """Forget a cached final state and reasons: the job was requeued and runs again."""
+        """Forget a cached final state, reasons and run time: the job was requeued and
+        runs again."""
         self._run(
             f"reopen job {job_id} in the job ledger",
             lambda conn: conn.execute(
                 "UPDATE jobs SET final_state = NULL, extra = json_remove(extra, '$.reasons', "
-                "'$.causes', '$.accounts', '$.mlflow_ended') "
+                "'$.causes', '$.accounts', '$.mlflow_ended', '$.elapsed') "
                 "WHERE job_id = ?",
                 (job_id,),
             ),

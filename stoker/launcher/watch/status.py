@@ -4,8 +4,10 @@ One refresh makes at most one `squeue` and one `sacct` call, whatever the number
 of jobs (stoker/launcher/slurm/query.py). Where each value comes from:
 
     state, reason, nodes, elapsed   squeue for live jobs (fresher), sacct for ended ones;
-                                    a final state once seen is kept in the ledger and the
-                                    job is not queried again (as submitit's watcher does)
+                                    a final state once seen is kept in the ledger with
+                                    its elapsed time, and the job is not queried again
+                                    (as submitit's watcher does); an ended job kept
+                                    without one (an older ledger) is asked of sacct once
     restarts                        the largest of: the run folder's `attempts` file (in
                                     place and requeued), the ledger, squeue's RestartCnt,
                                     sacct's requeued attempts
@@ -160,17 +162,28 @@ def collect_status(
     to_query = [
         job_id for job_id, r in records.items() if r.backend != "local" and r.final_state is None
     ]
+    # Ended and kept without their elapsed time: sacct only, in the same call.
+    untimed = [
+        job_id
+        for job_id, r in records.items()
+        if r.backend != "local" and r.final_state is not None and ELAPSED_KEY not in r.extra
+    ]
 
     queue: dict[str, QueueRow] = {}
     accounting: dict[str, list[AcctRow]] | None = {}
     queue_error: SlurmError | None = None
+    if untimed and not to_query:
+        try:
+            accounting = query_accounting(untimed)
+        except SlurmError:
+            accounting = {}  # the elapsed time stays unknown ("-"); nothing else needs it
     if to_query:
         try:
             queue = query_queue(to_query)
         except SlurmError as exc:
             queue_error = exc
         try:
-            accounting = query_accounting(to_query)
+            accounting = query_accounting([*to_query, *untimed])
         except SlurmError as exc:
             accounting = None
             reason = exc.message.splitlines()[0]
@@ -193,7 +206,14 @@ def collect_status(
             views[target.job_id] = _scheduler_view(
                 target.job_id, queue, accounting, record.submitted_at
             )
-    rows = [_row(t, views, accounting is not None, now) for t in targets]
+    accounted_elapsed = {
+        target.job_id: view.elapsed_s
+        for job_id in untimed
+        for target in targets_of(records[job_id])
+        for view in [_scheduler_view(target.job_id, {}, accounting, records[job_id].submitted_at)]
+        if view is not None
+    }
+    rows = [_row(t, views, accounting is not None, now, accounted_elapsed) for t in targets]
     _write_back(ledger, targets, rows, views)
     # An ended job's REASON is `stoker why`'s headline, and its MLflow run is ended.
     # Those whose end this call saw: a state kept in the ledger was settled when it was
@@ -206,6 +226,10 @@ def collect_status(
     for row in rows:
         row.reason = reasons.get(row.job_id, row.reason)
     return StatusReport(rows=rows, notes=notes)
+
+
+# The ledger's `extra` key of ended jobs' elapsed seconds, by target job id.
+ELAPSED_KEY = "elapsed"
 
 
 def _scheduler_view(
@@ -261,7 +285,11 @@ def _acct_reason(row: AcctRow) -> str | None:
 
 
 def _row(
-    target: Target, views: dict[str, _SchedulerView | None], accounted: bool, now: float
+    target: Target,
+    views: dict[str, _SchedulerView | None],
+    accounted: bool,
+    now: float,
+    accounted_elapsed: dict[str, int | None],
 ) -> JobStatus:
     record = target.record
     run = target.run
@@ -291,6 +319,12 @@ def _row(
             reason = "not in squeue or sacct" if accounted else "accounting unavailable"
     else:  # final state cached: not queried again
         state, source = record.final_state or "UNKNOWN", "ledger"
+        kept = record.extra.get(ELAPSED_KEY)
+        elapsed = (
+            kept.get(target.job_id)
+            if isinstance(kept, dict)
+            else accounted_elapsed.get(target.job_id)
+        )
     if state == "RUNNING" and reason is None and restarts:
         reason = _latest_restart(run)
 
@@ -365,6 +399,16 @@ def _write_back(
         if final is not None or more_restarts is not None:
             changes[job_id] = (more_restarts, final)
     ledger.update_many(changes)
+    # The elapsed time of each target of a job now kept as ended (None: sacct had none),
+    # so that `status` shows it without asking SLURM again.
+    elapsed: dict[str, dict[tuple[str, ...], Any]] = {}
+    for target, row in zip(targets, rows, strict=True):
+        record = target.record
+        newly_final = record.job_id in changes and changes[record.job_id][1] is not None
+        untimed = record.final_state is not None and ELAPSED_KEY not in record.extra
+        if record.backend != "local" and (newly_final or untimed):
+            elapsed.setdefault(record.job_id, {})[(ELAPSED_KEY, target.job_id)] = row.elapsed_s
+    ledger.set_extra(elapsed)
 
 
 # ---------------------------------------------------------------- run folder

@@ -19,6 +19,7 @@ from torch import nn
 
 from stoker.errors import StokerError
 from stoker.import_path import import_callable, last_frame
+from stoker.model import DataShapes
 from stoker.runtime.models.build import ModelSetupError, data_shapes
 
 if TYPE_CHECKING:
@@ -86,6 +87,7 @@ def factory_arguments(
     except (TypeError, ValueError):  # a builtin without a signature: pass as given
         return (), given
     params = signature.parameters
+    _check_takes_data_first(factory, model_cfg, params, given)
     declared = _declared_args_class(factory, params)
     kwargs: dict[str, Any] = {}
     if "size" in params and "size" not in given:
@@ -120,6 +122,58 @@ def factory_arguments(
         )
     kwargs.update(given)
     return (), kwargs
+
+
+def _check_takes_data_first(
+    factory: Callable[..., Any],
+    model_cfg: ModelConfig,
+    params: Mapping[str, inspect.Parameter],
+    given: Mapping[str, Any],
+) -> None:
+    """The factory's first parameter takes the data shapes, positionally: stoker calls
+    `factory(data_shapes, **model.args)`. A first parameter that cannot take them (none,
+    keyword-only, `*args`), that has a default, that `model.args` sets by name, or that
+    is annotated with another class, is a factory written for another caller: said as
+    such, with the signature to write, not as the wrong model.args it would turn into."""
+    listed = list(params.values())
+    first = listed[0] if listed else None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    reason = ""
+    if first is not None and first.kind is inspect.Parameter.VAR_POSITIONAL:
+        return  # (*args, **kwargs): a wrapper that passes them on
+    if first is None or first.kind not in positional:
+        reason = "it takes no positional parameter"
+    elif first.name in given:
+        reason = f"its first parameter {first.name!r} is set by model.args.{first.name}"
+    elif first.default is not inspect.Parameter.empty:
+        reason = f"its first parameter {first.name!r} has a default ({first.default!r})"
+    else:
+        hint = _annotation(factory, first.name)
+        if isinstance(hint, type) and hint not in (object, DataShapes):
+            reason = f"its first parameter {first.name!r} is annotated {hint.__qualname__}"
+    if not reason:
+        return
+    name = getattr(factory, "__name__", "build")
+    shown = ["data: DataShapes"]
+    for param in listed:
+        if param.kind is inspect.Parameter.KEYWORD_ONLY and "*" not in shown:
+            shown.append("*")
+        shown.append(str(param))
+    written = f"def {name}({', '.join(shown)})"
+    raise ModelSetupError(
+        ARCH,
+        f"{model_cfg.arch} ({_where(factory)}) must take the data shapes as its first "
+        f"argument (stoker calls {name}(data, **model.args)), but {reason}",
+        fix=f"write it as `{written}` (DataShapes from stoker.model: frames, resolution, "
+        "samples, modalities; docs/bring-your-own.md)",
+    )
+
+
+def _annotation(factory: Callable[..., Any], name: str) -> Any:
+    try:
+        return typing.get_type_hints(factory).get(name)
+    except Exception:  # an annotation that does not resolve: nothing to say about it
+        return None
 
 
 def _declared_args_class(
