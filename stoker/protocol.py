@@ -35,6 +35,16 @@ STOP_SIGNAL = "USR2"
 TRAIN_MODULE = "stoker.runtime.train"
 
 
+# A Python function as a job (`stoker.submit(fn, *args)`): each task runs
+# `python -m stoker.runtime.function_task`, which calls the submitit DelayedSubmission
+# pickled in <run>/function/submission.pkl; global rank 0 writes ("success", value) or
+# ("error", traceback text) to <run>/function/result.pkl (submitit's own layout). On a stop
+# a submitit Checkpointable's checkpoint() replaces submission.pkl before EXIT_REQUEUE.
+FUNCTION_MODULE = "stoker.runtime.function_task"
+FUNCTION_DIR = "function"
+SUBMISSION_FILE = "submission.pkl"
+RESULT_FILE = "result.pkl"
+
 # The model check before a job starts (stoker/runtime/preflight.py): run as a child
 # process, exit 0 when the model builds for the data, PREFLIGHT_REFUSED with a JSON
 # {"key", "message", "fix"} on stdout when it does not.

@@ -75,6 +75,9 @@ class SubmitOptions:
     check: bool = True
     """Build the model on the meta device and run its forward before anything is
     created (training runtime jobs; `--no-check` skips it)."""
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    """Files written into the run folder before the job is queued, by relative path
+    (a function job's pickled call)."""
 
 
 @dataclass(frozen=True)
@@ -278,6 +281,9 @@ def _submit_in(request: SubmitRequest, run_dir: RunDir) -> Submitted:
     the job runs."""
     code = _snapshot(request, run_dir)
     folders = _write_configs(request, run_dir)
+    for relative, data in request.options.files.items():
+        (run_dir.path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir.path / relative).write_bytes(data)
     cluster = socket.gethostname() if request.options.local else _cluster_name()
     runs = _create_runs(request, folders, _run_tags(request, run_dir, cluster, code))
     spec = _spec(request, run_dir, code.workdir, runs.task_run_ids, runs.parent_run_id)
