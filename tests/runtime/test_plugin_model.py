@@ -206,19 +206,26 @@ def test_declared_arguments_reach_the_factory_and_blocks_are_found(plugin_dir: P
 def test_a_forward_that_breaks_the_contract_is_refused_before_the_ranks_start(
     plugin_dir: Path,
 ) -> None:
-    """The check `stoker run` makes first: the model built on the meta device and its
-    forward run on a meta batch of the loader's shapes, in a child process."""
+    """The check `stoker run`, `stoker check` and `stoker submit` make first: the model
+    built on the meta device and its forward run on a meta batch of the loader's shapes,
+    in a child process; a forward that reads values (`.item()`), which meta tensors
+    cannot run, run again for real on one sample on the CPU."""
     from stoker.errors import StokerError
-    from stoker.launcher.launch.model_fit import check_model_fits
+    from stoker.launcher.launch.model_fit import check_all_models_fit, check_model_fits
 
     with pytest.raises(StokerError) as info:
         check_model_fits(resolve_config(None, ["model.arch=myplug.models:build"]))
     assert "Flat.forward(batch) returned [2], not a scalar loss" in info.value.message
     assert "(model.arch from override model.arch=myplug.models:build)" in info.value.message
     assert info.value.fix is not None and "losses.mean()" in info.value.fix
-    # The built-in models pass it (forward on meta tensors included).
-    for arch in ("av_dit", "audio_ar"):
-        check_model_fits(resolve_config(None, [f"model.arch={arch}"]))
+    reads = "model.arch=myplug.extra:build_reads_values"
+    with pytest.raises(StokerError) as info:
+        check_model_fits(resolve_config(None, [reads]))
+    assert "ReadsValues.forward(batch) returned [1], not a scalar loss" in info.value.message
+    # The built-in models pass it (forward on meta tensors included), in one child.
+    check_all_models_fit(
+        [resolve_config(None, [f"model.arch={a}"]) for a in ("av_dit", "audio_ar")]
+    )
 
 
 def test_a_broken_plugin_is_refused_before_stoker_run_starts_anything(
@@ -329,11 +336,8 @@ def test_submit_checks_the_model_before_anything_is_created_unless_told_not_to(
         (["model.arch=myplug.models:build"], "Flat.forward(batch) returned [2], not a scalar"),
         (["model.arch=myplug.models:build", "model.args.width=wide"],
          "model.args.width: got 'wide'"),
-        (["model.arch=myplug.extra:build_reads_values"],
-         "ReadsValues.forward(batch) returned [1], not a scalar"),
     ],
-    ids=["import-fails", "no-forward", "loss-per-sample", "wrong-argument",
-         "loss-per-sample-reading-values"],
+    ids=["import-fails", "no-forward", "loss-per-sample", "wrong-argument"],
 )  # fmt: skip
 def test_check_and_submit_refuse_a_broken_plugin_and_queue_nothing(
     plugin_dir: Path, isolated_home: Path, overrides: list[str], message: str
