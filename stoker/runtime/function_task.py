@@ -30,6 +30,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from stoker.atomic_write import write_bytes_atomic
 from stoker.protocol import (
     ENV_RUN_DIR,
     ENV_STOP_FILE,
@@ -44,11 +45,11 @@ STOP_POLL_S = 1.0
 
 
 def _write_atomic(path: Path, value: Any) -> None:
-    from submitit.core.utils import cloudpickle_dump
+    """`value` pickled as submitit pickles (cloudpickle), replacing `path` whole: a
+    reader on the login node never unpickles half a result."""
+    import cloudpickle
 
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    cloudpickle_dump(value, partial)
-    os.replace(partial, path)
+    write_bytes_atomic(path, cloudpickle.dumps(value))
 
 
 class _Stop(BaseException):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stoker.atomic_write import write_text_atomic
+from stoker.atomic_write import write_bytes_atomic, write_text_atomic
 from stoker.config import ResolvedConfig, freeze_config
 from stoker.errors import StokerError
 from stoker.launcher.jobs.ledger import JobRecord, Ledger
@@ -282,8 +282,7 @@ def _submit_in(request: SubmitRequest, run_dir: RunDir) -> Submitted:
     code = _snapshot(request, run_dir)
     folders = _write_configs(request, run_dir)
     for relative, data in request.options.files.items():
-        (run_dir.path / relative).parent.mkdir(parents=True, exist_ok=True)
-        (run_dir.path / relative).write_bytes(data)
+        write_bytes_atomic(run_dir.path / relative, data)
     cluster = socket.gethostname() if request.options.local else _cluster_name()
     runs = _create_runs(request, folders, _run_tags(request, run_dir, cluster, code))
     spec = _spec(request, run_dir, code.workdir, runs.task_run_ids, runs.parent_run_id)
