@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stoker.checkpoint import commit as ck
@@ -33,6 +33,8 @@ class CheckpointOrigin:
     mlflow_run_id: str | None
     """The run the train state names; None for a checkpoint saved without tracking, or
     by a loop that saved no `train` entry."""
+    facts: dict[str, Any] = field(default_factory=dict)
+    """COMMIT.json's extra: what the run that saved it was (SavedDescription.facts)."""
 
 
 def commit_sha256(folder_url: str, *, fs_options: dict[str, Any] | None = None) -> str:
@@ -82,6 +84,7 @@ def read_origin(folder_url: str, *, fs_options: dict[str, Any] | None = None) ->
         step=commit.step,
         commit_sha256=hashlib.sha256(raw).hexdigest(),
         mlflow_run_id=saved_run_id(folder_url, fs_options=fs_options),
+        facts=dict(commit.extra),
     )
 
 

@@ -93,7 +93,10 @@ def export(
 
         origin = read_origin(result.source)
         if tracking_uri is None:
-            tracking_uri = _store_of_its_run(result.source)
+            # The store the job that saved it logged to (passwords hidden: credentials
+            # come from MLFLOW_TRACKING_USERNAME/PASSWORD), where its run and lineage are.
+            recorded = origin.facts.get("tracking_uri")
+            tracking_uri = recorded if isinstance(recorded, str) and recorded else None
         registered = register_version(
             register,
             result.out,
@@ -122,13 +125,3 @@ def export(
     if registered is not None:
         run = f" from run {registered.run_id}" if registered.run_id else ""
         typer.echo(f"registered {registered.name} version {registered.version}{run}")
-
-
-def _store_of_its_run(folder: str) -> str | None:
-    """The MLflow store the job that saved `folder` logged to (COMMIT.json's extra,
-    passwords hidden: credentials come from MLFLOW_TRACKING_USERNAME/PASSWORD), where its
-    run is and so its lineage; None when it recorded none (no tracking, an older stoker)."""
-    from stoker.checkpoint.origin import saved_description
-
-    recorded = saved_description(folder).facts.get("tracking_uri")
-    return recorded if isinstance(recorded, str) and recorded else None
