@@ -172,25 +172,24 @@ def collect_status(
     queue: dict[str, QueueRow] = {}
     accounting: dict[str, list[AcctRow]] | None = {}
     queue_error: SlurmError | None = None
-    if untimed and not to_query:
-        try:
-            accounting = query_accounting(untimed)
-        except SlurmError:
-            accounting = {}  # the elapsed time stays unknown ("-"); nothing else needs it
     if to_query:
         try:
             queue = query_queue(to_query)
         except SlurmError as exc:
             queue_error = exc
+    if to_query or untimed:
         try:
             accounting = query_accounting([*to_query, *untimed])
         except SlurmError as exc:
-            accounting = None
+            # Without live jobs, only elapsed times were asked: they stay unknown ("-").
+            accounting = None if to_query else {}
             reason = exc.message.splitlines()[0]
-            notes.append(
-                f"accounting unavailable ({reason}): the state of jobs that ended more than "
-                "a few minutes ago is unknown or approximate (from squeue and the ledger)"
-            )
+            if to_query:
+                notes.append(
+                    f"accounting unavailable ({reason}): the state of jobs that ended more "
+                    "than a few minutes ago is unknown or approximate (from squeue and the "
+                    "ledger)"
+                )
         if queue_error is not None:
             if accounting is None:
                 raise queue_error
