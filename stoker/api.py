@@ -214,7 +214,7 @@ def submit(
             f"overrides={overrides!r} is one string", fix=f"pass a list: [{overrides!r}]"
         )
     resolved = resolve_config(
-        Path(experiment) if experiment is not None and function is None else None,  # type: ignore[arg-type]
+        Path(experiment) if isinstance(experiment, (str, Path)) else None,
         list(overrides),
         flags,
         profile=Path(profile) if profile is not None else None,
