@@ -133,3 +133,23 @@ def test_a_long_first_axis_is_an_override_not_a_file_name() -> None:
     axis = "train.seed=" + ",".join(str(i) for i in range(1, 101))  # 300 bytes: ENAMETOOLONG
     assert split_experiment_args([axis, "train.steps=5"]) == (None, [axis, "train.steps=5"])
     assert len(plan_sweep([axis]).tasks) == 100
+
+
+def test_a_list_valued_key_is_swept_on_its_top_level_commas(tmp_path: Path) -> None:
+    """`optim.betas=[0.9,0.95],[0.9,0.99]`: two tasks, each config resolved with its whole
+    list; a list alone (`[32,32]`) is one value, not an axis."""
+    (tmp_path / "examples").symlink_to(Path(__file__).resolve().parents[2] / "examples")
+    result = stoker_text(
+        "sweep",
+        "examples/tiny.yaml",
+        "optim.betas=[0.9,0.95],[0.9,0.99]",
+        "--dry-run",
+        "--no-check",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "#SBATCH --array=0-1" in result.stdout
+    assert plan_sweep(["optim.betas=[0.9,0.95],[0.9,0.99]", "data.resolution=[32,32]"]).tasks == [
+        {"optim.betas": "[0.9,0.95]"},
+        {"optim.betas": "[0.9,0.99]"},
+    ]

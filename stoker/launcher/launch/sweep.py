@@ -32,10 +32,24 @@ class SweepPlan:
 
 
 def _split_values(text: str) -> list[str]:
-    """`1e-4,3e-4` → two values; a YAML list or mapping (`[1,2]`) stays one value."""
-    if text.startswith(("[", "{")):
-        return [text]
-    return text.split(",")
+    """The values of an axis, split on its top-level commas: `1e-4,3e-4` → two values,
+    `[0.9,0.95],[0.9,0.99]` → two lists; a comma inside brackets, braces or quotes
+    belongs to its value (`[32,32]` stays one)."""
+    values: list[str] = []
+    depth, quote, start = 0, "", 0
+    for index, char in enumerate(text):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth = max(depth - 1, 0)
+        elif char == "," and depth == 0:
+            values.append(text[start:index])
+            start = index + 1
+    return [*values, text[start:]]
 
 
 def plan_sweep(args: Sequence[str]) -> SweepPlan:
