@@ -69,14 +69,33 @@ def leaf_paths(model: type[BaseModel], prefix: KeyPath = ()) -> list[KeyPath]:
     return paths
 
 
+def section_paths(model: type[BaseModel], prefix: KeyPath = ()) -> list[KeyPath]:
+    """Every section of the schema (`train`, `job`, ...), in declaration order."""
+    paths: list[KeyPath] = []
+    for key, info in _fields(model).items():
+        sub = _model_of(info)
+        if sub is not None:
+            paths += [(*prefix, key), *section_paths(sub, (*prefix, key))]
+    return paths
+
+
 @cache
 def _all_keys() -> list[str]:
     return [dotted(p) for p in leaf_paths(ExperimentConfig)]
 
 
+def _keys_and_sections_like(key: str) -> list[str]:
+    # Sections only at the key's own depth: `trian` -> `train`, while `model.widht` is
+    # not offered `model` itself.
+    depth = key.count(".") + 1
+    sections = [dotted(p) for p in section_paths(ExperimentConfig) if len(p) == depth]
+    return [*_all_keys(), *sections]
+
+
 def suggest_keys(key: str, candidates: Sequence[str] | None = None) -> list[str]:
-    """Close matches for a misspelled key: `train.stepz` -> `train.steps`, `lr` -> `optim.lr`."""
-    pool = list(candidates) if candidates is not None else _all_keys()
+    """Close matches for a misspelled key or section: `train.stepz` -> `train.steps`,
+    `lr` -> `optim.lr`, `trian` -> `train`."""
+    pool = list(candidates) if candidates is not None else _keys_and_sections_like(key)
     leaf = key.rsplit(".", 1)[-1]
     same_leaf = [c for c in pool if c.rsplit(".", 1)[-1] == leaf and c != key]
     close = difflib.get_close_matches(key, pool, n=3, cutoff=0.6)

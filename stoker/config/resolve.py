@@ -208,8 +208,25 @@ def resolve_config(
     except ValidationError as exc:
         problems += _problems_from(exc, sources)
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(_in_line_order(problems, [profile_path, experiment]))
     return ResolvedConfig(config, sources, profile_path, experiment)
+
+
+def _in_line_order(problems: list[Problem], files: Sequence[Path | None]) -> list[Problem]:
+    """Problems as the reader meets them: the profile's, then the experiment file's, each in
+    line order, then those of overrides and flags as given. Key checks and validation find
+    them in two passes, so their own order is not the file's."""
+    rank = {str(path): index for index, path in enumerate(files) if path is not None}
+
+    def position(problem: Problem) -> tuple[int, int]:
+        path, _, line = problem.where.rpartition(":")
+        if path in rank and line.isdigit():
+            return rank[path], int(line)
+        if problem.where in rank:  # a file's problem without a line: its first
+            return rank[problem.where], 0
+        return len(rank), 0
+
+    return sorted(problems, key=position)
 
 
 def _flatten(

@@ -173,6 +173,21 @@ def test_wrong_type_in_yaml_names_file_line_type_and_allowed_values(tmp_path: Pa
     assert problems["train.stepz"].suggestions[0] == "train.steps"
 
 
+def test_a_misspelled_section_gets_a_suggestion_and_problems_come_in_line_order(
+    tmp_path: Path,
+) -> None:
+    """`trian:` is named with `train`, as a misspelled key is; a bad value above it comes
+    first, as the file reads."""
+    exp = write(tmp_path / "exp.yaml", "optim:\n  lr: -1\ntrian:\n  steps: 3\n")
+    with pytest.raises(ConfigError) as info:
+        resolve_config(exp)
+    assert [(p.where, p.key) for p in info.value.problems] == [
+        (f"{exp}:2", "optim.lr"),
+        (f"{exp}:3", "trian"),
+    ]
+    assert "trian: is not a config key (did you mean train?)" in str(info.value)
+
+
 def test_bad_value_from_profile_names_the_profile_line(tmp_path: Path) -> None:
     profile = write(tmp_path / "p.yaml", "account: ok\npartition: 'gpu; rm -rf /'\n")
     with pytest.raises(ConfigError) as info:
