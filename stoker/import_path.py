@@ -6,6 +6,7 @@ that fails to import (its error and line), a missing or non-callable attribute."
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
@@ -52,18 +53,30 @@ def import_callable(
     found: Any = module
     for part in attr.split("."):
         if not hasattr(found, part):
-            names = sorted(
-                n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-            )
+            names = _callables_defined_in(module)
+            close = difflib.get_close_matches(attr, names, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}?)" if close else ""
             where = getattr(module, "__file__", None) or module_name
             raise StokerError(
-                f"{key} {shown!r}: module {module_name} ({where}) has no {attr!r}",
+                f"{key} {shown!r}: module {module_name} ({where}) has no {attr!r}{hint}",
                 fix=f"name one of its {noun}: {', '.join(names) or '(none)'}",
             )
         found = getattr(found, part)
     if not callable(found):
         raise StokerError(f"{key} {shown!r} is a {type(found).__name__}, not {kind}", fix=kind_fix)
     return found
+
+
+def _callables_defined_in(module: Any) -> list[str]:
+    """The public functions and classes `module` defines itself, not those it imports
+    (`dataclass`, `Any`): what a user could mean to name."""
+    return sorted(
+        name
+        for name, value in vars(module).items()
+        if callable(value)
+        and not name.startswith("_")
+        and getattr(value, "__module__", None) == module.__name__
+    )
 
 
 def the_current_folder_first() -> None:

@@ -117,7 +117,7 @@ def test_data_transform_is_imported_as_the_loader_workers_will(sound: Sound) -> 
     assert code == 1 and found["transform"]["status"] == "fail", found["transform"]
     assert found["transform"]["detail"] == (
         f"data.transform 'my_aug.crops:centre_crop': module my_aug.crops "
-        f"({project}/my_aug/crops.py) has no 'centre_crop' "
+        f"({project}/my_aug/crops.py) has no 'centre_crop' (did you mean center_crop?) "
         "(data.transform from override data.transform=my_aug.crops:centre_crop)"
     )
     assert found["transform"]["fix"] == "name one of its functions: center_crop"

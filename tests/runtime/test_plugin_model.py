@@ -191,6 +191,18 @@ def test_each_plugin_mistake_names_the_setting_and_the_fix(
     assert info.value.fix is not None and fix in info.value.fix, info.value.fix
 
 
+def test_a_misspelled_factory_is_named_with_the_modules_own_callables(plugin_dir: Path) -> None:
+    """`myplug.models:buld`: a did-you-mean, and only what the module defines (not the
+    `dataclass` it imports) as the names to choose from."""
+    with pytest.raises(ModelSetupError) as info:
+        _build("model.arch=myplug.models:buld")
+    assert "has no 'buld' (did you mean build?)" in info.value.message, info.value.message
+    assert info.value.fix == (
+        "name one of its callables: Args, Flat, build, build_keywords, build_no_data, "
+        "build_nothing, build_plain, build_raises, build_typed"
+    )
+
+
 def test_declared_arguments_reach_the_factory_and_blocks_are_found(plugin_dir: Path) -> None:
     import torch
 
