@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from stoker.cli import job_options as opt
+
 app = typer.Typer(
     help="Inspect experiment configs: resolved values and where they came from.",
     no_args_is_help=True,
@@ -39,18 +41,40 @@ def show(
         None, "--profile", help="Site profile to use instead of $STOKER_PROFILE / the default."
     ),
     no_profile: bool = typer.Option(False, "--no-profile", help="Ignore the site profile."),
+    nodes: int = opt.NODES,
+    ntasks_per_node: int = opt.NTASKS_PER_NODE,
+    gpus_per_node: int = opt.GPUS_PER_NODE,
+    cpus_per_task: int = opt.CPUS_PER_TASK,
+    mem: str = opt.MEM,
+    time: str = opt.TIME,
+    partition: str = opt.PARTITION,
+    name: str = opt.NAME,
 ) -> None:
     """Print the resolved experiment and where each value came from.
 
-    Sources, lowest precedence first: default, profile, file, override, flag.
+    Sources, lowest precedence first: default, profile, file, override, flag (the job
+    flags of `stoker submit` and `sweep`, such as --nodes, shown as they would set them).
 
-    Example: stoker config show examples/tiny.yaml optim.lr=3e-4 train.steps=50
+    Example: stoker config show examples/tiny.yaml optim.lr=3e-4 train.steps=50 --nodes 2
     """
     from stoker.cli.output import out, print_json
     from stoker.config import resolve_config
+    from stoker.launcher.launch.job_flags import JobFlags, command_line
 
     experiment, overrides = split_experiment_args(args or [])
-    resolved = resolve_config(experiment, overrides, profile=profile, use_profile=not no_profile)
+    flags = JobFlags(
+        nodes=nodes,
+        ntasks_per_node=ntasks_per_node,
+        gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus_per_task,
+        mem=mem,
+        time=time,
+        partition=partition,
+        name=name,
+    ).for_config(command_line)
+    resolved = resolve_config(
+        experiment, overrides, flags, profile=profile, use_profile=not no_profile
+    )
     if as_json:
         print_json(resolved.config.model_dump(mode="json", by_alias=True))
         return

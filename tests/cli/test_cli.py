@@ -114,7 +114,15 @@ def test_config_show_plain_text_names_every_source(tmp_path: Path) -> None:
     profile = tmp_path / "p.yaml"
     profile.write_text("partition: gpu\n")
     result = stoker_text(
-        "config", "show", TINY, "train.steps=50", "--profile", str(profile), check=True
+        "config",
+        "show",
+        TINY,
+        "train.steps=50",
+        "--profile",
+        str(profile),
+        "--nodes",
+        "2",
+        check=True,
     )
     lines = {line.split()[0]: line for line in result.stdout.splitlines()}
     assert len(lines) >= 40
@@ -123,6 +131,7 @@ def test_config_show_plain_text_names_every_source(tmp_path: Path) -> None:
     assert f"# file {TINY}:7" in lines["job.name"]
     assert f"# profile {profile}:1" in lines["job.partition"]
     assert "# default" in lines["optim.weight_decay"]
+    assert lines["job.nodes"].split()[1] == "2" and "# flag --nodes" in lines["job.nodes"]
     assert "\x1b[" not in result.stdout  # not a terminal: no escape codes
 
 
