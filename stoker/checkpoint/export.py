@@ -8,7 +8,9 @@ activation-checkpoint prefixes), so the file loads into an unwrapped model with
 optimizer's (twice the model's bytes with AdamW); the whole model is held in
 this process's memory once.
 
-Only committed checkpoints that verify are exported (stoker.checkpoint.commit).
+Only committed checkpoints that verify are exported (stoker.checkpoint.commit): their
+sizes, and the sha256 of every file the export reads (`.metadata` and the shards that
+hold the weights), as the runtime checks before it resumes; `full` hashes the rest too.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 
 Format = Literal["safetensors", "torch"]
 Verify = Literal["quick", "full"]
+"""quick: sizes, and the sha256 of the files the export reads; full: every file's sha256."""
 FORMATS: tuple[Format, ...] = ("safetensors", "torch")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 """--dtype names -> torch dtype names."""
@@ -79,12 +82,13 @@ def export_weights(
     checkpoint that verifies; one `warn` per newer broken one). `fmt`:
     safetensors (step and COMMIT format version in its metadata) or torch
     (`torch.save` of the plain state dict). `dtype`: bf16, fp16 or fp32 casts
-    floating tensors; None keeps them as saved. `verify`: quick (sizes) or
-    full (every file's sha256). `fs_options` go to fsspec, for the checkpoint
-    and for OUT. `weights`: "model" (the trained weights) or "ema" (the moving
-    average of train.ema_decay in place of every averaged weight; buffers from the
-    model). Raises StokerError for an uncommitted or broken checkpoint, one without
-    model tensors (or EMA weights, for "ema"), an existing OUT without `force`.
+    floating tensors; None keeps them as saved. `verify`: quick (sizes, and the
+    sha256 of the files it reads) or full (every file's sha256). `fs_options` go
+    to fsspec, for the checkpoint and for OUT. `weights`: "model" (the trained
+    weights) or "ema" (the moving average of train.ema_decay in place of every
+    averaged weight; buffers from the model). Raises StokerError for an
+    uncommitted or broken checkpoint, one without model tensors (or EMA weights,
+    for "ema"), an existing OUT without `force`.
     """
     if fmt not in FORMATS:
         raise StokerError(
@@ -110,7 +114,7 @@ def export_weights(
         )
 
     commit, folder = verified_folder(
-        path_url, full=verify == "full", fs_options=fs_options, warn=warn
+        path_url, full=verify == "full", fs_options=fs_options, warn=warn, reads=weights
     )
     tensors = read_weights(folder, fs_options, weights)
     if dtype is not None:
@@ -142,10 +146,24 @@ def export_weights(
 
 
 def verified_folder(
-    path_url: str, *, full: bool, fs_options: dict[str, Any] | None, warn: Callable[[str], None]
+    path_url: str,
+    *,
+    full: bool,
+    fs_options: dict[str, Any] | None,
+    warn: Callable[[str], None],
+    reads: Weights | None = None,
 ) -> tuple[ck.Commit, str]:
     """The commit record and URL of the checkpoint folder to read; refuses any
-    folder that is not committed or does not verify."""
+    folder that is not committed or does not verify. `reads`: also the sha256 of
+    the files that reading these weights opens (a root's newer folders that fail it
+    are passed over with a warning, as ones that fail on sizes are)."""
+
+    def problems(folder: str) -> list[ck.Problem]:
+        found = ck.verify(folder, full=full, fs_options=fs_options)
+        if found or full or reads is None:
+            return found
+        return read_files_problems(folder, fs_options, reads)
+
     if not ck.exists(path_url, fs_options=fs_options):
         raise StokerError(
             f"no checkpoint at {path_url!r}: the path does not exist",
@@ -154,14 +172,16 @@ def verified_folder(
     folder = path_url
     if ck.step_of(path_url) is None:
         warnings_seen: list[str] = []
-        found = ck.newest_verified(
-            path_url, full=full, warn=warnings_seen.append, fs_options=fs_options
+        row = ck.first_good(
+            ck.list_checkpoints(path_url, fs_options=fs_options),
+            lambda r: problems(r.path),
+            warnings_seen.append,
         )
-        if found is None:
-            # newest_verified words these for a resume ("no checkpoint verifies: step-N
+        if row is None:
+            # first_good words these for a resume ("no checkpoint verifies: step-N
             # is broken: ..."): keep the part that names the folder.
             broken = [w.split(": ", 1)[-1] for w in warnings_seen]
-            check = "stoker ckpt verify " + path_url + (" --full" if full else "")
+            check = f"stoker ckpt verify {path_url}"
             raise StokerError(
                 f"no checkpoint under {path_url!r} verifies"
                 + (f": {'; '.join(broken)}" if broken else ": it has no step-<N> folder"),
@@ -169,7 +189,7 @@ def verified_folder(
             )
         for message in warnings_seen:
             warn(message)
-        folder = found[1]
+        folder = row.path
     commit = ck.read_commit(folder, fs_options=fs_options)  # a broken record raises
     if commit is None:
         raise StokerError(
@@ -178,17 +198,64 @@ def verified_folder(
             fix="export a committed checkpoint (`stoker ckpt ls` on the root lists them), "
             "or pass the root to take the newest one that verifies",
         )
-    if folder == path_url:  # newest_verified has checked a root's pick
-        problems = ck.verify(folder, full=full, fs_options=fs_options)
-        if problems:
-            shown = "; ".join(str(p) for p in problems[:3])
-            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+    if folder == path_url:  # first_good has checked a root's pick
+        mismatches = problems(folder)
+        if mismatches:
+            shown = "; ".join(str(p) for p in mismatches[:3])
+            more = f" (and {len(mismatches) - 3} more)" if len(mismatches) > 3 else ""
             raise StokerError(
                 f"checkpoint {folder!r} does not verify against its COMMIT.json: {shown}{more}",
-                fix="export an older checkpoint (`stoker ckpt verify` on the root lists "
-                "which verify), or pass the root to take the newest one that does",
+                fix=_earlier_step_fix(folder, fs_options),
             )
     return commit, folder
+
+
+def _earlier_step_fix(folder: str, fs_options: dict[str, Any] | None) -> str:
+    """The fix for a broken step-<N> folder: the committed step before it, by name."""
+    step = ck.step_of(folder)
+    root = folder.rstrip("/").rsplit("/", 1)[0] if "/" in folder.rstrip("/") else "."
+    earlier = [
+        r
+        for r in ck.list_checkpoints(root, fs_options=fs_options)
+        if r.committed and step is not None and r.step < step
+    ]
+    listing = f"`stoker ckpt verify {root}` lists which verify"
+    if not earlier:
+        return (
+            f"no earlier checkpoint under {root}: restore the file from a copy, or export "
+            f"another run's checkpoint ({listing})"
+        )
+    return (
+        f"export the earlier step-{earlier[0].step} ({earlier[0].path}), or pass the root "
+        f"{root} to take the newest checkpoint that verifies ({listing})"
+    )
+
+
+def read_files_problems(
+    folder_url: str, fs_options: dict[str, Any] | None, weights: Weights
+) -> list[ck.Problem]:
+    """The sha256 of the files `read_weights(folder_url, ..., weights)` opens, against
+    COMMIT.json: `.metadata` first (it is unpickled to find the rest), then the shards
+    that hold the model's (and EMA's) tensors. Empty: they are the bytes committed."""
+    commit = ck.read_commit(folder_url, fs_options=fs_options)
+    if commit is None:
+        return [ck.Problem(ck.COMMIT_NAME, "not committed: no COMMIT.json")]
+    entries = {entry.path: entry for entry in commit.files}
+    metadata = entries.get(ck.METADATA_NAME)
+    if metadata is None:
+        return [ck.Problem(ck.METADATA_NAME, f"{ck.METADATA_NAME}: not listed in COMMIT.json")]
+    problems = ck.check_files(folder_url, [metadata], fs_options=fs_options)
+    if problems:
+        return problems
+    prefixes = (MODEL_PREFIX, EMA_PREFIX) if weights == "ema" else (MODEL_PREFIX,)
+    storage = storage_reader(folder_url, fs_options).read_metadata().storage_data or {}
+    read = sorted(
+        {info.relative_path for index, info in storage.items() if index.fqn.startswith(prefixes)}
+    )
+    unlisted = [name for name in read if name not in entries]
+    if unlisted:
+        return [ck.Problem(name, f"{name}: not listed in COMMIT.json") for name in unlisted]
+    return ck.check_files(folder_url, [entries[name] for name in read], fs_options=fs_options)
 
 
 @contextlib.contextmanager

@@ -22,7 +22,9 @@ def export(
         None, "--dtype", help="bf16, fp16 or fp32: cast floating tensors. Default: as saved."
     ),
     full: bool = typer.Option(
-        False, "--full", help="Verify every file's sha256 first (reads every byte)."
+        False,
+        "--full",
+        help="Verify every file's sha256 first, not only those it reads (reads every byte).",
     ),
     ema: bool = typer.Option(
         False, "--ema", help="The EMA weights (train.ema_decay) in place of the trained ones."
@@ -46,8 +48,8 @@ def export(
 ) -> None:
     """Write the model weights of a committed checkpoint as one file, unsharded.
 
-    The checkpoint must be committed and verify (sizes; every sha256 with
-    --full). Only the model's tensors are read, by their plain FQNs
+    The checkpoint must be committed and verify: sizes, and the sha256 of every
+    file it reads (every file's with --full). Only the model's tensors are read, by their plain FQNs
     (blocks.0.attn.qkv.weight), so the file loads into an unwrapped model with
     load_state_dict(strict=True). OUT is replaced whole or not at all.
 

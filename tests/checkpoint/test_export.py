@@ -6,6 +6,7 @@ under --full, OUT exists, no model tensors); the CLI; the same from and to s3://
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -213,6 +214,39 @@ def test_refuses_an_uncommitted_or_corrupt_checkpoint(trained: Trained, tmp_path
     (folder / "__0_0.distcp").unlink()
     with pytest.raises(StokerError, match=r"lost a file while it was read: .*__0_0\.distcp"):
         read_weights(str(folder), None)
+
+
+def test_a_flipped_byte_is_refused_unasked_naming_both_hashes_and_the_earlier_step(
+    trained: Trained, tmp_path: Path
+) -> None:
+    """One flipped byte in a shard of the newest step: `ckpt export` with no flag
+    refuses it (the sha256 of what it reads), naming the file, the hash COMMIT.json
+    records and the one read, and the earlier step; `ckpt verify` with no flag fails
+    too (--sizes-only is the fast check that misses it); the root exports the earlier
+    step with a warning."""
+    root = tmp_path / "checkpoints"
+    trained.copy_to(root)
+    newer = trained.copy_to(root, STEP + 2)
+    _flip_byte(newer / "__1_0.distcp")
+    commit = ck.read_commit(str(newer))
+    assert commit is not None
+    recorded = next(f.sha256 for f in commit.files if f.path == "__1_0.distcp")
+    read = hashlib.sha256((newer / "__1_0.distcp").read_bytes()).hexdigest()
+    out = tmp_path / "model.safetensors"
+
+    bad = stoker_text("ckpt", "export", str(newer), str(out))
+    assert bad.returncode == 2 and not out.exists()
+    error = " ".join(bad.stderr.split())  # the terminal may wrap the message
+    assert f"__1_0.distcp: sha256 {read} != {recorded} in COMMIT.json" in error, error
+    assert f"export the earlier step-{STEP} ({root / f'step-{STEP}'})" in error
+
+    verify = stoker_text("ckpt", "verify", str(newer))
+    assert verify.returncode == 1 and "__1_0.distcp: sha256" in verify.stdout
+    assert stoker_text("ckpt", "verify", str(newer), "--sizes-only").returncode == 0
+
+    done = stoker_text("ckpt", "export", str(root), str(out), "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["step"] == STEP
+    assert f"step-{STEP + 2} is broken: __1_0.distcp: sha256" in done.stderr
 
 
 def test_out_and_argument_errors(trained: Trained, tmp_path: Path) -> None:
