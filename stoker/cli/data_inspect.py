@@ -34,9 +34,9 @@ def inspect(
     frames it writes; never lists the store.
 
     --suggest-buckets proposes buckets of the most common aspect ratios (longer side
-    --max-side, multiples of 16) at clip lengths most samples hold, as YAML to paste
-    under `data:` (batch sizes are yours: give each a batch_size, or set
-    data.batch_tokens).
+    at most --max-side and never larger than the data, multiples of 16) at clip
+    lengths most samples hold, as YAML to paste under `data:` (batch sizes are
+    yours: give each a batch_size, or set data.batch_tokens).
 
     Example: stoker data inspect s3://bucket/av --frames 4 --frames-dir /tmp/look
     """

@@ -65,14 +65,15 @@ def test_suggested_buckets_paste_into_an_experiment(tmp_path: Path) -> None:
     wide = tmp_path / "wide"
     synth_dataset(str(wide), clips=4, seconds=1.5, size=(32, 64), fps=8)
     result = stoker_text("data", "inspect", str(wide), "--frames", "0", "--suggest-buckets",
-                    "--max-side", "128", check=True)  # fmt: skip
+                    "--max-side", "32", check=True)  # fmt: skip
     text = result.stdout[result.stdout.index("# suggested buckets") :]
-    assert "resolution: [64, 128], clip_seconds: 1.5}  # 100%" in text, text
+    assert "resolution: [16, 32], clip_seconds: 1.5}  # 100%" in text, text
     buckets = yaml.safe_load(text)["buckets"]
     data = {"buckets": [{**b, "batch_size": 8} for b in buckets]}
-    assert ExperimentConfig.model_validate({"data": data}).data.buckets[0].resolution == (64, 128)
+    assert ExperimentConfig.model_validate({"data": data}).data.buckets[0].resolution == (16, 32)
+    # The default --max-side (256) above the data's 32x64: the data's size, never larger.
     report = json.loads(stoker_text("data", "inspect", str(wide), "--frames", "0", "--json",
                                "--suggest-buckets", check=True).stdout)  # fmt: skip
     assert report["suggested_buckets"] == [
-        {"resolution": [128, 256], "clip_seconds": 1.5, "share": 1.0}
+        {"resolution": [32, 64], "clip_seconds": 1.5, "share": 1.0}
     ]

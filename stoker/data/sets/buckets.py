@@ -163,8 +163,9 @@ def suggest_buckets(
     shapes: int = 3,
 ) -> list[dict[str, Any]]:
     """Buckets for data.buckets from the samples' statistics: the `shapes` most common
-    aspect ratios (video), each scaled so its longer side is at most `max_side` and both
-    sides are multiples of `multiple`, times `lengths` clip lengths at the quantiles of
+    aspect ratios (video), each scaled so its longer side is at most `max_side` and at
+    most the smallest of that ratio's videos (a bucket never upscales its samples), and
+    both sides are multiples of `multiple`, times `lengths` clip lengths at the quantiles of
     the durations (each a length most samples hold whole). Each with the share of the
     samples it would get, for the person choosing batch sizes."""
     if not entries:
@@ -176,7 +177,14 @@ def suggest_buckets(
     resolutions: list[tuple[int, int] | None] = [None]
     if videos:
         ratios = Counter(_simple_ratio(v.width, v.height) for v in videos)
-        resolutions = [_fit(w, h, max_side, multiple) for (w, h), _ in ratios.most_common(shapes)]
+        smallest: dict[tuple[int, int], int] = {}
+        for v in videos:
+            ratio, longer = _simple_ratio(v.width, v.height), max(v.width, v.height)
+            smallest[ratio] = min(smallest.get(ratio, longer), longer)
+        resolutions = [
+            _fit(w, h, min(max_side, smallest[(w, h)]), multiple)
+            for (w, h), _ in ratios.most_common(shapes)
+        ]
         resolutions = list(dict.fromkeys(resolutions))
     candidates = [
         Bucket(resolution or (max_side, max_side), s, 1)
@@ -214,11 +222,14 @@ def _simple_ratio(width: int, height: int) -> tuple[int, int]:
 
 def _fit(width: int, height: int, max_side: int, multiple: int) -> tuple[int, int]:
     """(height, width) with the aspect width:height, longer side <= max_side, both
-    multiples of `multiple` (at least one multiple)."""
+    multiples of `multiple` (at least one multiple, or the side itself when smaller)."""
     scale = max_side / max(width, height)
-    h = max(multiple, int(height * scale) // multiple * multiple)
-    w = max(multiple, int(width * scale) // multiple * multiple)
-    return h, w
+
+    def side(length: float) -> int:
+        pixels = max(1, int(length * scale))
+        return max(min(multiple, pixels), pixels // multiple * multiple)
+
+    return side(height), side(width)
 
 
 def encoded_buckets(urls: Sequence[str], batch_size: int) -> list[Bucket]:
