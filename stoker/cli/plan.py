@@ -258,8 +258,10 @@ def sections(result: Plan) -> list[Section]:
 def _say_choice(result: Plan) -> None:
     from stoker.cli.output import out
     from stoker.planning.plan import fits_note
+    from stoker.planning.search import memory_legend
 
-    out().print(f"\n{fits_note(result)}", markup=False)
+    out().print(f"\n{memory_legend(result.target)}", markup=False)
+    out().print(fits_note(result), markup=False)
     settings = result.settings()
     if settings:
         out().print("settings: " + " ".join(f"{k}={v}" for k, v in settings.items()), markup=False)

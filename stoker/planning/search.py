@@ -247,6 +247,20 @@ def usable_bytes(target: Target) -> int:
     return int(target.memory_bytes * (1 - target.margin))
 
 
+def memory_legend(target: Target) -> str:
+    """What the plan's PEAK and its `needs` figures are, in one line under its tables:
+    `need_bytes` in words."""
+    peak = "PEAK: the most the step's tensors hold at once on a rank (traced)"
+    usable = f"which must fit in the usable memory (less --margin, {target.margin:.0%})"
+    if target.gpu is None:
+        return f"{peak}; needs: PEAK itself on a CPU host, {usable}"
+    return (
+        f"{peak}; needs: PEAK x {1 + ALLOCATOR_SLACK:.2f} (allocator slack) + "
+        f"{size_text(CUDA_CONTEXT_BYTES)} (CUDA context) + {size_text(NCCL_BYTES)} per NCCL "
+        f"communicator, {usable}"
+    )
+
+
 Tracer = Callable[[list[TraceSpec]], list[Traced]]
 """Traces several specs (in parallel where it can), in order."""
 

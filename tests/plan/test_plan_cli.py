@@ -81,6 +81,21 @@ def test_the_1b_preset_on_eight_h100s_is_chosen_and_explained() -> None:
     assert settings["train.precision"] == "bf16" and settings["job.gpus_per_node"] == 8
 
 
+def test_the_plan_says_what_peak_and_needs_are() -> None:
+    """PEAK in the tables and `needs` in the verdict differ by the GPU's allowances; a
+    line under the tables says so, with the figures the fit is judged by."""
+    result = stoker_text("plan", TINY, "--gpus-per-node", "1", "--gpu", "H100")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    legend = next(i for i, line in enumerate(lines) if line.startswith("PEAK: "))
+    assert lines[legend] == (
+        "PEAK: the most the step's tensors hold at once on a rank (traced); needs: PEAK x 1.10 "
+        "(allocator slack) + 768 MiB (CUDA context) + 512 MiB per NCCL communicator, which "
+        "must fit in the usable memory (less --margin, 5%)"
+    )
+    assert ": needs " in lines[legend + 1] and " of 76.0 GiB" in lines[legend + 1]
+
+
 def test_errors_name_the_value_and_the_fix(tmp_path: Path) -> None:
     no_type = stoker_text("plan", TINY, "--gpus-per-node", "8")
     assert no_type.returncode != 0
