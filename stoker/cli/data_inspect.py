@@ -12,8 +12,11 @@ def inspect(
     frames: int = typer.Option(
         3, "--frames", help="Write the middle frame of this many samples as PNG (0: none)."
     ),
-    frames_dir: Path = typer.Option(
-        Path("stoker-frames"), "--frames-dir", help="Folder for the PNG frames."
+    frames_dir: Path | None = typer.Option(
+        None,
+        "--frames-dir",
+        help="Folder for the PNG frames (default: a new temporary folder, named in the output).",
+        show_default=False,
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
     suggest_buckets: bool = typer.Option(
@@ -26,7 +29,8 @@ def inspect(
     ),
 ) -> None:
     """Shards, samples, durations, codecs, sizes and rates of a data set, and its digest;
-    a few frames as PNG.
+    a few frames as PNG, into --frames-dir or a new temporary folder (never the
+    current folder unasked), whose name it prints.
 
     The digest (16 hex digits of the shards' paths, checksums and sample counts) is the
     data set's identity, as a run records it among its MLflow dataset inputs. Reads the
@@ -40,15 +44,26 @@ def inspect(
 
     Example: stoker data inspect s3://bucket/av --frames 4 --frames-dir /tmp/look
     """
-    from stoker.cli.output import out, print_json
+    from stoker.cli.output import note, out, print_json
     from stoker.data.inspect_dataset import inspect_dataset
 
+    if frames and frames_dir is None:
+        import tempfile
+
+        # Never into the current folder unasked: a folder of its own, said below.
+        frames_dir = Path(tempfile.mkdtemp(prefix="stoker-frames-"))
     report = inspect_dataset(
         url,
         frames=frames,
         frames_dir=frames_dir if frames else None,
         suggest_buckets=max_side if suggest_buckets else None,
     )
+    if frames:
+        written = len(report["frames_written"])
+        note(
+            f"wrote {written} frame{'' if written == 1 else 's'} to {frames_dir} "
+            "(--frames-dir DIR to choose the folder, --frames 0 for none)"
+        )
     if as_json:
         print_json(report)
         return

@@ -47,6 +47,29 @@ def test_inspect_reports_the_manifest_and_writes_frames(small_set: str, tmp_path
             assert frame.to_ndarray(format="rgb24").std() > 5  # a picture, not a blank
 
 
+def test_inspect_leaves_the_current_folder_alone_and_says_where_frames_went(
+    small_set: str, tmp_path: Path
+) -> None:
+    """A new user's `stoker data inspect URL` in their project folder: the frames go to
+    a fresh temporary folder, named in the output, never into the current folder."""
+    import re
+    import shutil
+
+    here = tmp_path / "project"
+    here.mkdir()
+    result = stoker_text("data", "inspect", small_set, cwd=here, check=True)
+    assert list(here.iterdir()) == []
+    said = re.search(r"wrote 3 frames to (\S+) ", result.stderr)
+    assert said, result.stderr
+    folder = Path(said.group(1))
+    try:
+        assert folder.is_dir() and not folder.is_relative_to(here)
+        assert len(list(folder.glob("*.png"))) == 3
+        assert str(folder) in result.stdout  # the table's "frames written" rows
+    finally:
+        shutil.rmtree(folder)
+
+
 def test_inspect_human_output_and_missing_data_set(small_set: str, tmp_path: Path) -> None:
     text = stoker_text("data", "inspect", small_set, "--frames", "0", check=True).stdout
     assert "12 in 3 shards" in text and "h264 (12)" in text
