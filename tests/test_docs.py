@@ -179,8 +179,8 @@ def test_data_tour_runs_in_order(tmp_path: Path) -> None:
     packed = json.loads(outputs["pack"].strip().splitlines()[-1])
     # 16 clips of 4 s, cut in 2
     assert packed == {"samples": 32, "shards": 1, "skipped": [], "skipped_by_kind": {}}
-    assert "32 in 1 shards" in outputs["inspect"] and "headroom" in outputs["bench"]
-    assert "32 samples in 1 shards" in outputs["encode"]  # latents of every clip
+    assert "32 in 1 shard\n" in outputs["inspect"] and "headroom" in outputs["bench"]
+    assert "32 samples in 1 shard:" in outputs["encode"]  # latents of every clip
 
 
 def test_kernels_example_runs() -> None:

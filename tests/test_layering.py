@@ -53,6 +53,7 @@ LEAVES = (
     "stoker.job_time",
     "stoker.gpus",
     "stoker.mesh_layout",
+    "stoker.plural",
 )
 # Whose module-level imports must stay light (login nodes, `--help`, `import stoker`).
 LOGIN_NODE = (

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from stoker.plural import plural
+
 
 def export(
     path: str = typer.Argument(
@@ -121,7 +123,7 @@ def export(
         print_json(data)
         return
     typer.echo(
-        f"step-{result.step}: {result.tensors} tensors, {result.bytes} bytes "
+        f"step-{result.step}: {plural(result.tensors, 'tensor')}, {plural(result.bytes, 'byte')} "
         f"({', '.join(result.dtypes)}, {result.format}) -> {result.out}"
     )
     if registered is not None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from stoker.plural import plural
+
 
 def prune(
     path: str = typer.Argument(
@@ -57,4 +59,6 @@ def prune(
         typer.echo(f"{verb if d.delete else 'kept':12}  step-{d.row.step:<8}  {d.reason}")
     gone = [d for d in decisions if d.delete]
     freed = sum(d.row.bytes for d in gone)
-    typer.echo(f"{verb} {len(gone)} of {len(decisions)} checkpoint(s): {freed} bytes")
+    typer.echo(
+        f"{verb} {len(gone)} of {plural(len(decisions), 'checkpoint')}: {plural(freed, 'byte')}"
+    )

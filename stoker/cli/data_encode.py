@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from stoker.plural import plural
+
 if TYPE_CHECKING:
     from stoker.data.encode.shard import DecodeSpec
 
@@ -163,7 +165,8 @@ def encode(
     busy = report.encode_seconds / report.seconds if report.seconds else 0.0
     gpu = f", GPU {report.gpu_util:.0f}% busy" if report.gpu_util is not None else ""
     note(
-        f"encoded {report.encoded_samples} clips in {report.written} of {report.planned} shards "
+        f"encoded {plural(report.encoded_samples, 'clip')} in {report.written} of "
+        f"{plural(report.planned, 'shard')} "
         f"in {report.seconds:.1f} s: {report.clips_per_s:.2f} clips/s, encoder busy "
         f"{busy:.0%} of the time{gpu}"
     )
@@ -223,7 +226,8 @@ def _finish_local(request: Any, as_json: bool) -> None:
 
         done = len(finished_shards(fs, root, range(plan.shards)))
         raise StokerError(
-            f"the encode of {request.dst} ended with {done} of {plan.shards} shards encoded",
+            f"the encode of {request.dst} ended with {done} of {plural(plan.shards, 'shard')} "
+            "encoded",
             fix="`stoker why JOB` shows what failed; run the same command again to encode the rest",
         )
     summary = {
@@ -252,11 +256,12 @@ def _print_report(summary: dict[str, Any], as_json: bool) -> None:
         sys.stdout.write(json.dumps(summary) + "\n")
         return
     out().print(
-        f"{summary['samples']} samples in {summary['shards']} shards: {summary['manifest']}",
+        f"{plural(summary['samples'], 'sample')} in {plural(summary['shards'], 'shard')}: "
+        f"{summary['manifest']}",
         markup=False,
     )
     skipped = summary["skipped"]
     if skipped:
-        out().print(f"skipped {len(skipped)} samples:", markup=False)
+        out().print(f"skipped {plural(len(skipped), 'sample')}:", markup=False)
         for row in skipped:
             out().print(f"  {row['shard']}:{row['key']}: {row['reason']}", markup=False)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from stoker.plural import plural
+
 
 def inspect(
     url: str = typer.Argument(..., metavar="URL", help="Data set root (folder, s3://, ...)."),
@@ -97,7 +99,7 @@ def _print_report(r: dict, console: object) -> None:  # type: ignore[type-arg]
     table.add_column()
     rows = [
         ("digest", r["digest"]),
-        ("samples", f"{r['samples']} in {r['shards']} shards"),
+        ("samples", f"{r['samples']} in {plural(r['shards'], 'shard')}"),
         ("size", f"{r['bytes'] / 1e6:.1f} MB"),
         ("duration", f"{r['duration_s'] / 3600:.2f} h ({r['duration_s']:g} s)"),
         ("modalities", ", ".join(r["modalities"]) or "-"),
@@ -118,7 +120,7 @@ def _print_report(r: dict, console: object) -> None:  # type: ignore[type-arg]
         ]
         for bucket, row in latents["buckets"].items():
             tensors = ", ".join(f"{n} {shape}" for n, shape in row["tensors"].items())
-            rows.append((f"latents {bucket}", f"{row['samples']} samples: {tensors}"))
+            rows.append((f"latents {bucket}", f"{plural(row['samples'], 'sample')}: {tensors}"))
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)  # type: ignore[attr-defined]
@@ -136,7 +138,7 @@ def _fmt_counts(section: dict, keys: tuple[str, ...]) -> str:  # type: ignore[ty
         unit = _UNITS.get(key, "")
         # "8 fps (32 samples)": the value with its unit, and how many samples have it.
         parts.append(", ".join(f"{_number(k)}{unit} ({n})" for k, n in section[key].items()))
-    return f"{section['samples']} samples: " + "; ".join(parts)
+    return f"{plural(section['samples'], 'sample')}: " + "; ".join(parts)
 
 
 _UNITS = {"fps": " fps", "sample_rates": " Hz", "channels": " ch"}

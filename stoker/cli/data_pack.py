@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from stoker.plural import plural
+
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
@@ -158,7 +160,7 @@ def _pack_on_slurm(request: PackRequest, options: ArrayOptions, wait: bool, as_j
         return
     out().print(
         f"submitted pack job {submitted.job_id}: {len(prepared.pending)} of "
-        f"{len(prepared.plan.shards)} shards to write",
+        f"{plural(len(prepared.plan.shards), 'shard')} to write",
         markup=False,
     )
     job = submitted.job_id
@@ -193,7 +195,7 @@ def _finish(
         failed = [task for task, state in states.items() if state != "COMPLETED"]
         ended = ", ".join(f"{task} {states[task]}" for task in failed)
         raise StokerError(
-            f"the pack of {request.dst} ended with {done} of {planned} shards written "
+            f"the pack of {request.dst} ended with {done} of {plural(planned, 'shard')} written "
             f"(no {MANIFEST_NAME} yet){': ' + ended if ended else ''}",
             fix=f"`stoker why {failed[0] if failed else 'JOB'}` says what failed; fix it and run "
             "the same command again: it keeps the finished shards and writes the rest",
@@ -205,7 +207,7 @@ def _report(report: PackReport, as_json: bool) -> None:
     from stoker.cli.output import note
 
     note(
-        f"wrote {report.written} of {report.planned} planned shards "
+        f"wrote {report.written} of {plural(report.planned, 'planned shard')} "
         f"({report.bytes_written / 1e6:.1f} MB) in {report.seconds:.1f} s"
     )
     if as_json:
@@ -218,10 +220,12 @@ def _report(report: PackReport, as_json: bool) -> None:
 def _print_report(report: PackReport) -> None:
     from stoker.cli.output import out
 
-    out().print(f"{report.samples} samples in {report.shards} shards: {report.manifest}")
+    out().print(
+        f"{plural(report.samples, 'sample')} in {plural(report.shards, 'shard')}: {report.manifest}"
+    )
     if report.skipped:
         counts = ", ".join(f"{n} {kind}" for kind, n in report.skipped_by_kind().items())
-        out().print(f"skipped {len(report.skipped)} inputs ({counts}):", markup=False)
+        out().print(f"skipped {plural(len(report.skipped), 'input')} ({counts}):", markup=False)
         for row in report.skipped:
             out().print(f"  {row['path']}: {row['reason']}", markup=False)
 

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from stoker.plural import plural
+
 if TYPE_CHECKING:
     from collections.abc import Callable
     from contextlib import ExitStack
@@ -84,7 +86,8 @@ def synth(
             sys.stdout.write(json.dumps(summary) + "\n")
         else:
             out().print(
-                f"wrote {clips} clips as {clips * 4} files ({written / 1e6:.1f} MB) to {dst} "
+                f"wrote {plural(clips, 'clip')} as {plural(clips * 4, 'file')} "
+                f"({written / 1e6:.1f} MB) to {dst} "
                 f"in {time.perf_counter() - start:.1f} s",
                 markup=False,
             )
@@ -116,8 +119,8 @@ def synth(
         sys.stdout.write(json.dumps(summary) + "\n")
         return
     out().print(
-        f"wrote {manifest.samples} clips ({manifest.totals.duration_s:g} s of media, "
-        f"{manifest.totals.bytes / 1e6:.1f} MB in {shards} shard{'s' if shards != 1 else ''}) "
+        f"wrote {plural(manifest.samples, 'clip')} ({manifest.totals.duration_s:g} s of media, "
+        f"{manifest.totals.bytes / 1e6:.1f} MB in {plural(shards, 'shard')}) "
         f"to {dst} in {elapsed:.1f} s",
         markup=False,
     )

@@ -102,7 +102,7 @@ def test_prune_command(root: str) -> None:
 
     done = stoker("ckpt", "prune", root, "--keep-last", "1", "--keep-every", "200")
     assert done.returncode == 0, done.stderr
-    assert "deleted 1 of 5 checkpoint(s)" in done.stdout
+    assert "deleted 1 of 5 checkpoints" in done.stdout
     assert [r.step for r in ck.list_checkpoints(root)] == [400, 300, 200, 50]
     assert fs.cat_file(f"{base}/step-50/weights.bin") == b"mine"
 

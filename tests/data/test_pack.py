@@ -416,7 +416,7 @@ def test_failed_shards_fail_the_pack_and_a_rerun_finishes_it(tmp_path: Path) -> 
     (dst / "pack-skipped").write_text("in the way")  # the writers' report folder
     failed = stoker_text("data", "pack", str(src), str(dst), "--workers", "1", "--json")
     assert failed.returncode == 2 and failed.stdout == ""
-    assert "1 of 1 shards were not written" in failed.stderr
+    assert "1 shard of 1 was not written" in failed.stderr
     assert "shards/shard-000000.tar: FileExistsError" in failed.stderr
     assert "run the same command again" in failed.stderr
     assert not (dst / "manifest.json").exists()
@@ -430,7 +430,7 @@ def test_progress_bar_on_a_terminal(tmp_path: Path) -> None:
     write(tmp_path / "src", {"a.flac": flac(0.2)})
     screen = stoker_in_tty("data", "pack", str(tmp_path / "src"), str(tmp_path / "dst"))
     assert "writing shards" in screen and "1/1" in screen
-    assert "1 samples in 1 shards" in screen
+    assert "1 sample in 1 shard:" in screen  # not "1 samples in 1 shards"
 
 
 @pytest.mark.slurm
@@ -465,7 +465,7 @@ def test_slurm_array_packs_like_local(slurm_cluster: ClusterSettings, tmp_path: 
     why = stoker_text("why", task_ids[0], check=True)
     assert "FileExistsError" in why.stdout and "slurm/pack-skipped" in why.stdout, why.stdout
     log = stoker_text("logs", task_ids[0], check=True).stdout
-    assert "stoker: error: 1 of the 1 shards of task 0 were not written" in log, log
+    assert "stoker: error: task 0: 1 shard of 1 was not written" in log, log
     assert not (dst / "manifest.json").exists()
 
     (dst / "pack-skipped").unlink()

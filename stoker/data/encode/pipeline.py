@@ -49,6 +49,7 @@ from stoker.data.write.location import open_location
 from stoker.data.write.shard_pool import SilentProgress, refuse_failures, run_shard_writers
 from stoker.data.write.shard_set import finished_shards, write_manifest
 from stoker.errors import StokerError
+from stoker.plural import plural
 
 CREATED_BY = "stoker data encode"
 WORK_DIR = "encode-work"
@@ -185,7 +186,8 @@ def run_encode(
     prepared = prepare(request)
     if prepared.finished:
         progress.note(
-            f"resuming: {len(prepared.finished)} of {prepared.plan.shards} shards already encoded"
+            f"resuming: {len(prepared.finished)} of {plural(prepared.plan.shards, 'shard')} "
+            "already encoded"
         )
     progress.start("encoding shards", total=prepared.plan.shards, completed=len(prepared.finished))
     tasks = [prepared.task(request, n) for n in prepared.pending]

@@ -19,6 +19,7 @@ from stoker.data.jobs.array_task import Stop, read_work, task_main
 from stoker.data.write.location import open_location
 from stoker.data.write.shard_set import finished_shards
 from stoker.errors import StokerError
+from stoker.plural import plural
 from stoker.protocol import EXIT_REQUEUE
 
 
@@ -57,7 +58,8 @@ def run_task(dst: str, work_url: str, task: int, stop: Stop) -> int:
         gpu = result.gpu_util
         busy = f", GPU {sum(gpu) / len(gpu):.0f}% busy" if gpu else ""
         print(
-            f"stoker: shard {number}: {result.samples} samples, {len(result.skipped)} skipped, "
+            f"stoker: shard {number}: {plural(result.samples, 'sample')}, "
+            f"{len(result.skipped)} skipped, "
             f"{seconds:.1f} s ({result.samples / max(seconds, 1e-9):.2f} clips/s, encoder "
             f"{result.encode_s / max(seconds, 1e-9):.0%} of it{busy})",
             flush=True,

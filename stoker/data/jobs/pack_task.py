@@ -23,6 +23,7 @@ from stoker.data.pack.plan import PLAN_NAME, load_plan
 from stoker.data.write.location import open_location
 from stoker.data.write.shard_set import finished_shards, shard_path
 from stoker.errors import StokerError
+from stoker.plural import plural
 from stoker.protocol import EXIT_REQUEUE
 
 
@@ -61,14 +62,16 @@ def run_task(dst: str, work_url: str, task: int, stop: Callable[[], bool]) -> in
             failures[number] = f"{type(exc).__name__}: {exc}"
             continue
         print(
-            f"stoker: shard {number}: {result.samples} samples, {len(result.skipped)} inputs "
-            f"skipped, {result.bytes / 1e6:.1f} MB in {time.monotonic() - began:.1f} s",
+            f"stoker: shard {number}: {plural(result.samples, 'sample')}, "
+            f"{plural(len(result.skipped), 'input')} skipped, {result.bytes / 1e6:.1f} MB in "
+            f"{time.monotonic() - began:.1f} s",
             flush=True,
         )
     if failures:
         lines = "\n".join(f"  {shard_path(n)}: {why}" for n, why in sorted(failures.items()))
         raise StokerError(
-            f"{len(failures)} of the {len(mine)} shards of task {task} were not written:\n{lines}",
+            f"task {task}: {plural(len(failures), 'shard')} of {len(mine)} "
+            f"{'was' if len(failures) == 1 else 'were'} not written:\n{lines}",
             fix="fix the cause above and run the same `stoker data pack` again: it keeps "
             "the finished shards and writes the rest",
         )

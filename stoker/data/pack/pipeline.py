@@ -64,6 +64,7 @@ from stoker.data.write.shard_pool import (
 from stoker.data.write.shard_set import finished_shards, write_manifest
 from stoker.data.write.shard_writer import write_json_atomic
 from stoker.errors import StokerError
+from stoker.plural import plural
 
 CREATED_BY = "stoker data pack"
 WORK_DIR = "pack-work"
@@ -199,7 +200,9 @@ def run_pack(request: PackRequest, progress: PackProgress | None = None) -> Pack
     prepared = prepare_pack(request)
     planned = len(prepared.plan.shards)
     if prepared.finished:
-        progress.note(f"resuming: {len(prepared.finished)} of {planned} shards already written")
+        progress.note(
+            f"resuming: {len(prepared.finished)} of {plural(planned, 'shard')} already written"
+        )
     progress.start("writing shards", total=planned, completed=len(prepared.finished))
     tasks = [prepared.task(n) for n in prepared.pending]
     if tasks and prepared.in_process and (request.workers or 1) > 1:

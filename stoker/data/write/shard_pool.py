@@ -11,6 +11,8 @@ import multiprocessing
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
+from stoker.plural import plural
+
 R = TypeVar("R")
 
 
@@ -91,7 +93,8 @@ def refuse_failures(failures: dict[int, str], planned: int, verb: str) -> None:
 
     lines = "\n".join(f"  {shard_path(n)}: {why}" for n, why in sorted(failures.items()))
     raise StokerError(
-        f"{len(failures)} of {planned} shards were not {verb} (no {MANIFEST_NAME} yet):\n{lines}",
+        f"{plural(len(failures), 'shard')} of {planned} "
+        f"{'was' if len(failures) == 1 else 'were'} not {verb} (no {MANIFEST_NAME} yet):\n{lines}",
         fix="fix the cause above and run the same command again: it keeps the "
-        f"{planned - len(failures)} finished shards and does the rest",
+        f"{plural(planned - len(failures), 'finished shard')} and does the rest",
     )
