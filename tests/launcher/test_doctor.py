@@ -207,6 +207,33 @@ def test_broken_profile_is_reported_and_mlflow_not_checked(
 
 
 @slurm
+def test_a_profile_partition_or_account_the_cluster_lacks_fails_naming_the_fix(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
+    """A new user's profile names a partition (and an account) this cluster does not
+    have: doctor fails on it, naming each and what to set, before SLURM refuses a submit;
+    a profile that names the cluster's own passes."""
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("partition: gpu-a100\naccount: no-such-account\n")
+    checks, result = doctor_json(env={"STOKER_PROFILE": str(profile)})
+    assert result.returncode == 1
+    target = checks["profile job target"]
+    assert target["status"] == "fail"
+    assert "partition 'gpu-a100' is not a partition of this cluster" in target["detail"]
+    assert slurm_cluster.partition in target["detail"]
+    assert "account 'no-such-account' is not one of" in target["detail"]
+    assert str(profile) in target["detail"]
+    assert (
+        f"`partition: {slurm_cluster.partition}`" in target["fix"] and str(profile) in target["fix"]
+    )
+
+    profile.write_text(f"partition: {slurm_cluster.partition}\n")
+    checks, result = doctor_json(env={"STOKER_PROFILE": str(profile)})
+    assert checks["profile job target"]["status"] == "ok"
+    assert f"partition {slurm_cluster.partition} exists" in checks["profile job target"]["detail"]
+
+
+@slurm
 def test_unwritable_stoker_home_fails(slurm_cluster: ClusterSettings, tmp_path: Path) -> None:
     # Tests run as root, which ignores permission bits: a path under a file cannot be created.
     (tmp_path / "file.txt").write_text("")

@@ -12,6 +12,7 @@ minutes.
     node.py            apptainer, GPUs, NCCL variables
     storage.py         writable and shared folders; the run folder
     site_profile.py    the site profile, and the MLflow check from its tracking_uri
+    job_target.py      the profile's partition, account and QOS against SLURM's
     tracking_store.py  the MLflow store: a sqlite file or a server
 
 Standard library only: no mlflow, torch or requests import.

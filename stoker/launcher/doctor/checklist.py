@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 
 from stoker.errors import StokerError
 from stoker.launcher.doctor.check import Check, Finding, joined_lines
+from stoker.launcher.doctor.job_target import CHECK as JOB_TARGET_CHECK
+from stoker.launcher.doctor.job_target import check_job_target
 from stoker.launcher.doctor.node import check_apptainer, check_gpus, check_nccl_env
 from stoker.launcher.doctor.site_profile import ProfileProbe
 from stoker.launcher.doctor.slurm import SlurmProbe
@@ -50,6 +52,10 @@ def default_checks() -> list[Check]:
         ("pyxis", slurm.check_pyxis),
         ("apptainer", check_apptainer),
         ("profile", profile.check_profile),
+        (
+            JOB_TARGET_CHECK,
+            lambda: [check_job_target(slurm, profile.job_target, profile.blocked)],
+        ),
         ("mlflow", profile.check_mlflow),
         ("run folder", check_run_folder),
         ("gpus", check_gpus),

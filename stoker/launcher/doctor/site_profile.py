@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stoker.launcher.doctor.check import Finding, joined_lines, not_checked
+from stoker.launcher.doctor.job_target import JobTarget
 from stoker.launcher.doctor.tracking_store import check_tracking_store
 
 
@@ -16,6 +17,8 @@ class ProfileProbe:
 
     blocked: str | None = "the profile check did not run"
     tracking_uri: str | None = None
+    job_target: JobTarget | None = None
+    """Where the profile sends jobs: its partition, account and QOS."""
 
     def check_profile(self) -> list[Finding]:
         from stoker.config import ConfigError, resolve_config
@@ -38,6 +41,9 @@ class ProfileProbe:
             ]
         self.blocked = None
         self.tracking_uri = resolved.config.tracking.uri
+        job = resolved.config.job
+        source = str(resolved.profile) if resolved.profile is not None else "no site profile"
+        self.job_target = JobTarget(source, job.partition, job.account, job.qos)
         if resolved.profile is None:
             from stoker.home import default_profile_path
 

@@ -116,6 +116,8 @@ class SlurmProbe:
     client_works: bool = False
     """The commands start (slurm.conf readable), whether or not the controller answers."""
     config: dict[str, str] = field(default_factory=dict)
+    partitions: list[PartitionSummary] | None = None
+    """What `sinfo` listed (None until check_partitions ran it)."""
 
     def check_slurm(self) -> list[Finding]:
         client = next((c for c in ("sinfo", "scontrol") if shutil.which(c)), None)
@@ -196,7 +198,7 @@ class SlurmProbe:
         text = run_slurm(
             ["sinfo", "--noheader", f"--format={SINFO_FORMAT}"], timeout=COMMAND_TIMEOUT
         )
-        partitions = parse_sinfo(text)
+        partitions = self.partitions = parse_sinfo(text)
         if not partitions:
             return [
                 Finding(
