@@ -9,6 +9,7 @@ written here, before the ranks start, on first use.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from collections.abc import Callable, Sequence
@@ -21,6 +22,7 @@ from stoker.errors import StokerError
 from stoker.tracking.store import tracking_off
 
 if TYPE_CHECKING:
+    from stoker.config import ResolvedConfig
     from stoker.launcher.why import Diagnosis
 
 Say = Callable[[str], None]
@@ -53,6 +55,35 @@ class RunResult:
 
 def builtin_experiment() -> Path:
     return Path(str(resources.files("stoker.runtime") / "tiny.yaml"))
+
+
+def builtin_with_own_model(resolved: ResolvedConfig) -> ResolvedConfig:
+    """The built-in experiment with a model of the user's own (`model.arch=pkg.mod:build`
+    given on the command line): its data and schedule stay, its settings for its own
+    model do not. Its samples (train.sample_every) fall back to the default, so that the
+    user hears of sampling only when they ask for it, and the job (its run folder, its
+    name in MLflow) is named after the model's package, not `tiny`."""
+    from stoker.config import ExperimentConfig
+    from stoker.config.resolve import DEFAULT, Source
+
+    def from_builtin(key: tuple[str, str]) -> bool:
+        return resolved.source_of(key).where.startswith(f"{builtin_experiment()}:")
+
+    arch = resolved.config.model.arch
+    if ":" not in arch or from_builtin(("model", "arch")):
+        return resolved
+    config, sources = resolved.config, dict(resolved.sources)
+    if from_builtin(("train", "sample_every")):
+        default = ExperimentConfig().train.sample_every
+        config = config.model_copy(
+            update={"train": config.train.model_copy(update={"sample_every": default})}
+        )
+        sources[("train", "sample_every")] = DEFAULT
+    if from_builtin(("job", "name")):
+        package = arch.split(":", 1)[0].split(".", 1)[0]
+        config = config.model_copy(update={"job": config.job.model_copy(update={"name": package})})
+        sources[("job", "name")] = Source("default", f"named after model.arch {arch}")
+    return dataclasses.replace(resolved, config=config, sources=sources)
 
 
 def default_nproc() -> int:
@@ -117,6 +148,8 @@ def run_here(
         profile=profile,
         use_profile=use_profile,
     )
+    if experiment is None:
+        resolved = builtin_with_own_model(resolved)
     # The checks submit makes, first: a refused run writes no data set.
     check_launch(resolved, None)
     if not command:

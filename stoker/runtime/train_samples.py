@@ -97,7 +97,8 @@ class TrainSampler:
         except StokerError as exc:
             self.every = 0
             if self.env.is_main:
-                print(f"train.sample_every: no samples: {exc} ({exc.fix})", flush=True)
+                # str(exc) ends with its fix line: the fix is said once.
+                print(f"train.sample_every: no samples: {exc}", flush=True)
 
     def due(self, step: int) -> bool:
         return bool(self.every) and (step % self.every == 0 or step == self.cfg.train.steps)

@@ -9,6 +9,7 @@ import json
 import sys
 import textwrap
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -267,6 +268,10 @@ def test_the_example_plugin_trains_on_two_ranks_from_its_folder(
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["state"] == "COMPLETED" and summary["step"] == 30
+    # The built-in experiment's samples are for its own model: nothing said of sampling
+    # the user did not ask for, and the run is named after the user's model, not `tiny`.
+    assert "sample_every" not in result.stderr, result.stderr[-3000:]
+    assert Path(summary["run_dir"]).name.startswith("own_model-"), summary["run_dir"]
 
     from mlflow.tracking import MlflowClient
 
@@ -298,6 +303,47 @@ def test_the_example_plugin_trains_on_two_ranks_from_its_folder(
     # Found and built: refused only because this example model draws no samples.
     assert sampled.returncode == 2 and "no module" not in sampled.stderr, sampled.stderr
     assert "sample(" in sampled.stderr, sampled.stderr
+
+
+def test_samples_asked_of_a_model_without_sample_name_its_class_and_say_the_fix_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """train.sample_every set by the user for a model without sample(), sharded by FSDP2
+    as on the ranks: the note names the user's class (not FSDP's `FSDPDenoiser`) and
+    prints its fix once."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from stoker.runtime.dist.dist_env import detect
+    from stoker.runtime.train_samples import TrainSampler
+    from tests.runtime.trainer_runs import Recorder
+
+    class Denoiser(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(4, 4)
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        model = fully_shard(Denoiser(), mesh=init_device_mesh("cpu", (1,)))
+        cfg = resolve_config(None, ["train.sample_every=5"], use_profile=False).config
+        sampler = TrainSampler(
+            cfg, detect({}), run_dir=tmp_path, sink=Recorder(), ema=None, autocast=nullcontext
+        )
+        sampler.check(model)
+    finally:
+        dist.destroy_process_group()
+    said = capsys.readouterr().out
+    assert said.startswith(
+        "train.sample_every: no samples: Denoiser has no sample() method, and stoker samples "
+        "only its built-in models (av_dit, audio_ar) without one\n  fix: give the model a method"
+    ), said
+    assert said.count("or set train.sample_every=0") == 1, said
+    assert sampler.every == 0
 
 
 def test_a_plugin_module_is_imported_by_name_not_by_path(tmp_path: Path) -> None:

@@ -24,6 +24,17 @@ from stoker.errors import StokerError
 Slot = tuple[nn.Module, str]
 
 
+def model_class_name(model: nn.Module) -> str:
+    """The user's class of `model`, as they wrote it: FSDP2's `fully_shard` swaps a
+    module's class for a subclass named `FSDP<Name>`, a name the user never wrote."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for cls in type(model).__mro__:
+        if not issubclass(cls, FSDPModule):
+            return cls.__name__
+    return type(model).__name__
+
+
 def blocks_of(model: nn.Module) -> list[nn.Module]:
     """The model's repeated blocks: `blocks()` or a `blocks` ModuleList; [] without."""
     blocks: Any = getattr(model, "blocks", None)
@@ -35,7 +46,8 @@ def blocks_of(model: nn.Module) -> list[nn.Module]:
     for block in found:
         if not isinstance(block, nn.Module):
             raise StokerError(
-                f"{type(model).__name__}.blocks() gave a {type(block).__name__}, not an nn.Module",
+                f"{model_class_name(model)}.blocks() gave a {type(block).__name__}, "
+                "not an nn.Module",
                 fix="return the model's repeated submodules (stoker/model.py)",
             )
     return found
@@ -51,7 +63,7 @@ def block_slots(model: nn.Module) -> list[Slot]:
         name = names.get(id(block))
         if name is None:
             raise StokerError(
-                f"{type(model).__name__}.blocks() gave a module that is not a submodule of "
+                f"{model_class_name(model)}.blocks() gave a module that is not a submodule of "
                 "the model",
                 fix="return modules the model holds as attributes (or in a ModuleList)",
             )
@@ -71,7 +83,7 @@ def loss_and_metrics(
     if not isinstance(out, torch.Tensor) or out.dim() != 0:
         shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise StokerError(
-            f"{type(model).__name__}.forward(batch) returned {shape}, not a scalar loss",
+            f"{model_class_name(model)}.forward(batch) returned {shape}, not a scalar loss",
             fix="return the batch's loss as a 0-dim tensor (e.g. losses.mean()), or "
             "(loss, {name: value}) for metrics beside it",
         )

@@ -38,6 +38,7 @@ from torch import nn
 from stoker.errors import StokerError
 from stoker.runtime.models.audio_ar import AudioAR
 from stoker.runtime.models.av_dit import AVDiT
+from stoker.runtime.models.contract import model_class_name
 from stoker.runtime.sampling.autoregressive import sample_audio_ar
 from stoker.runtime.sampling.flow import (
     FlowMethod,
@@ -124,7 +125,7 @@ def check_samplable(model: nn.Module) -> None:
     `sample()` method nor a built-in model."""
     if not callable(getattr(model, "sample", None)) and not isinstance(model, AVDiT | AudioAR):
         raise StokerError(
-            f"{type(model).__name__} has no sample() method, and stoker samples only its "
+            f"{model_class_name(model)} has no sample() method, and stoker samples only its "
             "built-in models (av_dit, audio_ar) without one",
             fix="give the model a method `sample(self, generators: list[torch.Generator], "
             "steps: int) -> dict[str, torch.Tensor]` returning one sample per generator "
@@ -150,7 +151,7 @@ def checked_samples(model: nn.Module, out: object, count: int) -> dict[str, torc
             for k, v in out.items()
         }
     raise StokerError(
-        f"{type(model).__name__}.sample() returned {got}, not a non-empty dict of tensors "
+        f"{model_class_name(model)}.sample() returned {got}, not a non-empty dict of tensors "
         f"with one row per generator ({count})",
         fix="return {name: tensor [len(generators), ...]}, e.g. {'video': uint8 "
         "[B, T, 3, H, W], 'audio': float32 [B, C, N]} (stoker/runtime/sampling/draw.py)",
