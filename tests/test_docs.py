@@ -145,6 +145,7 @@ JOBS_TOUR = [
 @pytest.mark.slurm
 def test_jobs_tour_runs_on_the_cluster(slurm_cluster: ClusterSettings, tmp_path: Path) -> None:
     assert len(JOBS_TOUR) >= 4
+    (tmp_path / "examples").symlink_to(REPO / "examples")
     for command in JOBS_TOUR:
         args = shlex.split(command)
         assert args[0] == "stoker"
@@ -159,6 +160,17 @@ def test_jobs_tour_runs_on_the_cluster(slurm_cluster: ClusterSettings, tmp_path:
             assert "stoker-tiny" in result.stdout
 
 
+def test_the_scripts_the_tours_run_are_files_of_the_clone() -> None:
+    """A reader types the tours in a fresh clone: each `-- python X.py` names a file there
+    (`stoker submit` refuses a script that is not there)."""
+    from stoker.launcher.launch.local_inputs import script_of
+
+    commands = [shlex.split(c) for c in [*TOUR, *OWN_CODE_TOUR, *JOBS_TOUR] if " -- " in c]
+    scripts = [script_of(args[args.index("--") + 1 :]) for args in commands]
+    assert any(scripts)
+    assert [s for s in scripts if s is not None and not (REPO / s).is_file()] == []
+
+
 DATA_TOUR = [
     line[2:]
     for block in code_blocks(README, "AV data")
@@ -169,18 +181,28 @@ DATA_TOUR = [
 
 def test_data_tour_runs_in_order(tmp_path: Path) -> None:
     assert len(DATA_TOUR) >= 4
-    outputs = {}
+    outputs, notes = {}, {}
     for command in DATA_TOUR:
         args = shlex.split(command)
         assert args[0] == "stoker"
         result = stoker_text(*args[1:], cwd=tmp_path)
         assert result.returncode == 0, f"{command}: {result.stderr}"
-        outputs[args[2]] = result.stdout
+        outputs[args[2]], notes[args[2]] = result.stdout, result.stderr
     packed = json.loads(outputs["pack"].strip().splitlines()[-1])
     # 16 clips of 4 s, cut in 2
     assert packed == {"samples": 32, "shards": 1, "skipped": [], "skipped_by_kind": {}}
-    assert "32 in 1 shard\n" in outputs["inspect"] and "headroom" in outputs["bench"]
+    assert (
+        re.search(r"32 in 1 shard *$", outputs["inspect"], re.M) and "headroom" in outputs["bench"]
+    )
     assert "32 samples in 1 shard:" in outputs["encode"]  # latents of every clip
+    # The packed 2 s clips stay 2 s latents (not data.clip_seconds' default 1 s), and
+    # the encode says what it decoded at and why.
+    latents = json.loads((tmp_path / "latents" / "manifest.json").read_text())
+    assert latents["encoding"]["decode"]["clip_seconds"] == 2.0
+    assert "2 s clips at 8 fps" in notes["encode"]
+    assert "data.clip_seconds from the source's clips" in notes["encode"]
+    # The frames of `data inspect` went to a folder of their own, not the user's.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latents", "packed", "raw"]
 
 
 def test_kernels_example_runs() -> None:

@@ -24,7 +24,8 @@ def encode(
         None,
         metavar="[data.KEY=VALUE ...]",
         help="Decode settings over the experiment's: data.resolution=[128,128] "
-        "data.clip_seconds=2 data.modalities=[video] data.buckets=[...].",
+        "data.clip_seconds=2 data.modalities=[video] data.buckets=[...]. Clip length, fps "
+        "and size not set here or in --experiment follow the source's clips.",
         show_default=False,
     ),
     encoder: str = typer.Option(
@@ -109,6 +110,11 @@ def encode(
     from another source is refused. Running the same command again encodes only the
     shards not finished; a clip the encoder fails on is skipped and reported.
 
+    Clips are decoded at the source's clip length, frame rate and size (what `data
+    pack` recorded in its indexes) unless data.clip_seconds, data.fps or
+    data.resolution (here or in --experiment) say otherwise; the settings used, and
+    where each came from, are printed first.
+
     Example: stoker data encode ./av ./av-latents -e stoker.data.tiny_encoder:build
     """
     from stoker.cli.array_wait import refuse_slurm_flags
@@ -126,12 +132,14 @@ def encode(
     )
     given = {"--tasks": tasks, **slurm_flags.given(command_line)}
     refuse_slurm_flags(slurm, {**given, "--max-parallel": max_parallel, "--wait": wait}, "encode")
+    decode, decode_sources = decode_settings(experiment, settings or [], src)
+    note(describe_decode(decode, decode_sources))
     request = EncodeRequest(
         src=src,
         dst=dst,
         factory=encoder,
         args=parse_encoder_args(args),
-        decode=decode_settings(experiment, settings or []),
+        decode=decode,
         batch_size=batch_size,
         workers=workers,
         restart=restart,
@@ -170,14 +178,23 @@ def encode(
         f"in {report.seconds:.1f} s: {report.clips_per_s:.2f} clips/s, encoder busy "
         f"{busy:.0%} of the time{gpu}"
     )
-    _print_report(report.summary(), as_json)
+    _print_report({**report.summary(), "decode": decode_json(decode, decode_sources)}, as_json)
 
 
-def decode_settings(experiment: Path | None, settings: list[str]) -> DecodeSpec:
+FROM_SOURCE = "the source's clips"
+"""Where a decode setting came from when the source's clips decided it."""
+
+
+def decode_settings(
+    experiment: Path | None, settings: list[str], src: str
+) -> tuple[DecodeSpec, dict[str, str]]:
     """The decode settings: the experiment's data.* (the built-in defaults without one)
-    with `settings` (data.KEY=VALUE) over them."""
+    with `settings` (data.KEY=VALUE) over them, and the source's clip length, fps and
+    size where neither sets them; with where each of those three came from."""
     from stoker.config import resolve_config
+    from stoker.config.resolve import DEFAULT
     from stoker.data.encode.shard import DecodeSpec
+    from stoker.data.encode.source_clips import source_clips
     from stoker.data.sets.buckets import Bucket
     from stoker.errors import StokerError
 
@@ -188,26 +205,78 @@ def decode_settings(experiment: Path | None, settings: list[str]) -> DecodeSpec:
                 fix="give decode settings as data.resolution=[128,128]; the encoder's own "
                 "arguments as --args NAME=VALUE",
             )
-    data = resolve_config(experiment, settings).config.data
+    resolved = resolve_config(experiment, settings)
+    data = resolved.config.data
+    clips = source_clips(src)
+    followed = {
+        "clip_seconds": clips.clip_seconds,
+        "fps": clips.fps,
+        "resolution": clips.resolution,
+    }
+    chosen: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for key, from_source in followed.items():
+        given = resolved.source_of(("data", key))
+        if given == DEFAULT and from_source is not None:
+            chosen[key], sources[key] = from_source, FROM_SOURCE
+        else:
+            chosen[key], sources[key] = getattr(data, key), str(given)
     modalities = tuple(m for m in data.modalities if m in ("video", "audio", "text"))
     if not {"video", "audio"} & set(modalities):
         raise StokerError(
             f"data.modalities {list(data.modalities)} has neither video nor audio to encode",
             fix="data.modalities=[video,audio] (or one of them)",
         )
-    return DecodeSpec(
+    resolution = (chosen["resolution"][0], chosen["resolution"][1])
+    spec = DecodeSpec(
         modalities=modalities,
-        fps=float(data.fps),
-        resolution=(data.resolution[0], data.resolution[1]),
-        clip_seconds=data.clip_seconds,
+        fps=float(chosen["fps"]),
+        resolution=resolution,
+        clip_seconds=float(chosen["clip_seconds"]),
         sample_rate=data.sample_rate,
         channels=data.channels,
         resize=data.resize,
         buckets=tuple(
-            Bucket(tuple(b.resolution or data.resolution), float(b.clip_seconds), 1)  # type: ignore[arg-type]
+            Bucket(tuple(b.resolution or resolution), float(b.clip_seconds), 1)
             for b in data.buckets
         ),
     )
+    return spec, sources
+
+
+def describe_decode(spec: DecodeSpec, sources: dict[str, str]) -> str:
+    """The decode settings as the encode reports them, with where each came from."""
+    height, width = spec.resolution
+    shape = (
+        f"{len(spec.buckets)} buckets ({', '.join(b.name for b in spec.buckets)})"
+        if spec.buckets
+        else f"{spec.clip_seconds:g} s clips at {spec.fps:g} fps, {height}x{width} ({spec.resize})"
+    )
+    audio = f", audio {spec.sample_rate} Hz x{spec.channels}" if "audio" in spec.modalities else ""
+    origins = ", ".join(
+        f"data.{key} from {where}"
+        for key, where in sources.items()
+        if not (spec.buckets and key == "clip_seconds")
+    )
+    return (
+        f"decoding {'+'.join(spec.modalities)} as {shape}{audio} ({origins}; "
+        "data.KEY=VALUE overrides)"
+    )
+
+
+def decode_json(spec: DecodeSpec, sources: dict[str, str]) -> dict[str, Any]:
+    """The decode settings for --json, with where the followed ones came from."""
+    return {
+        "clip_seconds": spec.clip_seconds,
+        "fps": spec.fps,
+        "resolution": list(spec.resolution),
+        "resize": spec.resize,
+        "sample_rate": spec.sample_rate,
+        "channels": spec.channels,
+        "modalities": list(spec.modalities),
+        "buckets": [b.name for b in spec.buckets],
+        "sources": sources,
+    }
 
 
 def _finish_local(request: Any, as_json: bool) -> None:

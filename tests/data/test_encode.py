@@ -176,7 +176,7 @@ def test_a_clip_the_encoder_fails_on_is_skipped_and_reported(source: Path, tmp_p
     assert [s.key for s in index.samples] == ["clip-000002"]
     text = stoker_text("data", "encode", str(source), str(dst), "-e",
                        "tests.data.sample_encoders:fails_on_one")  # fmt: skip
-    assert text.returncode == 0 and f"skipped 1 samples:\n  shards/shard-000001.tar:{FAILS_ON}" in (
+    assert text.returncode == 0 and f"skipped 1 sample:\n  shards/shard-000001.tar:{FAILS_ON}" in (
         text.stdout
     )
 
