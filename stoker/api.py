@@ -171,8 +171,10 @@ def submit(
     at once: `submit("exp.yaml", ["train.steps=500"], nodes=2)`. `overrides` are
     `key=value` strings (the second positional argument, or by keyword); the keyword
     arguments are the command's flags (`nodes` is `--nodes`), with the same precedence.
-    `cwd`: the folder to snapshot and run from (default: the current one).
-    `check=False` is `--no-check`.
+    `cwd`: the folder to snapshot and run from (default: the current one); a relative
+    path in `overrides` is relative to this process's current folder, one in the
+    experiment file to the file's folder. `check=False` is `--no-check`. A local data
+    set or a `python X.py` script that is not there is refused, as `stoker submit` does.
 
     Or a Python function, as submitit submits one: `submit(fn, *args, kwargs={...},
     nodes=...)` pickles the call (submitit's DelayedSubmission) into the run folder;

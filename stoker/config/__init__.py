@@ -7,6 +7,7 @@
 | `unsafe_values` | values no config may hold: secrets, NUL, text that is not UTF-8 |
 | `frozen` | `freeze_config`, `write_frozen`, `load_frozen`; `state_hash` for checkpoints |
 | `keys` | walking the schema by dotted key: lookup, did-you-mean, types in words |
+| `paths` | relative local paths made absolute against the folder of their source |
 | `overrides` | `key=value` arguments, typed as YAML reads them |
 | `profile` | the site profile: its keys and where it is found |
 | `yaml_source` | YAML with the line of every key; YAML 1.1 fixes |

@@ -45,7 +45,7 @@ def write_frozen(resolved: ResolvedConfig, path: Path) -> Path:
 
 def load_frozen(path: Path) -> ExperimentConfig:
     """Read a frozen config as a job does: no profile, no overrides, strict validation."""
-    return resolve_config(path, use_profile=False).config
+    return resolve_config(path, use_profile=False, anchor_paths=False).config
 
 
 # The sections that decide what a checkpoint holds; job resources, tracking and

@@ -31,6 +31,7 @@ from stoker.config.keys import (
     suggest_keys,
 )
 from stoker.config.overrides import parse_override, shown_override
+from stoker.config.paths import absolute_paths
 from stoker.config.profile import PROFILE_KEYS, find_profile
 from stoker.config.schema import ExperimentConfig
 from stoker.config.unsafe_values import unsafe_reason
@@ -136,11 +137,15 @@ def resolve_config(
     *,
     profile: Path | None = None,
     use_profile: bool = True,
+    anchor_paths: bool = True,
 ) -> ResolvedConfig:
     """Merge defaults, profile, experiment file, overrides and flags, then validate.
 
     `flags` maps a dotted key to `(value, flag)`, e.g. `{"job.nodes": (2, "--nodes")}`;
-    a None value means the flag was not given. Raises ConfigError listing every problem.
+    a None value means the flag was not given. Relative paths are made absolute against
+    the folder of their source (stoker/config/paths.py); `anchor_paths=False` reads them
+    as written (a frozen config, whose paths are the job's). Raises ConfigError listing
+    every problem.
     """
     problems: list[Problem] = []
     assignments: list[Assignment] = []
@@ -188,6 +193,10 @@ def resolve_config(
 
     # Before validation: a refused value must not reach pydantic, whose errors quote it.
     assignments = _refuse_unsafe_values(assignments, problems)
+    if anchor_paths:
+        assignments = absolute_paths(
+            assignments, experiment=experiment, profile=profile_path, cwd=Path.cwd()
+        )
     data: dict[str, Any] = {}
     sources: dict[KeyPath, Source] = {}
     for path, value, source in assignments:

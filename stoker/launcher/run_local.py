@@ -122,6 +122,7 @@ def run_here(
     from stoker.launcher.jobs.rundir import RunDir
     from stoker.launcher.jobs.targets import resolve_job
     from stoker.launcher.launch.checks import check_launch
+    from stoker.launcher.launch.local_inputs import check_local_inputs
     from stoker.launcher.launch.model_fit import check_model_fits
     from stoker.launcher.launch.submit import SubmitOptions, submit
     from stoker.launcher.local.backend import cancel_local
@@ -152,6 +153,7 @@ def run_here(
         resolved = builtin_with_own_model(resolved)
     # The checks submit makes, first: a refused run writes no data set.
     check_launch(resolved, None)
+    check_local_inputs(resolved, command, Path.cwd())
     if not command:
         # Before a data set is written or a rank started: does the model take the data?
         check_model_fits(resolved, say=say)

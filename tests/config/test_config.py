@@ -218,12 +218,12 @@ def test_unknown_profile_key_suggests_profile_keys(tmp_path: Path) -> None:
         ("data.buckets=[{batch_size: 2}]", "data.buckets[0].clip_seconds: expected"),
         ("data.sources=[{url: x}, {name: a b, url: y}]", "data.sources[1].name: got 'a b'"),
         (
-            "data.sources=[{name: a, url: x}, {name: a, url: y}]",
-            "data.sources[0] (x) and data.sources[1] (y) are both named 'a'",
+            "data.sources=[{name: a, url: /x}, {name: a, url: /y}]",
+            "data.sources[0] (/x) and data.sources[1] (/y) are both named 'a'",
         ),
         (
-            "data.sources=[{url: s3://one/speech}, {url: 's/two/speech/', weight: 2}]",
-            "data.sources[0] (s3://one/speech) and data.sources[1] (s/two/speech/) are both "
+            "data.sources=[{url: s3://one/speech}, {url: '/s/two/speech/', weight: 2}]",
+            "data.sources[0] (s3://one/speech) and data.sources[1] (/s/two/speech/) are both "
             "named 'speech': give one of them another name",
         ),
         ("data.sources=[{url: 's3://b/{a..b}'}]", "its url 's3://b/{a..b}' ('{a..b}') cannot"),
@@ -253,6 +253,36 @@ def test_a_source_without_a_name_is_named_by_its_urls_last_part(tmp_path: Path) 
         ("tunes", "/data/music", 1.0),
         ("noise", "file:///d/noise?anon=1", 1.0),
     ]
+
+
+def test_relative_paths_are_relative_to_where_they_were_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job runs from its code snapshot on another node: what it reads is the folder the
+    user meant, as an absolute path in the frozen config. A file's paths are relative to
+    its folder, an override's to the current one; URLs and absolute paths stay."""
+    write(
+        tmp_path / "exps" / "av.yaml",
+        "data:\n  sources:\n    - url: ../d/speech\n    - url: s3://bucket/music\n"
+        "    - url: /data/noise\n  eval_url: held-out\ncheckpoint:\n  root: ckpt\n",
+    )
+    monkeypatch.chdir(write(tmp_path / "repo" / "x", "").parent)
+    resolved = resolve_config(Path("../exps/av.yaml"), ["data.eval_url=../d/held-out"])
+    config = resolved.config
+    assert [s.url for s in config.data.sources] == [
+        str(tmp_path / "d" / "speech"),
+        "s3://bucket/music",
+        "/data/noise",
+    ]
+    assert config.data.eval_url == str(tmp_path / "d" / "held-out")  # the override's
+    assert config.checkpoint.root == str(tmp_path / "exps" / "ckpt")
+    assert str(resolved.source_of(("data", "eval_url"))) == "override data.eval_url=../d/held-out"
+    frozen = write_frozen(resolved, tmp_path / "run" / "config.yaml")
+    monkeypatch.chdir(tmp_path / "run")  # as the job reads it, from elsewhere
+    assert load_frozen(frozen) == config
+    assert resolve_config(None, ["data.url=~/sets/av"]).config.data.url == str(
+        Path.home() / "sets" / "av"
+    )
 
 
 def test_yaml_syntax_error_and_duplicate_keys_report_the_line(tmp_path: Path) -> None:

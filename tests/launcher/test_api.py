@@ -62,6 +62,11 @@ def test_bad_arguments_are_stoker_errors(tmp_path: Path) -> None:
         stoker.sweep(None, "train.seed=1,2", cwd=tmp_path)  # type: ignore[arg-type]
     with pytest.raises(StokerError, match="no sweep axis"):
         stoker.sweep(None, ["train.seed=1"], command=["true"], cwd=tmp_path)
+    # What `stoker submit` checks before queueing, the API checks too.
+    with pytest.raises(StokerError, match=f"{tmp_path / 'train.py'} does not exist"):
+        stoker.submit(command=["python", "train.py"], cwd=tmp_path)
+    with pytest.raises(StokerError, match=r"data\.url '/no/such/set' \(override .*does not exist"):
+        stoker.submit(overrides=["data.url=/no/such/set"], command=["true"], cwd=tmp_path)
 
 
 PRINT_SEED = (

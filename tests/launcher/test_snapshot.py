@@ -6,9 +6,10 @@ Every test builds a real git repository in tmp_path and edits it the way users d
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -303,6 +304,18 @@ def test_submodules_and_nested_repositories_are_skipped_with_a_note(tmp_path: Pa
     assert tree(s.code_dir) == {"a.py": "a"}
     assert any("vendored" in n and "submodule" in n for n in s.notes)
     assert any("scratch/" in n and "nested" in n for n in s.notes)
+
+
+def test_a_data_set_written_into_the_repository_is_not_copied_into_each_snapshot(
+    tmp_path: Path, synthetic_av_set: Callable[..., Path]
+) -> None:
+    """`stoker data synth d/packed` in a clone, then `stoker submit`: the data set is
+    untracked and not ignored, yet no code; the job reads it where it is."""
+    repo = make_repo(tmp_path / "repo", {"train.py": "code", "d/README.md": "how it was made"})
+    shutil.copytree(synthetic_av_set(clips=8, size=(32, 32), sample_rate=8000), repo / "d/packed")
+    s = snap(tmp_path, repo)
+    assert tree(s.code_dir) == {"train.py": "code", "d/README.md": "how it was made"}
+    assert any("d/packed/" in n and "data set" in n for n in s.notes), s.notes
 
 
 def test_too_big_names_total_biggest_files_and_fixes(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slurm
 PYTHON = sys.executable
+TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"
 
 
 def test_two_nodes_four_ranks_all_reduce(slurm_cluster: ClusterSettings, tmp_path: Path) -> None:
@@ -109,6 +111,79 @@ def test_refused_request_shows_slurm_reason_and_leaves_nothing(
     assert "SLURM refused the job" in result.stderr and "Nothing was submitted" in result.stderr
     runs = Path(os.environ["STOKER_HOME"]) / "runs"
     assert not runs.exists() or not list(runs.iterdir())
+    assert Ledger().list() == []
+
+
+def test_more_nodes_than_the_partition_has_is_refused_naming_its_size(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
+    result = stoker_text("submit", "--nodes", "5", "--", "true", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    said = "job.nodes=5 (flag --nodes), but partition debug (the cluster's default) has 3 nodes"
+    assert said in result.stderr
+    assert "fix: --nodes 3 or fewer" in result.stderr and "sinfo -s" in result.stderr
+    assert Ledger().list() == []
+
+
+# The task reads its experiment's data set as the training runtime's loader opens it.
+OPEN_DATA = """
+import os
+from pathlib import Path
+from stoker.config import load_frozen
+from stoker.data.sets.dataset import open_dataset
+url = load_frozen(Path(os.environ["STOKER_CONFIG"])).data.url
+print("samples", open_dataset(url).manifest.samples, "at", url)
+"""
+
+
+def test_a_relative_data_url_is_the_folder_it_was_given_in(
+    slurm_cluster: ClusterSettings, tmp_path: Path, synthetic_av_set: Callable[..., Path]
+) -> None:
+    """From a git repository, `stoker submit data.url=../d/packed`: the tasks run from the
+    code snapshot (<run>/code/), and read the data set the user named from where they
+    typed it, not a folder beside the snapshot."""
+    data = synthetic_av_set(clips=8, size=(32, 32), sample_rate=8000)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "read_data.py").write_text(OPEN_DATA)
+    relative = os.path.relpath(data, repo)
+    assert relative.startswith("../")
+    job = submit_json(
+        f"data.url={relative}", "checkpoint.root=ckpt", "--time", "5",
+        "--", PYTHON, "read_data.py", cwd=repo, in_process=True,
+    )  # fmt: skip
+    run_dir = Path(job["run_dir"])
+    assert wait_final(job["job_id"]) == "COMPLETED", rank_lines(run_dir)
+    assert f"samples 8 at {data}" in rank_lines(run_dir)[0]
+    frozen = (run_dir / "config.yaml").read_text()
+    assert f"url: {data}\n" in frozen and f"root: {repo / 'ckpt'}\n" in frozen
+
+
+def test_a_missing_data_set_is_refused_before_it_is_queued(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
+    """What `stoker check` reports, `stoker submit` refuses, rather than a job failing
+    seconds into its run after its wait in the queue."""
+    result = stoker_text("submit", str(TINY), "data.url=../d/packed", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    missing = tmp_path.parent / "d" / "packed"
+    assert f"data.url '{missing}' (override data.url=../d/packed) does not exist" in result.stderr
+    assert "nothing was submitted" in result.stderr and "stoker data pack SRC" in result.stderr
+    assert Ledger().list() == []
+    runs = Path(os.environ["STOKER_HOME"]) / "runs"
+    assert not runs.exists() or not list(runs.iterdir())
+
+
+def test_a_plain_command_whose_script_is_missing_is_refused(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
+    """`stoker submit --nodes 2 -- python train.py` in a folder without train.py."""
+    result = stoker_text("submit", "--nodes", "2", "--", "python", "train.py", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert f"runs train.py, but {tmp_path / 'train.py'} does not exist" in result.stderr
+    assert "nothing was submitted" in result.stderr
+    assert "fix: run it from the folder that holds train.py" in result.stderr
     assert Ledger().list() == []
 
 

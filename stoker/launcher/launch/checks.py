@@ -187,6 +187,37 @@ def check_context_parallel(resolved: ResolvedConfig) -> None:
         raise StokerError(f"{exc.message} ({where})", fix=exc.fix) from exc
 
 
+def check_partition_size(resolved: ResolvedConfig) -> None:
+    """job.nodes (and job.spare_nodes) fit in the partition, as one `sinfo` tells: SLURM's
+    own refusal ("Requested node configuration is not available") names neither. When
+    sinfo cannot say, sbatch decides."""
+    from stoker.launcher.slurm.partition_facts import partition_facts
+
+    job = resolved.config.job
+    wanted = job.nodes + job.spare_nodes
+    try:
+        facts = partition_facts(job.partition)
+    except StokerError:
+        return
+    if wanted <= facts.nodes:
+        return
+    asked = f"job.nodes={job.nodes} ({resolved.source_of(('job', 'nodes'))})"
+    if job.spare_nodes:
+        asked += (
+            f" + job.spare_nodes={job.spare_nodes} "
+            f"({resolved.source_of(('job', 'spare_nodes'))}) = {wanted} nodes"
+        )
+    partition = facts.name + ("" if job.partition else " (the cluster's default)")
+    fewer = facts.nodes - job.spare_nodes
+    smaller = f"--nodes {fewer} or fewer" if fewer >= 1 else "fewer job.spare_nodes"
+    if job.spare_nodes:
+        smaller += f" (job.nodes + job.spare_nodes at most {facts.nodes})"
+    raise StokerError(
+        f"{asked}, but partition {partition} has {facts.nodes} nodes; nothing was submitted",
+        fix=f"{smaller}, or a partition with more nodes (`sinfo -s` lists them; --partition P)",
+    )
+
+
 def check_same_job(configs: Sequence[ResolvedConfig]) -> None:
     """The tasks of a job array share one allocation: their job.* keys must agree."""
     for cfg in configs[1:]:

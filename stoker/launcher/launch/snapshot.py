@@ -121,6 +121,7 @@ def snapshot_code(
         git_commit, dirty = _git_state(base)
     if source is not None:
         rels = [r for r in rels if not _skipped_by_default(r)]
+    rels = _without_data_sets(rels, notes)
 
     entries = _stat_entries(base, rels, notes)
     _check_size(entries, max_bytes, base)
@@ -266,6 +267,32 @@ def _walk_files(base: Path) -> list[str]:
 def _skipped_by_default(rel: str) -> bool:
     parts = rel.rstrip("/").split("/")
     return any(p in SKIP_DIRS for p in parts) or rel.endswith(SKIP_SUFFIXES)
+
+
+def _without_data_sets(rels: list[str], notes: list[str]) -> list[str]:
+    """The listing without the data sets in it (a folder holding `manifest.json` and
+    `shards/`, as `stoker data synth/pack/encode` write them): a snapshot is code, copied
+    into every run folder, and a job reads its data where it is (the config's paths are
+    absolute)."""
+    from stoker.data.format.shard_format import MANIFEST_NAME, SHARDS_DIR
+
+    holds_shards = set()  # "a/b/" for every listed "a/b/shards/..."
+    for rel in rels:
+        parts = rel.split("/")
+        for i, part in enumerate(parts[1:-1], start=1):
+            if part == SHARDS_DIR:
+                holds_shards.add("/".join(parts[:i]) + "/")
+    roots = sorted(
+        folder
+        for rel in rels
+        if rel.endswith(f"/{MANIFEST_NAME}")
+        and (folder := rel.removesuffix(MANIFEST_NAME)) in holds_shards
+    )
+    if not roots:
+        return rels
+    for root in roots:
+        notes.append(f"left {root} out of the snapshot: a data set, not code (jobs read it there)")
+    return [rel for rel in rels if not rel.startswith(tuple(roots))]
 
 
 def _stat_entries(base: Path, rels: list[str], notes: list[str]) -> list[_Entry]:

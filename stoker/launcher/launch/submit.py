@@ -34,6 +34,7 @@ from stoker.launcher.jobs.rundir import RunDir, new_run_dir, runs_root
 from stoker.launcher.launch.checks import (
     check_command,
     check_launch,
+    check_partition_size,
     check_run_root,
     check_same_job,
 )
@@ -195,6 +196,32 @@ def check_models(request: SubmitRequest) -> None:
             check_model_fits(resolved, cwd=request.options.cwd)
 
 
+def check_inputs(request: SubmitRequest) -> None:
+    """What each task reads from this machine's file systems (stoker/launcher/launch/
+    local_inputs.py). A job that waits for another (`--after`) may read what that one
+    writes: only its script is checked."""
+    from stoker.launcher.launch.local_inputs import check_local_inputs, check_script
+
+    options = request.options
+    folder = _code_folder(options)
+    if options.after is not None:
+        in_container = request.base.config.job.container is not None
+        check_script(request.command, folder, in_container=in_container)
+        return
+    for resolved in request.configs:
+        check_local_inputs(resolved, request.command, folder)
+
+
+def _code_folder(options: SubmitOptions) -> Path:
+    """The folder whose snapshot the tasks run from: the current one, or `--code DIR`
+    when the current folder is outside it."""
+    cwd = options.cwd.absolute()
+    if options.code is None or not options.snapshot:
+        return cwd
+    code = options.code.expanduser().absolute()
+    return cwd if cwd.resolve().is_relative_to(code.resolve()) else code
+
+
 def frozen_config_digest(frozen_bodies: Sequence[str]) -> str:
     """SHA-256 (64 hex digits) of the frozen configs' values, comments left out: equal
     digests, equal experiments. Not `stoker.config.state_hash`, which checkpoints keep."""
@@ -219,8 +246,12 @@ def submit(
     and `job_id` is empty.
     """
     request = _request(resolved, options, sweep_params)
+    if not options.dry_run:
+        check_inputs(request)
     if options.check and not options.dry_run:
         check_models(request)
+    if not options.dry_run and not options.local:
+        check_partition_size(request.base)
     # Rendered before anything is created, for a dry run and as the last check of a
     # real one: a template or setup line that fails here leaves no run folder or MLflow run.
     name = request.base.config.job.name
