@@ -40,7 +40,9 @@ def sweep(
 ) -> None:
     """Submit every combination of the sweep axes as one job array.
 
-    One frozen config and one MLflow child run per task, under one parent run.
+    One frozen config and one MLflow child run per task, under one parent run. Values
+    split on the commas outside brackets: 'optim.betas=[0.9,0.95],[0.9,0.99]' sweeps two
+    lists.
 
     Example: stoker sweep exp.yaml optim.lr=1e-4,3e-4,1e-3 train.seed=1,2 --max-parallel 2
     """
