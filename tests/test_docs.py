@@ -231,18 +231,24 @@ NEEDS_A_CLUSTER = {
 def _loader_on_a_small_set(
     code: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> tuple[str, list[str], dict[str, str]]:
-    """The loader on the suite's smallest synthetic set: one worker (its fork server is
-    what the snippet must allow), 4 clips a batch, 2 batches."""
+    """The loader over the S3 API (the suite's S3 server), on its smallest synthetic set
+    in a bucket of its own: one worker (its fork server is what the snippet must allow),
+    4 clips a batch, 2 batches."""
+    import fsspec
+
     data = request.getfixturevalue("synthetic_av_set")(clips=8, size=(32, 32))
+    s3 = request.getfixturevalue("s3_env")  # AWS_* of this process and the snippet's
+    url = f"s3://{s3.new_bucket()}/av"
+    fsspec.filesystem("s3", skip_instance_cache=True).put(str(data), url, recursive=True)
     for before, after in [
-        ('"s3://bucket/av"', repr(str(data))),
+        ('"s3://bucket/av"', repr(url)),
         ("batch_size=64", "batch_size=4"),
         ("num_workers=8", "num_workers=1"),
         ("step == 1000", "step == 2"),
     ]:
         assert before in code, before
         code = code.replace(before, after)
-    return code, [sys.executable, "snippet.py"], {}
+    return code, [sys.executable, "snippet.py"], s3.env
 
 
 def _own_loop_under_stoker_run(
