@@ -115,11 +115,15 @@ class Checkpointer:
         start_fresh_if_none_verifies: bool = False,
         described_by: str | None = None,
         facts: dict[str, Any] | None = None,
+        carried: Callable[[], dict[str, str]] | None = None,
     ) -> None:
         self.root = root_url.rstrip("/")
         # What makes each commit usable alone (no run folder): the frozen experiment
         # (ck.CONFIG_NAME) and COMMIT.json's `extra` facts (the data's shapes, the store).
+        # `carried()`: small files read at each commit, as they are then (the steps the
+        # run measured so far, ck.MEASURED_NAME).
         self.described_by, self.facts = described_by, dict(facts or {})
+        self.carried = carried
         self.rank, self.world_size = rank, world_size
         self.is_coordinator = rank == 0
         self.async_save = async_save
@@ -288,7 +292,7 @@ class Checkpointer:
                 state_hash=self.state_hash,
                 known=known,
                 fs_options=self.fs_options,
-                texts={ck.CONFIG_NAME: self.described_by} if self.described_by else None,
+                texts=self._texts(),
                 extra=self.facts,
             )
             problems = ck.verify(url, full=False, fs_options=self.fs_options)
@@ -315,6 +319,17 @@ class Checkpointer:
             except Exception as exc:  # reporting must not fail a committed save
                 _warn(f"reporting checkpoint step-{step}: {type(exc).__name__}: {exc}")
         return record
+
+    def _texts(self) -> dict[str, str] | None:
+        """The small files a commit carries: the frozen experiment, then what
+        `carried()` gives now; a `carried` that fails costs its files, not the commit."""
+        texts = {ck.CONFIG_NAME: self.described_by} if self.described_by else {}
+        if self.carried is not None:
+            try:
+                texts.update(self.carried())
+            except Exception as exc:
+                _warn(f"this commit carries only its config, not what carried() reads: {exc}")
+        return texts or None
 
     def _apply_retention(self) -> None:
         try:

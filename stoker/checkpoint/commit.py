@@ -30,6 +30,9 @@ CONFIG_NAME = "config.yaml"
 """The frozen experiment that saved the checkpoint, beside its shards (listed and hashed
 in COMMIT.json like them): what `stoker sample` and `stoker ckpt export --register`
 read when the checkpoint is used without its run folder."""
+MEASURED_NAME = "measured-steps.json"
+"""What the run's steps measured up to the commit (stoker/runtime/observe/step_memory.py),
+beside the config: what `stoker plan --calibrate CKPT` holds the plan against."""
 _CHUNK = 8 << 20  # sha256 streamed in 8 MiB reads: shards are GBs, memory stays flat
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -164,7 +167,8 @@ def write_commit(
 
     `known`: (size, sha256) by relative path, as the ranks that wrote the files
     hashed them (hash_files); a file whose size differs, or that is not in it,
-    is hashed here. `texts`: small files written into the folder first (CONFIG_NAME),
+    is hashed here. `texts`: small files written into the folder first (CONFIG_NAME,
+    MEASURED_NAME),
     then listed and hashed with the shards."""
     fs, folder = _open(folder_url, fs_options)
     if not fs.isdir(folder):

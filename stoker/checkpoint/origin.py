@@ -100,6 +100,9 @@ class SavedDescription:
     before stoker kept it there, or by a Checkpointer given none."""
     facts: dict[str, Any]
     """COMMIT.json's extra: model_arch, data_shapes, tracking_uri (passwords hidden)."""
+    measured_text: str | None = None
+    """What the run's steps measured up to the commit (ck.MEASURED_NAME); None when the
+    commit carries none."""
 
 
 def saved_description(url: str, *, fs_options: dict[str, Any] | None = None) -> SavedDescription:
@@ -120,8 +123,15 @@ def saved_description(url: str, *, fs_options: dict[str, Any] | None = None) -> 
             f"checkpoint {folder!r} is not committed: no {ck.COMMIT_NAME}",
             fix="name a committed step-<N> folder (`stoker ckpt ls` on the root lists them)",
         )
-    text: str | None = None
-    if any(f.path == ck.CONFIG_NAME for f in commit.files):
-        fs, path = ck._open(folder, fs_options)
-        text = bytes(fs.cat_file(f"{path}/{ck.CONFIG_NAME}")).decode()
-    return SavedDescription(folder=folder, config_text=text, facts=dict(commit.extra))
+    fs, path = ck._open(folder, fs_options)
+    carried = {f.path for f in commit.files}
+
+    def text_of(name: str) -> str | None:
+        return bytes(fs.cat_file(f"{path}/{name}")).decode() if name in carried else None
+
+    return SavedDescription(
+        folder=folder,
+        config_text=text_of(ck.CONFIG_NAME),
+        facts=dict(commit.extra),
+        measured_text=text_of(ck.MEASURED_NAME),
+    )

@@ -14,6 +14,7 @@ from stoker.errors import StokerError
 if TYPE_CHECKING:
     from stoker.cli.output import Section
     from stoker.config import ExperimentConfig
+    from stoker.planning.calibrate import Calibration
     from stoker.planning.plan import Plan
     from stoker.planning.search import Target
 
@@ -72,8 +73,9 @@ def plan(
     calibrate: str | None = typer.Option(
         None,
         "--calibrate",
-        metavar="RUN",
-        help="Compare the plan with what a run measured (its folder or job id).",
+        metavar="RUN|CKPT",
+        help="Compare the plan with what a run measured: its folder, its job id, or a "
+        "checkpoint it saved (local or s3://), which carries its config and measures.",
     ),
     profile: Path | None = typer.Option(None, "--profile", help="Site profile to use."),
     no_profile: bool = typer.Option(False, "--no-profile", help="Use no site profile."),
@@ -87,7 +89,7 @@ def plan(
 
     Examples: stoker plan exp.yaml --partition gpu ; stoker plan exp.yaml
     --gpus-per-node 8 --gpu H100 --nodes 2 --write planned.yaml ; stoker plan
-    --calibrate RUN
+    --calibrate RUN ; stoker plan --calibrate s3://bucket/exp/checkpoints
     """
     from stoker.cli.output import note, print_json, print_sections
 
@@ -305,12 +307,12 @@ def write_planned(
         staged.unlink(missing_ok=True)
 
 
-def _calibrate(run: str, *, as_json: bool) -> None:
+def _calibrate(source: str, *, as_json: bool) -> None:
     from stoker.cli.output import note, print_json, print_sections
     from stoker.planning.calibrate import calibrate
 
-    run_dir = _run_folder(run)
-    report = calibrate(run_dir)
+    run_dir = _run_folder(source)
+    report = calibrate(run_dir) if run_dir is not None else _calibrate_checkpoint(source)
     if as_json:
         print_json(report.to_json())
         return
@@ -319,16 +321,55 @@ def _calibrate(run: str, *, as_json: bool) -> None:
         note(line)
 
 
-def _run_folder(run: str) -> Path:
-    path = Path(run)
+def _calibrate_checkpoint(url: str) -> Calibration:
+    """The calibration a checkpoint carries: its commit's config.yaml and the steps the
+    run had measured when it committed (a root: its newest that verifies)."""
+    from stoker.checkpoint.commit import MEASURED_NAME
+    from stoker.checkpoint.origin import saved_description
+    from stoker.cli.ckpt_root import carried_config
+    from stoker.planning.calibrate import calibrate_measured
+    from stoker.runtime.observe.step_memory import parse_measured
+
+    described = saved_description(url)
+    fix = "give the run folder that saved it (`stoker status --json` shows run_dir)"
+    cfg = carried_config(described, fix=fix)
+    measured = parse_measured(described.measured_text or "")
+    if measured is None:
+        raise StokerError(
+            f"{described.folder} carries no {MEASURED_NAME}: saved before the run's first "
+            "log step, or by an older stoker",
+            fix=fix,
+        )
+    folder = described.folder.rstrip("/")
+    return calibrate_measured(
+        cfg, measured, source=folder, label=f"checkpoint {folder.rsplit('/', 2)[-1]}"
+    )
+
+
+def _run_folder(source: str) -> Path | None:
+    """The run folder `source` names (a folder, or a job of the ledger); None for a
+    checkpoint (a URL, a checkpoint root or step folder)."""
+    path = Path(source)
+    if "://" in source or (path / "COMMIT.json").is_file() or _holds_steps(path):
+        return None
     if path.is_dir():
         return path
     from stoker.launcher.jobs.ledger import Ledger
 
-    record = Ledger().get(run)
+    record = Ledger().get(source)
     if record is None:
         raise StokerError(
-            f"{run!r} is neither a run folder nor a job in the ledger",
-            fix="give the run folder (`stoker status --json` shows run_dir) or the job id",
+            f"{source!r} is neither a run folder, a checkpoint nor a job in the ledger",
+            fix="give the run folder (`stoker status --json` shows run_dir), a checkpoint "
+            "(root or step-<N> folder, local or s3://) or the job id",
         )
     return Path(record.run_dir)
+
+
+def _holds_steps(path: Path) -> bool:
+    """A checkpoint root: step-<N> folders, and not a run folder's config beside them."""
+    return (
+        path.is_dir()
+        and not (path / "config.yaml").is_file()
+        and any(p.name.startswith("step-") for p in path.iterdir())
+    )

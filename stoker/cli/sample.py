@@ -175,25 +175,13 @@ def _checkpoint_and_config(source: str, config: Path | None) -> tuple[str, Exper
 
 
 def _config_it_carries(url: str) -> ExperimentConfig:
-    """The frozen experiment a checkpoint outside any run folder carries (its commit's
-    config.yaml: a checkpoint root on a shared bucket, a copied step-<N> folder)."""
-    import tempfile
-
+    """The frozen experiment a checkpoint outside any run folder carries."""
     from stoker.checkpoint.origin import saved_description
-    from stoker.config import resolve_config
-    from stoker.errors import StokerError
+    from stoker.cli.ckpt_root import carried_config
 
-    described = saved_description(url)
-    if described.config_text is None:
-        raise StokerError(
-            f"{described.folder} carries no config.yaml (saved by an older stoker or by a "
-            "checkpointer given none), and is not in a run folder",
-            fix="pass the experiment file that trained it with --config",
-        )
-    with tempfile.TemporaryDirectory(prefix="stoker-sample-") as folder:
-        frozen = Path(folder) / CONFIG_NAME
-        frozen.write_text(described.config_text)
-        return resolve_config(frozen, use_profile=False).config
+    return carried_config(
+        saved_description(url), fix="pass the experiment file that trained it with --config"
+    )
 
 
 def _log(checkpoint: str, cfg: ExperimentConfig, out: Path, step: int) -> str:

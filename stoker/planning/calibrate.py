@@ -1,5 +1,6 @@
-"""`stoker plan --calibrate RUN`: the plan of the run's own settings held against what
-its steps measured (runtime/step_memory.py): per batch shape, the traced peak against
+"""`stoker plan --calibrate RUN|CKPT`: the plan of the run's own settings held against
+what its steps measured (runtime/step_memory.py; a checkpoint carries both, as of its
+commit): per batch shape, the traced peak against
 the measured one and the estimated step time against the measured median; on a GPU,
 the allowances the plan adds (allocator slack, CUDA context and NCCL) against what the
 run had: reserved over allocated, and the device's use beyond the allocator's."""
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stoker.config import ExperimentConfig
 from stoker.errors import StokerError
 from stoker.gpus import gpu_spec
 from stoker.modes import ResolvedPrecision
@@ -55,7 +57,10 @@ class ShapeCheck:
 
 @dataclass
 class Calibration:
-    run_dir: Path
+    source: str
+    """The run folder, or the checkpoint step folder, the measures were read from."""
+    label: str
+    """What the report's title calls it: "run <name>" or "checkpoint <step folder>"."""
     device: str
     world: int
     shapes: list[ShapeCheck]
@@ -64,7 +69,7 @@ class Calibration:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "run_dir": str(self.run_dir),
+            "source": self.source,
             "device": self.device,
             "world_size": self.world,
             "shapes": [
@@ -95,7 +100,7 @@ class Calibration:
         ]
         out = [
             (
-                f"Plan against run {self.run_dir.name} ({self.device}, {self.world} ranks)",
+                f"Plan against {self.label} ({self.device}, {self.world} ranks)",
                 [
                     "SHAPE",
                     "MICRO x N",
@@ -133,6 +138,7 @@ def _ms(value: float | None) -> str:
 
 
 def calibrate(run_dir: Path) -> Calibration:
+    """The calibration of a run folder: its frozen config and measured-steps.json."""
     from stoker.config import load_frozen
 
     measured = read_measured(run_dir)
@@ -148,6 +154,14 @@ def calibrate(run_dir: Path) -> Calibration:
             f"{run_dir} has no readable config.yaml: {exc}",
             fix="give the run's folder (`stoker status --json` shows run_dir)",
         ) from exc
+    return calibrate_measured(cfg, measured, source=str(run_dir), label=f"run {run_dir.name}")
+
+
+def calibrate_measured(
+    cfg: ExperimentConfig, measured: dict[str, Any], *, source: str, label: str
+) -> Calibration:
+    """The plan of `cfg` held against `measured` (a measured-steps.json document, as
+    step_memory.read_measured gives it), read from `source`."""
     world = int(measured["world_size"])
     device = str(measured.get("device", "cpu"))
     spec = gpu_spec(device) if device != "cpu" else None
@@ -157,7 +171,7 @@ def calibrate(run_dir: Path) -> Calibration:
         per_node,
         spec,
         int(spec.memory_gib * GIB) if spec else 0,
-        f"run {run_dir.name}",
+        label,
     )
     shard = per_node if cfg.train.sharding == "node" and target.nodes > 1 else world
     precision: ResolvedPrecision = "bf16" if measured.get("precision") == "bf16" else "fp32"
@@ -207,7 +221,7 @@ def calibrate(run_dir: Path) -> Calibration:
             )
     finally:
         trace.close()
-    result = Calibration(run_dir, device, world, checks)
+    result = Calibration(source, label, device, world, checks)
     if spec is None:
         result.notes.append("a CPU run: the step times are a GPU roofline's, not comparable")
     for entry in measured.get("shapes", {}).values():

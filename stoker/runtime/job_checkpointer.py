@@ -4,6 +4,7 @@ built-in trainer and `stoker.job`'s `run.checkpointer()` (own_loop/checkpoint.py
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stoker.checkpoint.checkpointer import Checkpointer, SaveRecord
@@ -38,6 +39,15 @@ def checkpoint_facts(cfg: ExperimentConfig) -> dict[str, Any]:
     return facts
 
 
+def measured_steps_text(run_dir: Path) -> dict[str, str]:
+    """The run's measured-steps.json as it is now, to be carried by a commit; nothing
+    before the first log step wrote it."""
+    from stoker.checkpoint.commit import MEASURED_NAME
+
+    path = run_dir / MEASURED_NAME
+    return {MEASURED_NAME: path.read_text()} if path.is_file() else {}
+
+
 def checkpointer_for(
     cfg: ExperimentConfig,
     root: str,
@@ -47,11 +57,13 @@ def checkpointer_for(
     mesh: DeviceMesh | None,
     sink: MetricsSink | None,
     on_commit: Callable[[int], None] | None = None,
+    run_dir: Path | None = None,
 ) -> Checkpointer:
     """A Checkpointer under `root` as checkpoint.* asks (create it on every rank: a
     collective). `sink`, on global rank 0: each committed save's metrics and logged
     model (`log_checkpoint`), from the checkpoint thread; `on_commit(step)` too, on
-    every rank that has a sink."""
+    every rank that has a sink. `run_dir`: each commit carries what the run's steps
+    measured so far (`stoker plan --calibrate CKPT`)."""
     ckpt = cfg.checkpoint
     layout: dict[str, Any] | None = None
     if mesh is not None:
@@ -76,6 +88,7 @@ def checkpointer_for(
         root,
         described_by=frozen_text(cfg, f"the run that saved this checkpoint under {root}"),
         facts=checkpoint_facts(cfg),
+        carried=(lambda: measured_steps_text(run_dir)) if run_dir is not None else None,
         rank=rank,
         world_size=world_size,
         async_save=ckpt.async_save,

@@ -218,6 +218,7 @@ class Trainer:
             mesh=self.mesh,
             sink=self.sink if self.env.is_main else None,
             on_commit=self.account.committed,
+            run_dir=self.run_dir,
         )
 
     @torch.no_grad()

@@ -1,11 +1,13 @@
 """`stoker plan` as a user runs it: a plan written as an experiment file, trained for
-real on two CPU ranks, and the run measured against its plan with `--calibrate`; the
+real on two CPU ranks, and the run measured against its plan with `--calibrate` (from
+its folder, its job id, and a checkpoint it saved, copied away and on S3); the
 1b preset planned for a node of 8 x H100 80GB, each rejected candidate explained; the
 errors a user meets first."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,12 +18,13 @@ from tests.clirun import stoker, stoker_text
 
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
+    from tests.s3_server import S3Server
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "examples" / "tiny.yaml")
 
 
-def test_plan_write_run_and_calibrate_on_two_cpu_ranks(tmp_path: Path) -> None:
+def test_plan_write_run_and_calibrate_on_two_cpu_ranks(tmp_path: Path, s3_env: S3Server) -> None:
     planned = tmp_path / "planned.yaml"
     result = stoker_text("plan", TINY, "data.batch_size=4", "--json", "--write", str(planned))
     assert result.returncode == 0, result.stderr
@@ -50,6 +53,26 @@ def test_plan_write_run_and_calibrate_on_two_cpu_ranks(tmp_path: Path) -> None:
         assert abs(shape["memory_error"]) < 0.10, shape
     text = stoker_text("plan", "--calibrate", done["run_dir"]).stdout
     assert "PEAK RUN" in text and "ERROR" in text
+
+    # A checkpoint carries its config and what the steps had measured when it committed:
+    # its root alone calibrates, copied away from the run folder and on S3.
+    import s3fs
+
+    away = tmp_path / "bucket" / "checkpoints"
+    shutil.copytree(Path(done["run_dir"]) / "checkpoints", away)
+    (step,) = [p.name for p in away.iterdir() if p.name.startswith("step-")]
+    on_s3 = f"s3://{s3_env.new_bucket()}/exp/checkpoints"
+    s3fs.S3FileSystem().put(str(away / step), f"{on_s3}/{step}", recursive=True)
+    for root in (str(away), on_s3):
+        carried = stoker_text("plan", "--calibrate", root, "--json", env=s3_env.env)
+        assert carried.returncode == 0, carried.stderr
+        from_checkpoint = json.loads(carried.stdout)
+        assert from_checkpoint["source"] == f"{root}/{step}"
+        (checked,) = from_checkpoint["shapes"]
+        assert checked["measured_bytes"] == shape["measured_bytes"] > 0
+        assert checked["planned_bytes"] == shape["planned_bytes"]
+    shown = stoker_text("plan", "--calibrate", str(away), env=s3_env.env).stdout
+    assert f"Plan against checkpoint {step} (cpu, 2 ranks)" in shown
 
 
 def test_the_1b_preset_on_eight_h100s_is_chosen_and_explained() -> None:
@@ -117,7 +140,7 @@ def test_errors_name_the_value_and_the_fix(tmp_path: Path) -> None:
     nothing = stoker_text("plan", "--calibrate", str(empty))
     assert nothing.returncode != 0 and "has no measured-steps.json" in nothing.stderr
     missing = stoker_text("plan", "--calibrate", "no-such-job")
-    assert "neither a run folder nor a job in the ledger" in missing.stderr
+    assert "neither a run folder, a checkpoint nor a job in the ledger" in missing.stderr
 
 
 # A newcomer's model: its forward reads a value (`.item()`), which fake tensors lack.

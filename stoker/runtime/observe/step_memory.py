@@ -28,10 +28,11 @@ from typing import Any
 import torch
 
 from stoker.atomic_write import write_text_atomic
+from stoker.checkpoint.commit import MEASURED_NAME
 from stoker.modes import ResolvedPrecision
 from stoker.runtime.models.contract import shape_key
 
-MEASURED_FILE = "measured-steps.json"
+MEASURED_FILE = MEASURED_NAME  # the same name in the run folder and in each checkpoint
 _KEEP_TIMES = 200  # the newest step times per shape
 
 
@@ -111,8 +112,17 @@ class StepMemory:
 def read_measured(run_dir: Path) -> dict[str, Any] | None:
     """The run's measurements, or None when it wrote none (or an unreadable file)."""
     try:
-        doc = json.loads((run_dir / MEASURED_FILE).read_text())
-    except (OSError, ValueError):
+        return parse_measured((run_dir / MEASURED_FILE).read_text())
+    except OSError:
+        return None
+
+
+def parse_measured(text: str) -> dict[str, Any] | None:
+    """A measured-steps.json document (a run folder's, or the one a checkpoint carries),
+    or None for text that is not one."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
         return None
     return doc if isinstance(doc, dict) and doc.get("format") == 1 else None
 

@@ -67,6 +67,7 @@ class Checkpoint:
             world_size=env.world_size,
             mesh=mesh,
             sink=session.tracking if env.is_main else None,
+            run_dir=session.run_dir,
         )
 
     def restore(self) -> int:
