@@ -91,6 +91,18 @@ EXIT_HANG = 124  # as timeout(1) exits
 # all-reduce is a straggler: every rank waits for it, every step. The runtime's console
 # line and `stoker status` flag it.
 STRAGGLER_RATIO = 1.2
+# Fewer steps of a start than this name no straggler: its first steps carry each rank's
+# start-up (the loader's first fetch, lazy initialisation), which differ by rank.
+STRAGGLER_MIN_STEPS = 5
+
+
+def is_straggler(ratio: float | None, steps_done: int | None) -> bool:
+    """The straggler verdict of the runtime's console line and `stoker status`: the slowest
+    rank's ratio to the median is over STRAGGLER_RATIO, after STRAGGLER_MIN_STEPS steps of
+    this start (`steps_done`; None when unknown: judged)."""
+    if ratio is None or ratio <= STRAGGLER_RATIO:
+        return False
+    return steps_done is None or steps_done >= STRAGGLER_MIN_STEPS
 
 
 def expand_nodelist(nodelist: str) -> list[str]:

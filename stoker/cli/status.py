@@ -204,11 +204,21 @@ def _rich_table(rows: list[JobStatus]) -> Table:
     from rich.text import Text
 
     table = Table(show_edge=False, pad_edge=False, header_style="bold")
+    states = max((len(row.state) for row in rows), default=0)
     for name in COLUMNS:
         numeric = name in {"ELAPSED", "RESTARTS", "STEP", "LOSS", "THROUGHPUT", "ETA"}
-        table.add_column(name, justify="right" if numeric else "left", no_wrap=name == "JOB")
+        # A row is one line: a long REASON is cut (`stoker why` and --json have it whole),
+        # and the state is never cut (`COMPLE…` could be COMPLETED or COMPLETING).
+        table.add_column(
+            name,
+            justify="right" if numeric else "left",
+            no_wrap=name in {"JOB", "STATE"},
+            min_width=max(states, len(name)) if name == "STATE" else None,
+        )
+    reason = COLUMNS.index("REASON")
     for row in rows:
         cells: list[Text] = [Text(cell) for cell in _cells(row)]
+        cells[reason].no_wrap, cells[reason].overflow = True, "ellipsis"
         style = "red" if row.state in _BAD_STATES else _STATE_STYLE.get(row.state, "")
         cells[2].stylize(style)
         if row.straggler:

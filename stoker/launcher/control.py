@@ -6,7 +6,9 @@ from pathlib import Path
 
 from stoker.errors import StokerError
 from stoker.launcher.jobs.ledger import JobRecord, Ledger
+from stoker.launcher.jobs.rundir import RunDir
 from stoker.launcher.slurm.cli import SlurmError, run_slurm
+from stoker.tracking.run_end import MARK_FILE
 
 
 def _record(job_id: str, ledger: Ledger) -> JobRecord:
@@ -15,23 +17,55 @@ def _record(job_id: str, ledger: Ledger) -> JobRecord:
 
 
 def cancel(job_id: str, ledger: Ledger | None = None) -> str:
-    """Cancel a job (all tasks of an array, or one with 123_4). Returns what was done."""
+    """Cancel a job (all tasks of an array, or one with 123_4). Returns what was done:
+    a job that had already ended is left as it is and said to have ended, in its state
+    (not an error: what `cancel` is for, a job that no longer runs, holds)."""
     ledger = ledger or Ledger()
     record = _record(job_id, ledger)
     if record.backend == "local":
         from stoker.launcher.local.backend import cancel_local
+        from stoker.launcher.local.state import read_local_state
 
-        if not cancel_local(Path(record.run_dir)):
-            raise StokerError(
-                f"local job {job_id} is not running", fix="`stoker status` shows its state"
-            )
-        return f"cancelled local job {job_id}"
+        if cancel_local(Path(record.run_dir)):
+            return f"cancelled local job {job_id}"
+        local = read_local_state(RunDir(Path(record.run_dir)))
+        if local is not None and local.state != "RUNNING":
+            return _already_ended(job_id, [local.state])
+        raise StokerError(
+            f"local job {job_id} is not running", fix="`stoker status` shows its state"
+        )
+    ended = _ended_states(job_id, record)
+    if ended:
+        return _already_ended(job_id, ended)
     run_slurm(["scancel", job_id])
     return f"cancelled job {job_id}"
 
 
+def _already_ended(job_id: str, states: list[str]) -> str:
+    return f"job {job_id} had already ended ({', '.join(states)}); nothing to cancel"
+
+
+def _ended_states(job_id: str, record: JobRecord) -> list[str]:
+    """The end states of `job_id` (of each task of an array) when every one has ended;
+    [] while any may still run, or when SLURM does not say (then scancel speaks)."""
+    from stoker.launcher.slurm.query import TERMINAL_STATES, query_accounting, query_queue
+
+    try:
+        states = [row.state for row in query_queue([job_id]).values()]
+        if not states:  # ended longer ago than slurmctld keeps jobs (MinJobAge)
+            states = [rows[-1].state for rows in query_accounting([job_id]).values() if rows]
+    except SlurmError:
+        states = []
+    if not states and record.final_state and job_id == record.job_id:
+        states = [record.final_state]
+    if states and all(state in TERMINAL_STATES for state in states):
+        return sorted(set(states))
+    return []
+
+
 def requeue(job_id: str, *, hold: bool = False, ledger: Ledger | None = None) -> str:
-    """Requeue a running or finished job; it restarts from its last checkpoint.
+    """Requeue a running or finished job: it runs again in its run folder and continues
+    from its newest checkpoint there. A local job is run again by a new supervisor.
 
     SLURM keeps a requeued batch job pending for about two minutes (its BeginTime);
     unless `hold`, that wait is lifted so the job starts as soon as resources allow.
@@ -39,24 +73,39 @@ def requeue(job_id: str, *, hold: bool = False, ledger: Ledger | None = None) ->
     ledger = ledger or Ledger()
     record = _record(job_id, ledger)
     if record.backend == "local":
-        raise StokerError(
-            f"{job_id} ran with --local; only SLURM jobs can be requeued",
-            fix="submit it again with `stoker submit --local`",
-        )
+        return _requeue_local(job_id, record, hold=hold, ledger=ledger)
     try:
         run_slurm(["scontrol", "requeuehold" if hold else "requeue", job_id])
     except SlurmError as exc:
+        root = RunDir(Path(record.run_dir)).checkpoint_root()
         raise StokerError(
             f"SLURM did not requeue job {job_id}: {exc.stderr or exc}",
             fix="a job can be requeued while it runs or after it ended, if the cluster "
-            "allows requeue (`stoker doctor`) and the job is still known to SLURM",
+            "allows requeue (`stoker doctor`) and SLURM still knows the job (MinJobAge); "
+            f"else submit it again with checkpoint.root={root} to continue from its "
+            "checkpoints",
         ) from exc
     ledger.reopen(record.job_id)
+    # Its MLflow run may have been ended: whoever sees this start end ends it again.
+    (Path(record.run_dir) / MARK_FILE).unlink(missing_ok=True)
     if hold:
         return f"requeued job {job_id} and held it (`scontrol release {job_id}` starts it)"
     if _release_hold(job_id):
         return f"requeued job {job_id}"
     return f"requeued job {job_id} (SLURM holds it for its credential lifetime, ~2 min)"
+
+
+def _requeue_local(job_id: str, record: JobRecord, *, hold: bool, ledger: Ledger) -> str:
+    from stoker.launcher.local.backend import requeue_local
+
+    if hold:
+        raise StokerError(
+            f"--hold is for SLURM jobs; {job_id} is a local job, which no scheduler holds",
+            fix=f"`stoker requeue {job_id}` without --hold",
+        )
+    restart = requeue_local(Path(record.run_dir))
+    ledger.reopen(record.job_id)
+    return f"requeued local job {job_id}: restart {restart} runs in {record.run_dir}"
 
 
 def _release_hold(job_id: str, timeout: float = 10.0) -> bool:

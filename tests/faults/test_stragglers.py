@@ -112,6 +112,8 @@ def test_status_flags_a_rank_slower_than_the_ratio(tmp_path: Path) -> None:
     _job(ledger, tmp_path, "local-2", _slowest(1.5, data_wait_s=0.05))  # the node
     _job(ledger, tmp_path, "local-3", _slowest(STRAGGLER_RATIO, data_wait_s=0.05))  # at it
     _job(ledger, tmp_path, "local-4", {})  # one rank: nothing to compare
+    # A 4-step job: its steps are mostly the ranks' start-up, too few to judge.
+    _job(ledger, tmp_path, "local-5", {**_slowest(1.5, 0.05), "step": 4, "start_step": 0})
     rows = {r.job_id: r for r in collect_status(select_jobs(ledger), ledger).rows}
     flags = {
         job_id: (r.straggler, r.slowest_rank, r.slowest_host, r.straggler_cause)
@@ -122,16 +124,17 @@ def test_status_flags_a_rank_slower_than_the_ratio(tmp_path: Path) -> None:
         "local-2": (True, 3, "gpu-07", "compute"),
         "local-3": (False, 3, "gpu-07", None),
         "local-4": (False, None, None, None),
+        "local-5": (False, 3, "gpu-07", None),
     }
 
     result = stoker("status", "--json")
     assert result.returncode == 0, result.stderr
     by_id = {row["job_id"]: row for row in json.loads(result.stdout)}
-    assert [by_id[j]["straggler"] for j in sorted(by_id)] == [True, True, False, False]
+    assert [by_id[j]["straggler"] for j in sorted(by_id)] == [True, True, False, False, False]
     assert by_id["local-1"]["slowest_ratio"] == 1.5
     plain = {line.split()[0]: line for line in stoker("status").stdout.splitlines()}
     assert "STRAGGLER" in plain["JOB"]
     assert "r3@gpu-07 1.50x data" in plain["local-1"]
     assert "r3@gpu-07 1.50x compute" in plain["local-2"]
-    assert "gpu-07" not in plain["local-3"] + plain["local-4"]
+    assert "gpu-07" not in plain["local-3"] + plain["local-4"] + plain["local-5"]
     assert f"{STRAGGLER_RATIO}x" in stoker("status", "--help").stdout  # the help says the ratio

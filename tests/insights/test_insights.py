@@ -201,17 +201,20 @@ def test_sums_failure_classes_and_nodes_in_two_incidents() -> None:
         _account("3", state="FAILED", cause="hung", nodes=[NodeBlame("n7", HANG, 0)]),
         _account("4", state="FAILED", cause="hung", nodes=[NodeBlame("n7", KILLED_TASK, 0)]),
         _account("5", state="TIMEOUT", cause="time-limit", nodes=[NodeBlame("n8", HANG, 0)]),
+        # Stopped on purpose (`stoker cancel`): its hours count, but it is no failure.
+        _account("6", state="CANCELLED", cause="cancelled"),
     ]
     report = summarise(accounts, until=86400.0 * 4)
     gpu = report.totals["GPU"]
-    assert (gpu.jobs, gpu.allocated_h, gpu.productive_h, gpu.failed_jobs) == (5, 5.0, 2.5, 3)
+    assert (gpu.jobs, gpu.allocated_h, gpu.productive_h, gpu.failed_jobs) == (6, 6.0, 3.0, 3)
+    assert gpu.failed_h == 3.0
     assert gpu.goodput == 0.5 and gpu.lost_h["hang"] == 1.0
     assert report.failures == {"hung": 2, "time-limit": 1}
     assert [n.node for n in report.nodes] == ["n7"]  # n8: one incident only
     assert report.nodes[0].kinds == {HANG: 1, KILLED_TASK: 1} and report.nodes[0].jobs == ["3", "4"]
     users, operators = report.nodes[0].advice()
     assert "exclude" in users and operators.startswith("scontrol update NodeName=n7 State=DRAIN")
-    assert report.by_user[("a", "GPU")].jobs == 4 and report.by_user[("b", "GPU")].jobs == 1
+    assert report.by_user[("a", "GPU")].jobs == 5 and report.by_user[("b", "GPU")].jobs == 1
     assert (report.mfu.count, report.mfu.p50) == (2, pytest.approx(0.3))
     assert report.mfu.histogram[2] == 1 and report.mfu.histogram[4] == 1
 

@@ -11,6 +11,8 @@ import pytest
 
 import stoker
 from stoker.errors import StokerError
+from stoker.launcher.jobs.ledger import Ledger
+from tests.launcher_jobs import mlflow_status, wait_for
 
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
@@ -36,6 +38,8 @@ def test_submit_wait_logs_why_cancel_and_list(
     assert job.state() == "COMPLETED"
     assert "[1] hello from 1" in job.logs(rank=1)
     assert not any(line.startswith("[0] ") for line in job.logs(rank=1))
+    # One rank's lines are that rank's: not the batch script's.
+    assert job.logs(rank=0) == ["[0] hello from 0"]
     assert job.why()["cause"] == "completed"
 
     assert failing.wait(timeout=300) == "FAILED"
@@ -46,8 +50,25 @@ def test_submit_wait_logs_why_cancel_and_list(
     assert sleeper.state() in ("PENDING", "RUNNING")
     with pytest.raises(TimeoutError, match=f"job {sleeper.job_id} is still"):
         sleeper.wait(timeout=1)
-    sleeper.cancel()
+    assert Ledger().require(sleeper.job_id).name == "sleep"  # named after its command
+    # Cancelled once it runs: its batch script, not a rank, ends its MLflow run.
+    started = sleeper.run_dir / "logs" / "r0" / "rank-0.log"
+    wait_for(started.exists, 120, "the sleeper to start")
+    assert sleeper.cancel() == f"cancelled job {sleeper.job_id}"
     assert sleeper.wait(timeout=120) == "CANCELLED"
+    batch_log = (sleeper.run_dir / "logs" / "batch.log").read_text()
+    assert f"stoker: MLflow run {sleeper.run_id} ended KILLED" in batch_log, batch_log
+    assert sleeper.run_id and mlflow_status(sleeper.run_id) == "KILLED"
+    # Cancelling an ended job says so, and cancels nothing.
+    assert sleeper.cancel() == (
+        f"job {sleeper.job_id} had already ended (CANCELLED); nothing to cancel"
+    )
+    assert sleeper.why()["fix"] == (
+        f"nothing failed; `stoker requeue {sleeper.job_id}` runs it again in its run folder, "
+        "where it continues from its newest checkpoint; once SLURM has forgotten it "
+        f"(MinJobAge), submit it again with checkpoint.root={sleeper.run_dir}/checkpoints (a "
+        "new run folder has no checkpoints of its own)"
+    )
 
     listed = [j.job_id for j in stoker.jobs(limit=10)]
     assert listed[:3] == [sleeper.job_id, failing.job_id, job.job_id]  # newest first

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from stoker.launcher.jobs.ledger import Ledger
 from tests.clirun import stoker_text
-from tests.launcher_jobs import JOBS, mlflow_status, submit_json, wait_local
+from tests.launcher_jobs import JOBS, mlflow_status, submit_json, wait_for, wait_local
 
 
 def test_local_ranks_all_reduce_with_slurm_layout(tmp_path: Path) -> None:
@@ -62,16 +62,56 @@ def test_a_failing_local_rank_stops_the_others(tmp_path: Path) -> None:
     assert row["reason"] == "rank 1 exited with code 3 (no traceback in its log)"
 
 
-def test_cancel_stops_a_local_job(tmp_path: Path) -> None:
-    job = submit_json(
-        "--local", "--", sys.executable, "-c", "import time; time.sleep(60)", cwd=tmp_path
-    )
+def test_cancel_stops_a_local_job_and_requeue_continues_it_in_its_run_folder(
+    tmp_path: Path,
+) -> None:
+    """The docs' tour: cancel a local job, `why` says how to continue, and that works:
+    `stoker requeue` runs it again in its run folder, from what it saved there."""
+    saves = "$STOKER_RUN_DIR/checkpoints/steps"  # where the stoker runtime's would be
+    counter = f'mkdir -p "$STOKER_RUN_DIR/checkpoints"; exec {sys.executable} '
+    counter += f'{JOBS / "count_steps.py"} "{saves}" 100000 0.1'
+    job = submit_json("--local", "--", "bash", "-c", counter, cwd=tmp_path)
+    run_dir = Path(job["run_dir"])
+    steps = run_dir / "checkpoints" / "steps"
+    wait_for(lambda: len(_lines(steps)) >= 2, 60, "the job to save two steps")
     stoker_text("cancel", job["job_id"], check=True)
-    state = wait_local(Path(job["run_dir"]), 20)
+    state = wait_local(run_dir, 20)
     assert state.state == "CANCELLED"
     assert mlflow_status(job["run_id"]) == "KILLED"
+    # Cancelling it again changes nothing and claims nothing.
     again = stoker_text("cancel", job["job_id"])
-    assert again.returncode == 2 and "is not running" in again.stderr
+    assert again.returncode == 0, again.stderr
+    assert (
+        again.stdout.strip()
+        == f"job {job['job_id']} had already ended (CANCELLED); nothing to cancel"
+    )
+
+    diagnosis = json.loads(stoker_text("why", job["job_id"], "--json", check=True).stdout)
+    assert diagnosis["fix"] == (
+        f"nothing failed; `stoker requeue {job['job_id']}` runs it again in its run folder, "
+        "where it continues from its newest checkpoint"
+    )
+    saved = int(_lines(steps)[-1])
+    requeued = stoker_text("requeue", job["job_id"], check=True)
+    assert f"restart 1 runs in {run_dir}" in requeued.stdout
+    rank0 = run_dir / "logs" / "r1" / "rank-0.log"
+    wait_for(lambda: "resumes at step" in _text(rank0), 60, "the requeued job to start")
+    assert f"rank 0: restart 1 resumes at step {saved}" in _text(rank0)
+    (row,) = json.loads(stoker_text("status", job["job_id"], "--json", check=True).stdout)
+    assert row["state"] == "RUNNING"
+    stoker_text("cancel", job["job_id"], check=True)
+    assert wait_local(run_dir, 20).state == "CANCELLED"
+
+
+def _lines(path: Path) -> list[str]:
+    return _text(path).split()
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def test_two_local_submits_at_once_get_different_ids(tmp_path: Path) -> None:

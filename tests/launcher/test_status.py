@@ -569,3 +569,27 @@ def test_local_jobs_read_the_supervisor_state_without_slurm(tmp_path: Path) -> N
     assert (rows["local-4"].state, rows["local-4"].reason) == ("FAILED", died)
     assert ledger.require("local-2").final_state == "FAILED"
     assert ledger.require("local-1").final_state is None
+
+
+def test_a_120_column_terminal_shows_whole_states_and_one_line_reasons(tmp_path: Path) -> None:
+    """On a laptop-sized terminal STATE is never cut (`COMPLE…`) and a long REASON
+    takes one line, cut with an ellipsis (`stoker why` and `--json` have it whole)."""
+    ledger = Ledger()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    now = time.time()
+    for job_id, state in (
+        ("local-1", {"state": "COMPLETED", "exit_code": 0, "started": now - 60, "ended": now}),
+        # A supervisor gone while its state says RUNNING: `why`'s long headline.
+        ("local-2", {"state": "RUNNING", "supervisor_pid": dead.pid, "started": now - 9}),
+    ):
+        local_job(ledger, tmp_path, job_id, {"ranks": {"0": None}, **state})
+    screen = stoker_in_tty("status", env={"COLUMNS": "120"})
+    text = re.sub(r"\x1b\[[0-9;]*m", "", screen)
+    lines = text.splitlines()
+    below_header = next(i for i, line in enumerate(lines) if "━" in line) + 1
+    rows = [line for line in lines[below_header:] if line.strip()]
+    assert len(rows) == 2, text  # one line per job
+    died, completed = rows
+    assert " COMPLETED " in completed and " FAILED " in died, text
+    assert "the local supervisor died" in died and "…" in died, text

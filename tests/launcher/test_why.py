@@ -424,6 +424,16 @@ def test_node_failure_and_preemption() -> None:
     assert node.cause == "node-failure" and "gpu-[01-02]" in node.summary
     preempted = judge(JobFacts(job_id="9", state="PREEMPTED"))
     assert preempted.cause == "preempted" and "stoker requeue 9" in (preempted.fix or "")
+    # Once SLURM has forgotten the job only a new submission continues it, from the root
+    # its checkpoints are in (a new run folder's own is empty).
+    root = "/runs/exp-1/checkpoints"
+    forgotten = judge(
+        JobFacts(job_id="9", state="CANCELLED", slurm_forgot=True, checkpoint_root=root)
+    )
+    assert forgotten.fix == (
+        "nothing failed; SLURM no longer knows the job, so it cannot be requeued: submit it "
+        f"again with checkpoint.root={root} (a new run folder has no checkpoints of its own)"
+    )
     done = judge(JobFacts(job_id="9", state="COMPLETED", exit_code=0))
     assert done.cause == "completed" and done.exit_code == 0
 

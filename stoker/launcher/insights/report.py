@@ -56,7 +56,7 @@ class Totals:
     queue_after_requeue_h: float = 0.0
     failed_jobs: int = 0
     failed_h: float = 0.0
-    """Hours allocated to jobs that did not complete."""
+    """Hours allocated to jobs that failed (neither completed nor cancelled)."""
     unaccounted_h: float = 0.0
     """Hours of jobs whose command kept no time account (JobAccount.accounted)."""
 
@@ -69,7 +69,7 @@ class Totals:
         for cause in CAUSES:
             self.lost_h[cause] += account.lost_h.get(cause, 0.0)
         self.queue_after_requeue_h += account.queue_after_requeue_h
-        if account.state != "COMPLETED":
+        if account.failed:
             self.failed_jobs += 1
             self.failed_h += account.allocated_h
 
@@ -241,7 +241,7 @@ def summarise(
         tables["user"][(account.user, resource)].add(account)
         tables["partition"][(account.partition, resource)].add(account)
         tables["experiment"][(account.experiment, resource)].add(account)
-        if account.state != "COMPLETED":
+        if account.failed:
             cause = account.cause or account.state.lower()
             failures[cause] += 1
             failure_hours[cause] += account.allocated_h

@@ -121,6 +121,24 @@ class RunDir:
                         break
         return 0
 
+    def configured_checkpoint_root(self) -> str | None:
+        """checkpoint.root as the frozen config sets it; None where it is left to its
+        default (`checkpoint_root`) or the config is unreadable."""
+        import yaml
+
+        try:
+            config = yaml.safe_load(self.config.read_text())
+        except (OSError, yaml.YAMLError):
+            return None
+        section = config.get("checkpoint") if isinstance(config, dict) else None
+        root = section.get("root") if isinstance(section, dict) else None
+        return str(root) if root else None
+
+    def checkpoint_root(self) -> str:
+        """Where the job's checkpoints are: checkpoint.root, by default
+        <run folder>/checkpoints (as the runtime resolves it)."""
+        return self.configured_checkpoint_root() or str(self.path / "checkpoints")
+
     def read_progress(self) -> dict[str, Any] | None:
         """The runtime's last progress record, or None (absent, or caught mid-write)."""
         try:

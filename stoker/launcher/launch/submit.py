@@ -38,6 +38,7 @@ from stoker.launcher.launch.checks import (
     check_run_root,
     check_same_job,
 )
+from stoker.launcher.launch.job_name import named_after_command
 from stoker.launcher.script.render import RenderedScript, Shell, render_sbatch
 from stoker.launcher.script.spec import LaunchSpec
 from stoker.launcher.slurm.cli import run_slurm
@@ -283,6 +284,8 @@ def _request(
     is_array = not isinstance(resolved, ResolvedConfig)
     configs = (resolved,) if isinstance(resolved, ResolvedConfig) else tuple(resolved)
     command = task_command(configs[0], options)
+    if options.command:
+        configs = named_after_command(configs, command)
     check_command(command)
     check_same_job(configs)
     root = runs_root()

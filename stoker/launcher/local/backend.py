@@ -113,6 +113,12 @@ def _start_supervisor(spec: LaunchSpec, job_id: str) -> None:
     run_dir = RunDir(spec.run_dir)
     plan = launch_plan(spec, job_id)
     write_text_atomic(run_dir.path / LAUNCH_FILE, json.dumps(plan, indent=2))
+    _spawn_supervisor(run_dir, spec.workdir)
+
+
+def _spawn_supervisor(run_dir: RunDir, workdir: Path | str) -> None:
+    """Start the supervisor of the plan in the run folder; return once it has written
+    its state."""
     run_dir.logs.mkdir(parents=True, exist_ok=True)
     with open(run_dir.batch_log, "ab") as log:
         subprocess.Popen(
@@ -121,7 +127,7 @@ def _start_supervisor(spec: LaunchSpec, job_id: str) -> None:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # survives the CLI; Ctrl-C in the shell does not reach it
-            cwd=spec.workdir,
+            cwd=workdir,
         )
     # The supervisor writes its state before it starts any rank.
     deadline = time.monotonic() + 10
@@ -149,3 +155,41 @@ def cancel_local(run_dir: Path) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def requeue_local(run_dir: Path) -> int:
+    """Run a local job again in its own run folder, as SLURM requeues a job: restart
+    N+1 (STOKER_RESTART, logs/r<N+1>/), so a command that saves in the run folder (the
+    stoker runtime's default checkpoint.root) continues from there. A running job is
+    stopped first. Returns the restart's number."""
+    from stoker.launcher.local.state import read_local_state
+    from stoker.tracking.run_end import MARK_FILE
+
+    run = RunDir(run_dir)
+    try:
+        plan = json.loads((run.path / LAUNCH_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise StokerError(
+            f"cannot run local job again: {run.path / LAUNCH_FILE} is unreadable ({exc})",
+            fix="submit it again with `stoker submit --local`",
+        ) from exc
+    if cancel_local(run.path):
+        deadline = time.monotonic() + 60
+        while (state := read_local_state(run)) is not None and state.state == "RUNNING":
+            if time.monotonic() > deadline:
+                raise StokerError(
+                    f"local job {plan['job_id']} did not stop within 60 s; see {run.batch_log}"
+                )
+            time.sleep(0.1)
+    restart = run.restarts() + 1
+    plan["restart"] = restart
+    port = str(_free_port())
+    for rank in plan["ranks"]:
+        rank["env"].update({ENV_RESTART: str(restart), "MASTER_PORT": port})
+        rank["log"] = str(run.rank_log(restart, rank["rank"]))
+    # The previous start's end, stop request and ended MLflow run are not this start's.
+    for stale in (run.local_state, run.stop_flag, run.path / MARK_FILE):
+        stale.unlink(missing_ok=True)
+    write_text_atomic(run.path / LAUNCH_FILE, json.dumps(plan, indent=2))
+    _spawn_supervisor(run, plan["workdir"])
+    return restart

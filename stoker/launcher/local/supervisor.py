@@ -57,7 +57,12 @@ def supervise(run_dir: Path) -> int:
     signal.signal(signal.SIGINT, on_term)
     write_local_state(RunDir(run_dir), state)
     with open(run_dir / "attempts", "a") as attempts:
-        attempts.write(f"{int(time.time())} restart=0 job={plan['job_id']} nodes=localhost\n")
+        restart = plan.get("restart", 0)  # `stoker requeue` of a local job: 1, 2, ...
+        start = f"restart={restart} job={plan['job_id']} nodes=localhost"
+        start += " how=requeue" if restart else " how=start"
+        attempts.write(f"{int(time.time())} {start}\n")
+    # As the batch script does: where this start's part of batch.log begins.
+    print(f"stoker: start {start}", flush=True)
 
     # Setup lines run in the rank's shell, as in the batch script; the command is "$@".
     script = "\n".join([*plan["setup"], 'exec "$@"'])

@@ -37,6 +37,9 @@ FORMAT = 1
 STRAGGLER_WINDOWS = 2
 """A host that held the straggler in this many log windows of one job is named."""
 
+# The end states of jobs that did not fail: done, or stopped by someone on purpose.
+NOT_FAILED_STATES = frozenset({"COMPLETED", "CANCELLED"})
+
 # What a node is named for (NodeBlame.kind).
 NODE_DOWN = "node down"
 NODE_FAILURE = "node failure"
@@ -89,6 +92,12 @@ class JobAccount:
     """False for a job whose command kept no time account (a user's own command or loop,
     not the stoker runtime): its hours are allocated, their use unknown."""
     format: int = FORMAT
+
+    @property
+    def failed(self) -> bool:
+        """Did it fail? A job someone cancelled did not: it is neither a failure nor
+        its cause's, though its unsaved work is lost all the same."""
+        return self.state not in NOT_FAILED_STATES
 
     @property
     def goodput(self) -> float | None:

@@ -60,8 +60,8 @@ class LogFilter:
     batch: bool = True
 
     def wants_source(self, source: int | str) -> bool:
-        if source == BATCH:
-            return self.batch
+        if source == BATCH:  # the batch script's lines are no rank's
+            return self.batch and self.rank is None
         return self.rank is None or source == self.rank
 
     def wants_restart(self, restart: int) -> bool:
@@ -232,7 +232,7 @@ class LogReader:
 
     def _batch_lines(self, final: bool) -> list[str]:
         # batch.log is small: srun's messages and the batch script's own lines.
-        if not self.filter.batch or self.batch is None:
+        if not self.filter.wants_source(BATCH) or self.batch is None:
             return []
         lines = list(self.batch.lines(final=final))
         self.lines_read += len(lines)

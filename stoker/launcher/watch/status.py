@@ -15,7 +15,8 @@ of jobs (stoker/launcher/slurm/query.py). Where each value comes from:
     spares                          the latest attempt's spare nodes (`attempts`)
     step, loss, throughput, ETA     the run folder's progress.json (below)
     straggler                       progress.json's slowest rank, when its ratio is above
-                                    STRAGGLER_RATIO
+                                    STRAGGLER_RATIO after STRAGGLER_MIN_STEPS steps of the
+                                    start (stoker.protocol.is_straggler)
     local jobs (backend "local")    the run folder's local-state.json
                                     (stoker/launcher/local/state.py); no SLURM call
 
@@ -79,7 +80,7 @@ from stoker.launcher.slurm.query import (
     query_queue,
 )
 from stoker.launcher.watch.job_end import Ended, settle
-from stoker.protocol import STRAGGLER_RATIO
+from stoker.protocol import is_straggler
 
 # A sacct row submitted this long before the ledger recorded the job belongs to an
 # older job with the same id (job ids restart when slurmctld loses its state).
@@ -110,7 +111,7 @@ class JobStatus:
     mlflow_run_id: str | None
     source: str  # where the state came from: squeue, sacct, ledger, local, none
     # The last log window's slowest rank (progress.json; jobs with several ranks).
-    straggler: bool  # slowest_ratio > STRAGGLER_RATIO
+    straggler: bool  # slowest_ratio > STRAGGLER_RATIO, after STRAGGLER_MIN_STEPS (is_straggler)
     slowest_rank: int | None
     slowest_host: str | None
     slowest_ratio: float | None
@@ -329,7 +330,8 @@ def _row(
 
     throughput, unit = _throughput(progress)
     ratio = number_field(progress, "slowest_ratio")
-    straggler = ratio is not None and ratio > STRAGGLER_RATIO
+    step, start_step = int_field(progress, "step"), int_field(progress, "start_step")
+    straggler = is_straggler(ratio, step - (start_step or 0) if step is not None else None)
     host = progress.get("slowest_host")
     return JobStatus(
         job_id=target.job_id,

@@ -80,6 +80,9 @@ class JobFacts:
     hang: dict[str, Any] | None = None  # the watchdog's hang.json of that restart
     laggard: Laggard | None = None  # from the ranks' flight-recorder dumps of that restart
     notes: list[str] = field(default_factory=list)  # what could not be asked
+    slurm_forgot: bool = False  # slurmctld no longer knows it: it cannot be requeued
+    checkpoint_root: str = ""  # where its checkpoints are (checkpoint.root or its default)
+    checkpoint_root_set: bool = False  # checkpoint.root set in its config: a new run finds it
 
 
 def _read_tail(path: Path, limit: int) -> str:
@@ -174,6 +177,8 @@ def gather_facts(target: Target) -> JobFacts:
     else:
         _slurm_facts(facts, target)
     read_run_logs(facts, run)
+    facts.checkpoint_root = run.checkpoint_root()
+    facts.checkpoint_root_set = run.configured_checkpoint_root() is not None
     if facts.end_time is None and facts.state not in RUNNING_STATES | PENDING_STATES:
         mtimes = [m for m in [*facts.rank_mtimes.values(), _mtime(run.batch_log)] if m]
         facts.end_time = max(mtimes) if mtimes else None
@@ -242,6 +247,7 @@ def _slurm_facts(facts: JobFacts, target: Target) -> None:
         facts.restarts = live.restarts
         if facts.req_mem is None and live.min_mem:
             facts.req_mem, facts.req_mem_text = live.min_mem, live.min_mem_text
+    facts.slurm_forgot = live is None and not any("scontrol:" in n for n in facts.notes)
     if acct is None and live is None:
         if target.record.final_state:
             facts.state = target.record.final_state

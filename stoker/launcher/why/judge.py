@@ -25,6 +25,7 @@ from stoker.launcher.why.facts import JobFacts
 from stoker.launcher.why.hang import hung_by_watchdog, silent_ranks
 from stoker.launcher.why.memory import host_memory, memory_kill
 from stoker.launcher.why.pending import explain_pending
+from stoker.launcher.why.resume import resume_fix
 from stoker.launcher.why.signatures import SignatureHit, find_signature
 from stoker.launcher.why.tracebacks import (
     TaskFailure,
@@ -54,7 +55,7 @@ def judge(facts: JobFacts) -> Diagnosis:
             "node-failure",
             "the local supervisor died (killed, or the machine rebooted) while the job ran",
             [],
-            "submit again; the ranks may still run: check with `ps`",
+            "its ranks may still run: stop them (`ps`), then " + resume_fix(facts),
         )
     timed_out = state == "TIMEOUT" or _find(facts.batch_log, r"DUE TO TIME LIMIT")
     if timed_out:
@@ -69,17 +70,16 @@ def judge(facts: JobFacts) -> Diagnosis:
             "node-failure",
             f"a node of the job failed ({nodes}): SLURM lost contact with it",
             [f"sacct: State NODE_FAIL, NodeList {nodes}"],
-            "submit again (or `stoker requeue JOB`): the job resumes from its last "
-            "checkpoint; if the same node fails again, report it (`sinfo -R` shows why "
-            "nodes are down)",
+            resume_fix(facts) + "; if the same node fails again, report it (`sinfo -R` "
+            "shows why nodes are down)",
         )
     if state == "PREEMPTED":
         return make(
             "preempted",
             "preempted by a higher-priority job and not requeued",
             event_lines(facts, "stop requested|requeue"),
-            "`stoker requeue JOB` (or submit again) to continue from the last checkpoint; "
-            "a job that saves on the stop signal is requeued by itself (job.max_requeues)",
+            resume_fix(facts) + "; a job that saves on the stop signal is requeued by "
+            "itself (job.max_requeues)",
         )
     if state == "BOOT_FAIL":
         return make(
@@ -229,8 +229,7 @@ def _cancelled(facts: JobFacts, make: DiagnosisMaker) -> Diagnosis:
         "cancelled",
         f"cancelled by {who}",
         evidence,
-        "nothing failed; `stoker requeue JOB` (while SLURM still knows the job) or a new "
-        "submission continues from the last checkpoint",
+        "nothing failed; " + resume_fix(facts),
         job_exit=False,
     )
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from stoker import metric_names as names
 from stoker.atomic_write import write_text_atomic
-from stoker.protocol import ENV_PROGRESS_FILE, STRAGGLER_RATIO
+from stoker.protocol import ENV_PROGRESS_FILE, is_straggler
 
 if TYPE_CHECKING:
     from stoker.runtime.observe.stragglers import Slowest
@@ -97,7 +97,7 @@ class Progress:
             parts.append(f"MFU {100 * metrics['mfu']:.1f}%")
         if eta is not None:
             parts.append(f"ETA {_duration(eta)}")
-        if slowest is not None and slowest.ratio > STRAGGLER_RATIO:
+        if slowest is not None and is_straggler(slowest.ratio, step - self.start_step):
             parts.append(f"straggler: rank {slowest.rank} on {slowest.host} {slowest.ratio:.2f}x")
         return "  ".join(parts)
 

@@ -1,0 +1,62 @@
+"""A job's name from its command, where no source named it: `stoker submit -- python
+train.py` is `train` in squeue, its run folder and MLflow, not job.name's default."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from pathlib import PurePosixPath
+
+from stoker.config import ResolvedConfig
+from stoker.config.resolve import DEFAULT, Source
+
+# Programs that run the one named after them: the job is named after that one.
+_LAUNCHERS = re.compile(r"^(python[0-9.]*|bash|sh|zsh|env|torchrun|uv|uvx)$")
+COMMAND_SOURCE = Source("flag", "the command after --")
+
+
+def name_from_command(argv: Sequence[str]) -> str | None:
+    """`python train.py` -> train, `torchrun --nproc-per-node 8 -m pkg.fit` -> fit,
+    `./run.sh` -> run, `sleep 60` -> sleep, `python -c ...` -> python; None where
+    nothing usable is left."""
+    words = [str(word) for word in argv]
+    name = None
+    for index, word in enumerate(words):
+        if word == "-m" and index + 1 < len(words):
+            name = words[index + 1].rsplit(".", 1)[-1]
+            break
+        if word == "-c":
+            break  # inline code: named after its interpreter
+        # Options, their numbers (`--nproc-per-node 8`) and VAR=value are no program.
+        if word.startswith("-") or word.isdigit() or "=" in word:
+            continue
+        base = PurePosixPath(word).name
+        if _LAUNCHERS.match(base):
+            name = name or base
+            continue
+        name = PurePosixPath(base).stem or base
+        break
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", name or "").strip("-.")
+    return cleaned[:64] or None
+
+
+def named_after_command(
+    configs: Sequence[ResolvedConfig], command: Sequence[str]
+) -> tuple[ResolvedConfig, ...]:
+    """`configs` with job.name taken from `command` where job.name is left at its
+    default (a profile, file, override or --name wins)."""
+    name = name_from_command(command)
+    if name is None or configs[0].source_of(("job", "name")) is not DEFAULT:
+        return tuple(configs)
+    renamed = []
+    for resolved in configs:
+        job = resolved.config.job.model_copy(update={"name": name})
+        renamed.append(
+            dataclasses.replace(
+                resolved,
+                config=resolved.config.model_copy(update={"job": job}),
+                sources={**resolved.sources, ("job", "name"): COMMAND_SOURCE},
+            )
+        )
+    return tuple(renamed)
