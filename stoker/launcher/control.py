@@ -86,13 +86,14 @@ def requeue(job_id: str, *, hold: bool = False, ledger: Ledger | None = None) ->
             "checkpoints",
         ) from exc
     ledger.reopen(record.job_id)
-    # Its MLflow run may have been ended: whoever sees this start end ends it again.
-    (Path(record.run_dir) / MARK_FILE).unlink(missing_ok=True)
+    problems = _reopen_runs(job_id, ledger)
     if hold:
-        return f"requeued job {job_id} and held it (`scontrol release {job_id}` starts it)"
+        return (
+            f"requeued job {job_id} and held it (`scontrol release {job_id}` starts it){problems}"
+        )
     if _release_hold(job_id):
-        return f"requeued job {job_id}"
-    return f"requeued job {job_id} (SLURM holds it for its credential lifetime, ~2 min)"
+        return f"requeued job {job_id}{problems}"
+    return f"requeued job {job_id} (SLURM holds it for its credential lifetime, ~2 min){problems}"
 
 
 def _requeue_local(job_id: str, record: JobRecord, *, hold: bool, ledger: Ledger) -> str:
@@ -105,7 +106,30 @@ def _requeue_local(job_id: str, record: JobRecord, *, hold: bool, ledger: Ledger
         )
     restart = requeue_local(Path(record.run_dir))
     ledger.reopen(record.job_id)
-    return f"requeued local job {job_id}: restart {restart} runs in {record.run_dir}"
+    problems = _reopen_runs(job_id, ledger)
+    return f"requeued local job {job_id}: restart {restart} runs in {record.run_dir}{problems}"
+
+
+def _reopen_runs(job_id: str, ledger: Ledger) -> str:
+    """The requeued job's MLflow runs, ended with its last start, RUNNING again: its next
+    end ends them in its state then (a plain command's run stayed KILLED otherwise).
+    Returns what could not be done, for the requeue's message ("" when all went well)."""
+    from stoker.launcher.jobs.targets import select_jobs
+    from stoker.tracking.run_end import reopen_run
+    from stoker.tracking.store import resolve_tracking_uri
+
+    problems = []
+    for target in select_jobs(ledger, [job_id]):
+        (target.run.path / MARK_FILE).unlink(missing_ok=True)
+        run_id, uri = target.mlflow_run_id, target.record.tracking_uri
+        if not run_id or not uri:
+            continue
+        try:
+            reopen_run(resolve_tracking_uri(uri), run_id)
+        except StokerError as exc:
+            # The job runs again all the same; the stoker runtime marks its run RUNNING.
+            problems.append(f"; its MLflow run {run_id} stays ended ({exc.message})")
+    return "".join(problems)
 
 
 def _release_hold(job_id: str, timeout: float = 10.0) -> bool:

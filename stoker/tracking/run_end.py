@@ -9,7 +9,8 @@ sees the job's end calls `end_runs`: the batch script's last line and the local
 supervisor (`python -m stoker.tracking.run_end URI RUN_ID STATE [MARK]`), and
 `stoker status`, `why` and `logs` when they find the job ended in SLURM. Only a run
 still open is changed, so the first to come wins and the others change nothing; a
-requeued or restarting job is not ended, so its run stays RUNNING.
+requeued or restarting job is not ended, so its run stays RUNNING, and `stoker requeue`
+of an ended job sets its run RUNNING again (`reopen_run`).
 
 No mlflow import here: the batch script of every job runs this at its end, and
 150 short jobs on a 2-core node would spend minutes importing mlflow and opening
@@ -121,6 +122,50 @@ def _end_on_server(target: TrackingTarget, run_id: str, status: str, now_ms: int
     body = {"run_id": run_id, "status": status, "end_time": now_ms}
     try:
         _call(f"{base}/update", body)
+    except (OSError, ValueError) as exc:
+        raise StokerError(f"MLflow server {target.describe()}: {exc}") from exc
+    return True
+
+
+def reopen_run(target: TrackingTarget, run_id: str) -> bool:
+    """Set an ended run RUNNING again: its job was requeued (`stoker requeue`) and runs on
+    in it, to be ended again in the state it then ends in. Returns whether it changed.
+    Raises StokerError as `end_runs`."""
+    if target.db_path is not None:
+        db = target.db_path
+
+        def update() -> bool:
+            conn = sqlite3.connect(db, timeout=5, isolation_level=None)
+            try:
+                cursor = conn.execute(
+                    "UPDATE runs SET status = 'RUNNING', end_time = NULL "
+                    "WHERE run_uuid = ? AND status NOT IN ('SCHEDULED', 'RUNNING')",
+                    (run_id,),
+                )
+                return bool(cursor.rowcount)
+            finally:
+                conn.close()
+
+        try:
+            return retry_while_locked(
+                update,
+                db=db,
+                doing=f"reopen run {run_id} in MLflow store {target.describe()}",
+                fix="try again",
+                budget_s=_BUDGET_S,
+            )
+        except sqlite3.Error as exc:
+            raise StokerError(f"MLflow store {target.describe()}: {exc}") from exc
+    base = target.uri.rstrip("/") + "/api/2.0/mlflow/runs"
+    try:
+        got = _call(f"{base}/get?run_id={run_id}", None)
+        if got.get("run", {}).get("info", {}).get("status") in OPEN_STATUSES:
+            return False
+        _call(f"{base}/update", {"run_id": run_id, "status": "RUNNING"})
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return False
+        raise StokerError(f"MLflow server {target.describe()}: {exc}") from exc
     except (OSError, ValueError) as exc:
         raise StokerError(f"MLflow server {target.describe()}: {exc}") from exc
     return True

@@ -99,8 +99,11 @@ def test_cancel_stops_a_local_job_and_requeue_continues_it_in_its_run_folder(
     assert f"rank 0: restart 1 resumes at step {saved}" in _text(rank0)
     (row,) = json.loads(stoker_text("status", job["job_id"], "--json", check=True).stdout)
     assert row["state"] == "RUNNING"
+    # Its one MLflow run runs again, to end as this start ends.
+    assert mlflow_status(job["run_id"]) == "RUNNING"
     stoker_text("cancel", job["job_id"], check=True)
     assert wait_local(run_dir, 20).state == "CANCELLED"
+    assert mlflow_status(job["run_id"]) == "KILLED"
 
 
 def _lines(path: Path) -> list[str]:

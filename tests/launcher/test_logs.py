@@ -25,6 +25,7 @@ import pytest
 from tests.clirun import STOKER, stoker_text
 from tests.launcher_jobs import (
     as_a_shell_starts_it,
+    mlflow_status,
     scontrol_job,
     submit_json,
     wait_final,
@@ -97,6 +98,7 @@ class Talker:
     pending_stderr: str
     interrupted_rc: int  # a second follower, stopped with Ctrl-C while restart 0 ran
     interrupted_stderr: str
+    run_status: str  # its MLflow run's, once it completed
 
 
 def _logs(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -161,11 +163,12 @@ def talker(
         wait_for(lambda: follower.has("restart=1 rank=1 line=2"), 30, "the follower to see r1")
         finish.touch()
         assert wait_final(job_id, 60) == "COMPLETED"
+        run_status = mlflow_status(job["run_id"], Path(env["STOKER_HOME"]))
         # The follower notices the end by itself (state every 3 s, then 1 s of quiet).
         follow_rc, follow_stderr = follower.wait(timeout=30)
         yield Talker(
             job_id, run_dir, env, follower.lines, follow_rc, follow_stderr, pending_logs.stderr,
-            interrupted_rc, interrupted_stderr,
+            interrupted_rc, interrupted_stderr, run_status,
         )  # fmt: skip
     finally:
         finish.touch()
@@ -225,6 +228,8 @@ def test_follow_crosses_the_requeue_and_ends_with_the_job(talker: Talker) -> Non
         line.startswith("[batch] ") and "DUE TO JOB REQUEUE" in line
         for line in talker.follow_output
     ), talker.follow_output
+    # One MLflow run across the requeue, ended as the job ended: not by the first start.
+    assert talker.run_status == "FINISHED"
 
 
 @pytest.mark.slurm

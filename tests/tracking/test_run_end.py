@@ -13,7 +13,7 @@ import pytest
 from stoker.launcher.jobs.ledger import JobRecord, Ledger
 from stoker.launcher.jobs.targets import Target
 from stoker.launcher.watch.job_end import Ended, end_mlflow_runs, short_reason
-from stoker.tracking.run_end import main, run_status_of
+from stoker.tracking.run_end import main, reopen_run, run_status_of
 from stoker.tracking.runs import precreate_run
 from stoker.tracking.store import TrackingTarget, resolve_tracking_uri
 from tests.mlflow_server import free_port
@@ -69,6 +69,11 @@ def test_the_first_to_see_the_end_wins(
     assert main([target.uri, run_id, "COMPLETED"]) == 0
     assert _status(target, run_id) == "FAILED"
     assert "ended" not in capsys.readouterr().err
+    # `stoker requeue`: the job runs again in its run, which then ends as the job ends.
+    assert reopen_run(target, run_id) and _status(target, run_id) == "RUNNING"
+    assert not reopen_run(target, run_id)  # open already
+    assert main([target.uri, run_id, "COMPLETED"]) == 0
+    assert _status(target, run_id) == "FINISHED"
 
 
 def test_a_store_that_cannot_be_reached_never_fails_the_job() -> None:
