@@ -434,6 +434,11 @@ def test_node_failure_and_preemption() -> None:
         "nothing failed; SLURM no longer knows the job, so it cannot be requeued: submit it "
         f"again with checkpoint.root={root} (a new run folder has no checkpoints of its own)"
     )
+    # Out of time: more time means a new submission, which continues only from that root.
+    timed_out = judge(JobFacts(job_id="9", state="TIMEOUT", checkpoint_root=root))
+    assert f"submit it again with a longer --time (job.time) and checkpoint.root={root}" in (
+        timed_out.fix or ""
+    )
     done = judge(JobFacts(job_id="9", state="COMPLETED", exit_code=0))
     assert done.cause == "completed" and done.exit_code == 0
 

@@ -25,7 +25,7 @@ from stoker.launcher.why.facts import JobFacts
 from stoker.launcher.why.hang import hung_by_watchdog, silent_ranks
 from stoker.launcher.why.memory import host_memory, memory_kill
 from stoker.launcher.why.pending import explain_pending
-from stoker.launcher.why.resume import resume_fix
+from stoker.launcher.why.resume import new_run_fix, resume_fix
 from stoker.launcher.why.signatures import SignatureHit, find_signature
 from stoker.launcher.why.tracebacks import (
     TaskFailure,
@@ -183,8 +183,10 @@ def _time_limit(facts: JobFacts, make: DiagnosisMaker) -> Diagnosis:
             job_exit=False,
         )
     fix = (
-        "give it more time (job.time / --time), or let it continue: a job that saves and "
-        "exits 75 when asked to stop is requeued and resumes (job.max_requeues)"
+        "give it more time: to continue from its checkpoints, "
+        + new_run_fix(facts, " with a longer --time (job.time)")
+        + "; or let it continue by itself: a job that saves and exits 75 when asked to stop "
+        "is requeued and resumes (job.max_requeues)"
     )
     if any("stop requested: SIGUSR2" in e for e in events):
         evidence.append(

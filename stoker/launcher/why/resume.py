@@ -20,14 +20,20 @@ def resume_fix(facts: JobFacts) -> str:
     """The way to continue the job, for a diagnosis' fix (`JOB` stands for its id)."""
     if facts.backend == "local":
         return f"`stoker requeue JOB` {_AGAIN}"
-    root = facts.checkpoint_root
-    if facts.checkpoint_root_set:
-        new_run = f"submit it again: its checkpoint.root ({root}) holds its checkpoints"
-    else:
-        new_run = (
-            f"submit it again with checkpoint.root={root} (a new run folder has no "
-            "checkpoints of its own)"
-        )
+    new_run = new_run_fix(facts)
     if facts.slurm_forgot:
         return f"SLURM no longer knows the job, so it cannot be requeued: {new_run}"
     return f"`stoker requeue JOB` {_AGAIN}; once SLURM has forgotten it (MinJobAge), {new_run}"
+
+
+def new_run_fix(facts: JobFacts, options: str = "") -> str:
+    """How a new submission (with `options`, e.g. a longer --time) continues from the
+    job's checkpoints: "submit it again ..."."""
+    root = facts.checkpoint_root
+    if facts.checkpoint_root_set:
+        return f"submit it again{options}: its checkpoint.root ({root}) holds its checkpoints"
+    joined = f"{options} and" if options else " with"
+    return (
+        f"submit it again{joined} checkpoint.root={root} (a new run folder has no "
+        "checkpoints of its own)"
+    )
