@@ -45,7 +45,7 @@ class JobConfig(Section):
     """What SLURM allocates and how the job starts."""
 
     name: str = "stoker-tiny"
-    """Job name in squeue and the run folder (letters, digits, . _ -); unset: the command's."""
+    """Job name in squeue and run folder (letters, digits, . _ -); unset: from command or file."""
     nodes: Annotated[int, Field(ge=1, le=10_000)] = 1
     """Number of nodes the job trains on."""
     spare_nodes: Annotated[int, Field(ge=0, le=1_000)] = 0

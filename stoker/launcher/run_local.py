@@ -64,7 +64,8 @@ def builtin_with_own_model(resolved: ResolvedConfig) -> ResolvedConfig:
     user hears of sampling only when they ask for it, and the job (its run folder, its
     name in MLflow) is named after the model's package, not `tiny`."""
     from stoker.config import ExperimentConfig
-    from stoker.config.resolve import DEFAULT, Source
+    from stoker.config.resolve import DEFAULT
+    from stoker.launcher.launch.job_name import MODEL_SOURCE, model_package
 
     def from_builtin(key: tuple[str, str]) -> bool:
         return resolved.source_of(key).where.startswith(f"{builtin_experiment()}:")
@@ -80,9 +81,9 @@ def builtin_with_own_model(resolved: ResolvedConfig) -> ResolvedConfig:
         )
         sources[("train", "sample_every")] = DEFAULT
     if from_builtin(("job", "name")):
-        package = arch.split(":", 1)[0].split(".", 1)[0]
+        package = model_package(arch)
         config = config.model_copy(update={"job": config.job.model_copy(update={"name": package})})
-        sources[("job", "name")] = Source("default", f"named after model.arch {arch}")
+        sources[("job", "name")] = MODEL_SOURCE
     return dataclasses.replace(resolved, config=config, sources=sources)
 
 

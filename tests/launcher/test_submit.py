@@ -261,3 +261,23 @@ def test_a_mixture_with_a_held_out_set_needs_one(tmp_path: Path) -> None:
         "data.eval_url=/data/held-out", "train.eval_every=10", cwd=tmp_path,
     )  # fmt: skip
     assert fine.returncode == 0, fine.stderr
+
+
+def test_a_job_is_named_after_its_experiment_file(tmp_path: Path) -> None:
+    """An experiment that sets no job.name: the job, its run folder and MLflow run take
+    the file's name (`sound-small.yaml` -> `sound-small`), or without a file the package
+    of the user's model, not job.name's default; a job.name the file sets still wins."""
+    exp = tmp_path / "sound-small.yaml"
+    exp.write_text("train:\n  steps: 5\n")
+    shown = stoker_text("submit", str(exp), "--explain", "--no-check", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "#SBATCH --job-name=sound-small  # default the experiment file's name" in shown.stdout
+    assert "/runs/sound-small-" in shown.stdout
+    exp.write_text("job:\n  name: mine\n")
+    named = stoker_text("submit", str(exp), "--dry-run", "--no-check", cwd=tmp_path)
+    assert "#SBATCH --job-name=mine\n" in named.stdout, named.stdout[:400]
+    # No file, a model of one's own: named after its package.
+    own = stoker_text(
+        "submit", "model.arch=own_model.denoiser:build", "--dry-run", "--no-check", cwd=tmp_path
+    )
+    assert "#SBATCH --job-name=own_model\n" in own.stdout, own.stderr or own.stdout[:400]

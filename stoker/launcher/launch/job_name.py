@@ -1,5 +1,7 @@
-"""A job's name from its command, where no source named it: `stoker submit -- python
-train.py` is `train` in squeue, its run folder and MLflow, not job.name's default."""
+"""A job's name where no source named it: from its command (`stoker submit -- python
+train.py` is `train` in squeue, its run folder and MLflow), else from its experiment
+file (`sound-small.yaml` is `sound-small`) or, without one, from a model of the user's
+own (`model.arch=own_model.denoiser:build` is `own_model`), not job.name's default."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from stoker.config.resolve import DEFAULT, Source
 # Programs that run the one named after them: the job is named after that one.
 _LAUNCHERS = re.compile(r"^(python[0-9.]*|bash|sh|zsh|env|torchrun|uv|uvx)$")
 COMMAND_SOURCE = Source("flag", "the command after --")
+EXPERIMENT_SOURCE = Source("default", "the experiment file's name")
+MODEL_SOURCE = Source("default", "the package of model.arch")
 
 
 def name_from_command(argv: Sequence[str]) -> str | None:
@@ -57,6 +61,41 @@ def named_after_command(
                 resolved,
                 config=resolved.config.model_copy(update={"job": job}),
                 sources={**resolved.sources, ("job", "name"): COMMAND_SOURCE},
+            )
+        )
+    return tuple(renamed)
+
+
+def model_package(arch: str) -> str | None:
+    """The top package of a model.arch import path (`own_model.denoiser:build` ->
+    `own_model`); None for a built-in model."""
+    return arch.split(":", 1)[0].split(".", 1)[0] if ":" in arch else None
+
+
+def named_after_experiment(configs: Sequence[ResolvedConfig]) -> tuple[ResolvedConfig, ...]:
+    """`configs` with job.name taken from the experiment file's name, or without a file
+    from the package of a model.arch the user set, where job.name is still at its default
+    (a profile, file, override, --name or the command wins)."""
+    first = configs[0]
+    if first.source_of(("job", "name")) is not DEFAULT:
+        return tuple(configs)
+    if first.experiment is not None:
+        name, source = first.experiment.stem, EXPERIMENT_SOURCE
+    elif first.source_of(("model", "arch")) is not DEFAULT:
+        name, source = model_package(first.config.model.arch) or "", MODEL_SOURCE
+    else:
+        return tuple(configs)
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", name).strip("-.")[:64]
+    if not name:
+        return tuple(configs)
+    renamed = []
+    for resolved in configs:
+        job = resolved.config.job.model_copy(update={"name": name})
+        renamed.append(
+            dataclasses.replace(
+                resolved,
+                config=resolved.config.model_copy(update={"job": job}),
+                sources={**resolved.sources, ("job", "name"): source},
             )
         )
     return tuple(renamed)

@@ -38,7 +38,7 @@ from stoker.launcher.launch.checks import (
     check_run_root,
     check_same_job,
 )
-from stoker.launcher.launch.job_name import named_after_command
+from stoker.launcher.launch.job_name import named_after_command, named_after_experiment
 from stoker.launcher.script.render import RenderedScript, Shell, render_sbatch
 from stoker.launcher.script.spec import LaunchSpec
 from stoker.launcher.slurm.cli import run_slurm
@@ -286,6 +286,7 @@ def _request(
     command = task_command(configs[0], options)
     if options.command:
         configs = named_after_command(configs, command)
+    configs = named_after_experiment(configs)
     check_command(command)
     check_same_job(configs)
     root = runs_root()
