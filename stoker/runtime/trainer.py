@@ -15,9 +15,8 @@
 
 Losses and norms stay on the device between log steps; the flags all-reduce is
 the one host sync per step (a skipped step must be decided on every rank).
-Heartbeat, profiler and per-rank timing watch the step from one object
-(stoker/runtime/observe/step_watch.py); what is reported goes to a `MetricsSink`
-(stoker/runtime/observe/metrics_sink.py).
+Heartbeat, profiler and per-rank timing watch the step from one object (runtime's
+observe/step_watch.py); what is reported goes to a `MetricsSink` (observe/metrics_sink.py).
 """
 
 from __future__ import annotations

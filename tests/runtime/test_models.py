@@ -23,7 +23,8 @@ from stoker.runtime.models import (
     TrainingModel,
     build_model,
 )
-from stoker.runtime.models.build import DataDoesNotFitModel
+from stoker.runtime.models.av_dit import MIN_DATA_T
+from stoker.runtime.models.build import DataDoesNotFitModel, ModelSetupError
 from stoker.runtime.models.mu_law import mu_law_decode, mu_law_encode
 from stoker.runtime.models.patches import (
     patchify_audio,
@@ -31,6 +32,7 @@ from stoker.runtime.models.patches import (
     unpatchify_audio,
     unpatchify_video,
 )
+from stoker.runtime.sampling.draw import sample_model
 from tests.runtime.batches import data_config, moving_square_batch, random_batch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -178,6 +180,53 @@ def test_av_dit_predicts_zero_velocity_at_init(data: DataConfig) -> None:
     assert loss.item() == pytest.approx(float(expected), rel=1e-6)
     # Uniform noise in [-1, 1]: E[x^2] = 1/3, so about 4/3 per modality.
     assert loss.item() == pytest.approx(4 / 3 * len(model.modalities), rel=0.05)
+
+
+def test_av_dit_predicting_data_shifts_its_time_in_training_and_sampling() -> None:
+    """model.args.prediction=data: the network's output is the clean estimate x^ and
+    velocity() gives v = (x_t - x^) / t, t held at MIN_DATA_T or more (x^ = 0 at init, so
+    v = x_t / t); model.args.time_shift=3 shifts training's t (SD3) and the sampler's
+    grid alike; model.args.video_patch replaces the preset's patch."""
+    args = {"prediction": "data", "time_shift": 3.0, "video_patch": [2, 16, 16]}
+    model = build_model(ModelConfig(arch="av_dit", args=args), AV)  # type: ignore[arg-type]
+    assert isinstance(model, AVDiT)
+    assert model.video_grid == (2, 2, 2) and model.size.video_patch == (2, 16, 16)
+    batch = random_batch(AV, 4)
+    x_t, t, _ = model.noised(model.clean_tokens(batch), torch.Generator().manual_seed(7))
+    _, plain_t, _ = av_dit(AV).noised(
+        av_dit(AV).clean_tokens(batch), torch.Generator().manual_seed(7)
+    )
+    assert torch.allclose(t, 3 * plain_t / (1 + 2 * plain_t))
+    held = t.clamp(min=MIN_DATA_T)[:, None, None]
+    for name, v in model.velocity(x_t, t).items():
+        assert torch.equal(v, x_t[name] / held), name
+    asked: list[float] = []
+
+    def velocity(x: dict[str, torch.Tensor], t: torch.Tensor, *rest: object) -> dict:
+        asked.append(float(t[0]))
+        return {name: torch.zeros_like(value) for name, value in x.items()}
+
+    model.velocity = velocity  # type: ignore[method-assign]
+    sample_model(model, seeds=[0], steps=4, method="euler")
+    assert asked == pytest.approx([1.0, 0.9, 0.75, 0.5])  # s t / (1 + (s - 1) t), t = 1 - i/4
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"prediction": "x"}, "model.args.prediction 'x' is not one of velocity, data"),
+        ({"time_shift": 0}, "model.args.time_shift 0 is not a number above 0"),
+        ({"video_patch": [2, 16]}, "model.args.video_patch [2, 16] is not [frames, height, width]"),
+        (
+            {"video_patch": [2, 12, 12]},
+            "data.resolution [32, 32] is not a multiple of the tiny av_dit with "
+            "model.args.video_patch [2, 12, 12]'s patch 12x12",
+        ),
+    ],
+)
+def test_av_dit_args_errors_name_the_value(args: dict[str, object], message: str) -> None:
+    with pytest.raises(ModelSetupError, match=re.escape(message)):
+        build_model(ModelConfig(arch="av_dit", args=args), AV)  # type: ignore[arg-type]
 
 
 def test_av_dit_loss_uses_the_generator() -> None:

@@ -23,6 +23,16 @@ skipped sample adds nothing). At initialisation the model predicts v = 0 exactly
 (adaLN-zero and a zero output layer), so the first loss is E|eps - x|^2 = 1 + E[x^2]
 per modality.
 
+What the network outputs (`model.args.prediction`): "velocity", v itself (SD3), or
+"data", the clean tokens x^ (JiT, Li & He 2025), turned into v = (x_t - x^) / t (t held
+at MIN_DATA_T or more) so the loss and the sampler are the same. Predicting data
+suits patches wider than the model (the tiny preset's 384-value video patches on a
+128-wide model; wider patches still): clean patches lie near a low-dimensional set the
+narrow output layer can reach, while noise does not. `model.args.time_shift` s moves
+training's t and the sampler's grid toward the noise, t' = s t / (1 + (s - 1) t) (SD3's
+shift; 1: none): large patches hold much signal, so more steps go to high noise, where
+a sample's layout is decided.
+
 Shapes: the model is built for the largest clip of the data (with data.buckets, the
 largest of each dimension over the buckets) and takes any clip that fits in it and
 divides into its patches: a smaller clip's RoPE rows are a subset of the largest
@@ -33,6 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Literal, TypeVar, get_args
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +63,20 @@ TIMESTEP_FREQUENCIES = 256
 """Width of the sinusoidal timestep embedding (DiT's frequency_embedding_size)."""
 TIMESTEP_SCALE = 1000.0
 """t in [0, 1] is embedded as t * 1000, the range DiT's frequencies were chosen for."""
+Prediction = Literal["velocity", "data"]
+PREDICTIONS: tuple[Prediction, ...] = get_args(Prediction)
+MIN_DATA_T = 0.05
+"""A data-predicting model's v = (x_t - x^) / t divides by t held at this or more: near
+t = 0 the quotient would amplify x^'s error without bound (JiT's clip)."""
+Time = TypeVar("Time", float, torch.Tensor)
+
+
+def shift_time(t: Time, shift: float) -> Time:
+    """SD3's timestep shift, t' = s t / (1 + (s - 1) t): 0 and 1 stay, the rest moves
+    toward 1 (more noise) for s > 1; s = 1 is the identity."""
+    if shift == 1.0:
+        return t
+    return shift * t / (1 + (shift - 1) * t)
 
 
 def _randn(shape: tuple[int, ...], device: torch.device, generator: Noise) -> torch.Tensor:
@@ -175,10 +200,18 @@ class AVDiT(TrainingModel):
         sample_rate: float,
         video_channels: int = VIDEO_CHANNELS,
         latent: bool = False,
+        prediction: Prediction = "velocity",
+        time_shift: float = 1.0,
     ) -> None:
         super().__init__()
         if video is None and audio is None:
             raise ValueError("an av_dit needs video, audio or both; it was given neither")
+        if prediction not in PREDICTIONS:
+            raise ValueError(f"prediction {prediction!r} is not one of {', '.join(PREDICTIONS)}")
+        if not (math.isfinite(time_shift) and time_shift > 0):
+            raise ValueError(f"time_shift {time_shift!r} must be a number above 0 (1: none)")
+        self.prediction: Prediction = prediction
+        self.time_shift = float(time_shift)
         self.size, self.video, self.audio = size, video, audio
         # On latents (`stoker data encode`): batch["latent"]["video"] [B, T, C, h, w] and
         # ["audio"] [B, A, n] as the encoder gave them, not scaled from uint8; `fps` and
@@ -456,18 +489,22 @@ class AVDiT(TrainingModel):
             out["video"] = self.video_out(x[:, :video_tokens])
         if self.audio is not None:
             out["audio"] = self.audio_out(x[:, video_tokens:])
+        if self.prediction == "data":  # the output is x^: v = (x_t - x^) / t, in fp32
+            held = t.float().clamp(min=MIN_DATA_T)[:, None, None]
+            out = {name: (x_t[name].float() - clean.float()) / held for name, clean in out.items()}
         return out
 
     def noised(
         self, clean: dict[str, torch.Tensor], generator: Noise = None
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[str, torch.Tensor]]:
-        """(x_t, t, v): noisy tokens, timesteps [B] ~ logit-normal(0, 1) and the
-        velocity targets eps - x, drawing t first, then each modality's noise.
+        """(x_t, t, v): noisy tokens, timesteps [B] ~ logit-normal(0, 1) (then shifted
+        by time_shift) and the velocity targets eps - x, drawing t first, then each
+        modality's noise.
         `generator`: one for the batch, or one per sample (then a sample's
         noise depends on its own generator only, not on the batch it is in)."""
         first = next(iter(clean.values()))
         size, device = first.shape[0], first.device
-        t = torch.sigmoid(_randn((size,), device, generator))
+        t = shift_time(torch.sigmoid(_randn((size,), device, generator)), self.time_shift)
         weight = t[:, None, None]
         x_t, target = {}, {}
         for name, x in clean.items():

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from stoker.errors import StokerError
 from stoker.model import ClipShape, DataShapes
 from stoker.runtime.models.audio_ar import AudioAR
-from stoker.runtime.models.av_dit import AVDiT
+from stoker.runtime.models.av_dit import PREDICTIONS, AVDiT, Prediction
 from stoker.runtime.models.conditioning import NO_CONDITION, ConditionArgs
 from stoker.runtime.models.sizes import audio_ar_size, av_dit_size
 
@@ -153,14 +153,51 @@ def av_dit(
     class_field: str | None = None,
     classes: Sequence[str] = (),
     text_encoder: str | None = None,
+    prediction: str = "velocity",
+    time_shift: float = 1.0,
+    video_patch: Sequence[int] | None = None,
 ) -> AVDiT:
     """The built-in `model.arch: av_dit` (the factory contract of stoker/model.py);
     `model.args` conditions it on captions or class labels (conditioning.ConditionArgs,
-    whose checks name the fix). Keywords, not a pydantic args class: the models build
-    without pydantic (the step benchmark on a bare GPU node)."""
+    whose checks name the fix), sets what it predicts and its timestep shift (av_dit.py's
+    docstring) and its video patch (frames, height, width) in place of the preset's.
+    Keywords, not a pydantic args class: the models build without pydantic (the step
+    benchmark on a bare GPU node)."""
     # The checks of ConditionArgs name a bad value and its fix: the types are theirs.
     args = ConditionArgs(condition, cond_dropout, class_field, tuple(classes), text_encoder)  # type: ignore[arg-type]
-    return build_av_dit(size, data, args)
+    return build_av_dit(
+        size, data, args, flow=FlowArgs(prediction, time_shift), video_patch=video_patch
+    )
+
+
+@dataclass(frozen=True)
+class FlowArgs:
+    """What an av_dit predicts and its timestep shift (model.args.prediction,
+    model.args.time_shift; av_dit.py's docstring)."""
+
+    prediction: str = "velocity"
+    time_shift: float = 1.0
+
+    def checked(self) -> tuple[Prediction, float]:
+        if self.prediction not in PREDICTIONS:
+            raise ModelSetupError(
+                "model.args.prediction",
+                f"model.args.prediction {self.prediction!r} is not one of {', '.join(PREDICTIONS)}",
+                fix="use velocity (the network outputs eps - x) or data (it outputs x)",
+            )
+        shift = self.time_shift
+        if (
+            isinstance(shift, bool)
+            or not isinstance(shift, int | float)
+            or not (math.isfinite(shift) and shift > 0)
+        ):
+            raise ModelSetupError(
+                "model.args.time_shift",
+                f"model.args.time_shift {shift!r} is not a number above 0",
+                fix="use 1 for no shift, or 3 (SD3's) to spend more steps at high noise",
+            )
+        prediction: Prediction = self.prediction  # narrowed by the check above
+        return prediction, float(shift)
 
 
 def audio_ar(data: DataShapes, size: str = "tiny") -> AudioAR:
@@ -169,11 +206,19 @@ def audio_ar(data: DataShapes, size: str = "tiny") -> AudioAR:
 
 
 def build_av_dit(
-    size_name: str, data: DataConfig | DataShapes, condition: ConditionArgs = NO_CONDITION
+    size_name: str,
+    data: DataConfig | DataShapes,
+    condition: ConditionArgs = NO_CONDITION,
+    *,
+    flow: FlowArgs = FlowArgs(),
+    video_patch: Sequence[int] | None = None,
 ) -> AVDiT:
     """The av_dit preset `size_name` for every clip shape of `data`: refused, naming the
     setting (the bucket) and a value that works, for a shape its patches do not divide,
-    or a condition whose sidecar data.modalities leaves out."""
+    or a condition whose sidecar data.modalities leaves out. `flow`: what it predicts
+    and its timestep shift; `video_patch`: (frames, height, width) in place of the
+    preset's, on pixel video."""
+    prediction, time_shift = flow.checked()
     shapes = _shapes_of(data)
     needed = condition.modality
     if needed is not None and needed not in shapes.modalities:
@@ -183,16 +228,45 @@ def build_av_dit(
             f"sidecar, but data.modalities {list(shapes.modalities)} leaves it out",
             fix=f"add '{needed}' to data.modalities",
         )
-    model = _build_av_dit(size_name, shapes)
+    model = _build_av_dit(size_name, shapes, video_patch)
+    model.prediction, model.time_shift = prediction, time_shift
     model.set_condition(condition)
     return model
 
 
-def _build_av_dit(size_name: str, shapes: DataShapes) -> AVDiT:
+def _video_patch(size_name: str, patch: object) -> tuple[int, int, int]:
+    """model.args.video_patch checked: three whole numbers, 1 or more."""
+    values = list(patch) if isinstance(patch, list | tuple) else []
+    if len(values) != 3 or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in values
+    ):
+        preset = list(av_dit_size(size_name).video_patch)
+        raise ModelSetupError(
+            "model.args.video_patch",
+            f"model.args.video_patch {patch!r} is not [frames, height, width] of whole "
+            "numbers, 1 or more",
+            fix=f"e.g. [2, 16, 16]; leave it out for the {size_name} preset's {preset}",
+        )
+    return (values[0], values[1], values[2])
+
+
+def _build_av_dit(
+    size_name: str, shapes: DataShapes, video_patch: Sequence[int] | None = None
+) -> AVDiT:
     size = av_dit_size(size_name)
     what = f"the {size_name} av_dit"
     if shapes.latents:
+        if video_patch is not None:
+            raise ModelSetupError(
+                "model.args.video_patch",
+                "model.args.video_patch sets pixel patches; on latents the av_dit takes "
+                f"patches of (its frames, {LATENT_SPATIAL_PATCH}, {LATENT_SPATIAL_PATCH})",
+                fix="leave out model.args.video_patch",
+            )
         return _latent_av_dit(size_name, shapes)
+    if video_patch is not None:
+        size = replace(size, video_patch=_video_patch(size_name, video_patch))
+        what = f"the {size_name} av_dit with model.args.video_patch {list(size.video_patch)}"
     has_video, has_audio = "video" in shapes.modalities, "audio" in shapes.modalities
     if not (has_video or has_audio):
         raise DataDoesNotFitModel(

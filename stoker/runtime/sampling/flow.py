@@ -3,7 +3,9 @@
 Training (stoker.runtime.models.av_dit) puts the data x at t = 0 and the noise eps at
 t = 1 on the straight line x_t = (1 - t) x + t eps, and teaches the model the velocity
 v = dx_t/dt = eps - x. Sampling runs that ODE backwards: x = eps ~ N(0, I) at t = 1,
-then dx/dt = v(x, t) down to t = 0 over N uniform steps.
+then dx/dt = v(x, t) down to t = 0 over N steps, uniform in t, or in the shifted time
+of a model trained with model.args.time_shift (av_dit.shift_time: the same steps spent
+where it was trained).
 
 - "euler": x <- x + (t' - t) v(x, t); N model calls, first order (the error halves
   when N doubles).
@@ -25,7 +27,7 @@ from typing import Literal, get_args
 
 import torch
 
-from stoker.runtime.models.av_dit import AVDiT
+from stoker.runtime.models.av_dit import AVDiT, shift_time
 from stoker.runtime.models.patches import unpatchify_audio, unpatchify_video
 
 FlowMethod = Literal["euler", "heun"]
@@ -52,15 +54,18 @@ def solve_flow(
     steps: int,
     method: FlowMethod = "heun",
     on_step: OnStep | None = None,
+    time_shift: float = 1.0,
 ) -> Tokens:
     """x at t = 0, from x = `noise` at t = 1 along dx/dt = velocity(x, t), in `steps`
-    uniform steps of `method` (module docstring). Each modality keeps its dtype."""
+    steps of `method` (module docstring), uniform in t shifted by `time_shift`. Each
+    modality keeps its dtype."""
     check_flow_settings(steps, method)
     x = dict(noise)
     first = next(iter(x.values()))
     batch, device = first.shape[0], first.device
-    # 1 - i / steps is exact at both ends: t starts at 1.0 and ends at 0.0.
-    times = [1.0 - i / steps for i in range(steps + 1)]
+    # 1 - i / steps is exact at both ends, and the shift keeps them: t starts at 1.0 and
+    # ends at 0.0.
+    times = [shift_time(1.0 - i / steps, time_shift) for i in range(steps + 1)]
 
     def at(t: float) -> torch.Tensor:
         return torch.full((batch,), t, device=device, dtype=torch.float32)
@@ -222,7 +227,7 @@ def sample_av_dit(
     was_training = model.training
     model.eval()
     try:
-        clean = solve_flow(velocity, noise, steps, method, on_step)
+        clean = solve_flow(velocity, noise, steps, method, on_step, model.time_shift)
     finally:
         model.train(was_training)
     return tokens_to_media(model, clean, video_grid)
