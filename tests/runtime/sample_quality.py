@@ -86,11 +86,18 @@ def in_band_share(wave: npt.NDArray[np.floating], sample_rate: int) -> float:
 
 
 def measure_clip(path: Path) -> ClipMeasures:
-    """The measures of a sampled mp4 (H.264 video, AAC audio)."""
+    """The measures of a sampled mp4 (H.264 video, AAC audio), at the model's own size:
+    an mp4 enlarged for viewing (its folder's samples.json `mp4_scale`) is read at each
+    block's centre pixel."""
+    import json
+
     import av
 
+    record = path.with_name("samples.json")
+    scale = json.loads(record.read_text()).get("mp4_scale", 1) if record.is_file() else 1
     with av.open(str(path)) as container:
         frames = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+    frames = frames[:, scale // 2 :: scale, scale // 2 :: scale]
     background, foreground, near = frame_measures(frames)
     in_band = None
     with av.open(str(path)) as container:

@@ -86,8 +86,9 @@ def test_the_printed_link_opens_on_the_loss_in_the_training_layout(
     # The system's charts on their own tab, grouped: per node, throughput, time, checkpoint.
     for group in ("system/throughput", "system/time", "system/checkpoint"):
         assert any(s.startswith(group) for s in system_sections), (group, system_sections)
-    # The data's frame size, and data.clip_seconds (1 s by default) long.
-    assert clip[:2] == [64, 64] and abs(clip[2] - 1.0) < 0.05, clip
+    # The data's 64 px frames enlarged 4x for the viewer, and data.clip_seconds (1 s by
+    # default) long.
+    assert clip[:2] == [256, 256] and abs(clip[2] - 1.0) < 0.05, clip
 
 
 def _sections(text: str) -> list[str]:

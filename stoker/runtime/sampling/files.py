@@ -3,7 +3,10 @@
 
     seed-<s>.mp4     per sample with video: H.264, and AAC of its audio muxed in
                      (where AAC has the data's sample rate; else the audio is
-                     seed-<s>.wav beside a silent mp4)
+                     seed-<s>.wav beside a silent mp4); frames whose short side is
+                     under MIN_SHORT_SIDE are enlarged by a whole factor, each pixel
+                     a block (nearest neighbour: nothing made up, the model's pixels
+                     stay sharp), so a 64 px clip plays legibly in MLflow's viewer
     seed-<s>.wav     per sample of an audio-only model: 16-bit PCM
     contact.png      every sample in a row: frames and a spectrogram (sample_media.py)
     latents.safetensors   a latent model's samples as the encoder gives them (no
@@ -34,6 +37,21 @@ from stoker.data.media.sample_media import (
 
 RECORD = "samples.json"
 CONTACT_SHEET = "contact.png"
+MIN_SHORT_SIDE = 256
+"""Pixels on the short side of an mp4's frames, at least: smaller frames are enlarged."""
+
+
+def display_factor(height: int, width: int) -> int:
+    """The whole factor that brings a frame's short side to MIN_SHORT_SIDE or more; 1
+    for frames already as large."""
+    return max(1, -(-MIN_SHORT_SIDE // max(1, min(height, width))))
+
+
+def enlarged(video: torch.Tensor, factor: int) -> torch.Tensor:
+    """[T, C, H, W] frames with each pixel a factor x factor block."""
+    if factor == 1:
+        return video
+    return video.repeat_interleave(factor, dim=-2).repeat_interleave(factor, dim=-1)
 
 
 def write_samples(
@@ -64,6 +82,9 @@ def write_samples(
             "fps": fps,
             "sample_rate": sample_rate,
         }
+        video = samples.get("video")
+        if video is not None and video.dtype == torch.uint8:  # the mp4s' enlargement
+            record["mp4_scale"] = display_factor(video.shape[-2], video.shape[-1])
         (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")
         if folder.exists():
             shutil.rmtree(folder)
@@ -92,11 +113,12 @@ def _write_files(
         return ["latents.safetensors"]
     names: list[str] = []
     muxable = audio is not None and sample_rate in AAC_SAMPLE_RATES
+    factor = display_factor(video.shape[-2], video.shape[-1]) if video is not None else 1
     for row, seed in enumerate(seeds):
         clip_audio = audio[row] if audio is not None else None
         if video is not None:
             mp4 = encode_av_clip(
-                video[row],
+                enlarged(video[row], factor),
                 clip_audio if muxable else None,
                 fps=fps,
                 sample_rate=sample_rate if muxable else None,

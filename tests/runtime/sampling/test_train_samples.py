@@ -45,7 +45,13 @@ def test_samples_every_n_steps_are_logged_and_decode(tmp_path: Path, data_url: s
     with av.open(str(folder / "seed-5.mp4")) as container:
         video, audio = container.streams.video[0], container.streams.audio[0]
         assert video.codec_context.name == "h264" and audio.codec_context.name == "aac"
-        assert (video.width, video.height) == (data.resolution[1], data.resolution[0])
+        # Enlarged for the viewer, each pixel a block: 32 px frames become 256 px.
+        scale = record["mp4_scale"]
+        assert scale * min(data.resolution) >= 256 > (scale - 1) * min(data.resolution)
+        assert (video.width, video.height) == (
+            scale * data.resolution[1],
+            scale * data.resolution[0],
+        )
         assert audio.rate == data.sample_rate and audio.channels == data.channels
         decoded = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
     assert len(decoded) == frames
