@@ -186,8 +186,9 @@ def test_av_dit_predicting_data_shifts_its_time_in_training_and_sampling() -> No
     """model.args.prediction=data: the network's output is the clean estimate x^ and
     velocity() gives v = (x_t - x^) / t, t held at MIN_DATA_T or more (x^ = 0 at init, so
     v = x_t / t); model.args.time_shift=3 shifts training's t (SD3) and the sampler's
-    grid alike; model.args.video_patch replaces the preset's patch."""
-    args = {"prediction": "data", "time_shift": 3.0, "video_patch": [2, 16, 16]}
+    grid alike; model.args.video_patch replaces the preset's patch; model.args.loss=data
+    takes the squared error of x: v's times t^2."""
+    args = {"prediction": "data", "time_shift": 3.0, "video_patch": [2, 16, 16], "loss": "data"}
     model = build_model(ModelConfig(arch="av_dit", args=args), AV)  # type: ignore[arg-type]
     assert isinstance(model, AVDiT)
     assert model.video_grid == (2, 2, 2) and model.size.video_patch == (2, 16, 16)
@@ -200,6 +201,12 @@ def test_av_dit_predicting_data_shifts_its_time_in_training_and_sampling() -> No
     held = t.clamp(min=MIN_DATA_T)[:, None, None]
     for name, v in model.velocity(x_t, t).items():
         assert torch.equal(v, x_t[name] / held), name
+    # x^ = 0 at init: each sample's loss is the mean of x^2 over each modality, summed.
+    x_t, t, target = model.noised(model.clean_tokens(batch), torch.Generator().manual_seed(7))
+    clean = {name: x_t[name] - t[:, None, None] * target[name] for name in x_t}
+    per_sample = sum(clean[name].square().mean(dim=(1, 2)) for name in model.modalities)
+    loss = model.loss(batch, torch.Generator().manual_seed(7))
+    assert loss.item() == pytest.approx(float(per_sample.mean()), rel=1e-4)
     asked: list[float] = []
 
     def velocity(x: dict[str, torch.Tensor], t: torch.Tensor, *rest: object) -> dict:
@@ -216,6 +223,7 @@ def test_av_dit_predicting_data_shifts_its_time_in_training_and_sampling() -> No
     [
         ({"prediction": "x"}, "model.args.prediction 'x' is not one of velocity, data"),
         ({"time_shift": 0}, "model.args.time_shift 0 is not a number above 0"),
+        ({"loss": "x"}, "model.args.loss 'x' is not one of velocity, data"),
         ({"video_patch": [2, 16]}, "model.args.video_patch [2, 16] is not [frames, height, width]"),
         (
             {"video_patch": [2, 12, 12]},

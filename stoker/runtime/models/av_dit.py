@@ -31,7 +31,10 @@ suits patches wider than the model (the tiny preset's 384-value video patches on
 narrow output layer can reach, while noise does not. `model.args.time_shift` s moves
 training's t and the sampler's grid toward the noise, t' = s t / (1 + (s - 1) t) (SD3's
 shift; 1: none): large patches hold much signal, so more steps go to high noise, where
-a sample's layout is decided.
+a sample's layout is decided. `model.args.loss`: the space the squared error is taken in,
+"velocity" (v's, the default) or "data" (x's: v's times t^2, t held as above): the
+velocity loss weighs the low-noise steps by 1/t^2, the fine detail; the data loss weighs
+every t alike, which puts a short training's effort on a clip's layout.
 
 Shapes: the model is built for the largest clip of the data (with data.buckets, the
 largest of each dimension over the buckets) and takes any clip that fits in it and
@@ -65,6 +68,7 @@ TIMESTEP_SCALE = 1000.0
 """t in [0, 1] is embedded as t * 1000, the range DiT's frequencies were chosen for."""
 Prediction = Literal["velocity", "data"]
 PREDICTIONS: tuple[Prediction, ...] = get_args(Prediction)
+"""What the network outputs, and the space its loss is taken in (model.args.loss)."""
 MIN_DATA_T = 0.05
 """A data-predicting model's v = (x_t - x^) / t divides by t held at this or more: near
 t = 0 the quotient would amplify x^'s error without bound (JiT's clip)."""
@@ -202,15 +206,18 @@ class AVDiT(TrainingModel):
         latent: bool = False,
         prediction: Prediction = "velocity",
         time_shift: float = 1.0,
+        loss: Prediction = "velocity",
     ) -> None:
         super().__init__()
         if video is None and audio is None:
             raise ValueError("an av_dit needs video, audio or both; it was given neither")
-        if prediction not in PREDICTIONS:
-            raise ValueError(f"prediction {prediction!r} is not one of {', '.join(PREDICTIONS)}")
+        for name, value in (("prediction", prediction), ("loss", loss)):
+            if value not in PREDICTIONS:
+                raise ValueError(f"{name} {value!r} is not one of {', '.join(PREDICTIONS)}")
         if not (math.isfinite(time_shift) and time_shift > 0):
             raise ValueError(f"time_shift {time_shift!r} must be a number above 0 (1: none)")
         self.prediction: Prediction = prediction
+        self.loss_space: Prediction = loss
         self.time_shift = float(time_shift)
         self.size, self.video, self.audio = size, video, audio
         # On latents (`stoker data encode`): batch["latent"]["video"] [B, T, C, h, w] and
@@ -531,7 +538,7 @@ class AVDiT(TrainingModel):
                 (predicted[name].float() - target[name]).square().mean(dim=(1, 2))
                 for name in self.modalities
             ]
-            return valid_mean(torch.stack(per_sample).sum(dim=0), batch)
+            return valid_mean(torch.stack(per_sample).sum(dim=0) * self._weight(t), batch)
         # Context parallelism: this rank's share of each modality's tokens, cut after
         # the noise was drawn for the whole sample; each modality's squared errors summed
         # over every rank's share and divided by the whole count: CP 1's loss.
@@ -546,4 +553,11 @@ class AVDiT(TrainingModel):
             / counts[name]
             for name in self.modalities
         ]
-        return valid_mean(torch.stack(per_sample).sum(dim=0), batch)
+        return valid_mean(torch.stack(per_sample).sum(dim=0) * self._weight(t), batch)
+
+    def _weight(self, t: torch.Tensor) -> torch.Tensor | float:
+        """Each sample's weight on v's squared error [B]: t^2 (t held at MIN_DATA_T or
+        more) for a loss in data space, where x - x^ = t (v - v^); 1 in v's."""
+        if self.loss_space == "velocity":
+            return 1.0
+        return t.float().clamp(min=MIN_DATA_T).square()

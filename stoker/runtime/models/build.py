@@ -156,34 +156,42 @@ def av_dit(
     prediction: str = "velocity",
     time_shift: float = 1.0,
     video_patch: Sequence[int] | None = None,
+    loss: str = "velocity",
 ) -> AVDiT:
     """The built-in `model.arch: av_dit` (the factory contract of stoker/model.py);
     `model.args` conditions it on captions or class labels (conditioning.ConditionArgs,
-    whose checks name the fix), sets what it predicts and its timestep shift (av_dit.py's
-    docstring) and its video patch (frames, height, width) in place of the preset's.
-    Keywords, not a pydantic args class: the models build without pydantic (the step
-    benchmark on a bare GPU node)."""
+    whose checks name the fix), sets what it predicts, its timestep shift and the space
+    its loss is taken in (av_dit.py's docstring), and its video patch (frames, height,
+    width) in place of the preset's. Keywords, not a pydantic args class: the models
+    build without pydantic (the step benchmark on a bare GPU node)."""
     # The checks of ConditionArgs name a bad value and its fix: the types are theirs.
     args = ConditionArgs(condition, cond_dropout, class_field, tuple(classes), text_encoder)  # type: ignore[arg-type]
     return build_av_dit(
-        size, data, args, flow=FlowArgs(prediction, time_shift), video_patch=video_patch
+        size, data, args, flow=FlowArgs(prediction, time_shift, loss), video_patch=video_patch
     )
 
 
 @dataclass(frozen=True)
 class FlowArgs:
-    """What an av_dit predicts and its timestep shift (model.args.prediction,
-    model.args.time_shift; av_dit.py's docstring)."""
+    """What an av_dit predicts, its timestep shift and the space its loss is taken in
+    (model.args.prediction, time_shift, loss; av_dit.py's docstring)."""
 
     prediction: str = "velocity"
     time_shift: float = 1.0
+    loss: str = "velocity"
 
-    def checked(self) -> tuple[Prediction, float]:
+    def checked(self) -> tuple[Prediction, float, Prediction]:
         if self.prediction not in PREDICTIONS:
             raise ModelSetupError(
                 "model.args.prediction",
                 f"model.args.prediction {self.prediction!r} is not one of {', '.join(PREDICTIONS)}",
                 fix="use velocity (the network outputs eps - x) or data (it outputs x)",
+            )
+        if self.loss not in PREDICTIONS:
+            raise ModelSetupError(
+                "model.args.loss",
+                f"model.args.loss {self.loss!r} is not one of {', '.join(PREDICTIONS)}",
+                fix="use velocity (the squared error of v) or data (of x)",
             )
         shift = self.time_shift
         if (
@@ -196,8 +204,9 @@ class FlowArgs:
                 f"model.args.time_shift {shift!r} is not a number above 0",
                 fix="use 1 for no shift, or 3 (SD3's) to spend more steps at high noise",
             )
-        prediction: Prediction = self.prediction  # narrowed by the check above
-        return prediction, float(shift)
+        prediction: Prediction = self.prediction  # narrowed by the checks above
+        loss: Prediction = self.loss
+        return prediction, float(shift), loss
 
 
 def audio_ar(data: DataShapes, size: str = "tiny") -> AudioAR:
@@ -218,7 +227,7 @@ def build_av_dit(
     or a condition whose sidecar data.modalities leaves out. `flow`: what it predicts
     and its timestep shift; `video_patch`: (frames, height, width) in place of the
     preset's, on pixel video."""
-    prediction, time_shift = flow.checked()
+    prediction, time_shift, loss = flow.checked()
     shapes = _shapes_of(data)
     needed = condition.modality
     if needed is not None and needed not in shapes.modalities:
@@ -229,7 +238,7 @@ def build_av_dit(
             fix=f"add '{needed}' to data.modalities",
         )
     model = _build_av_dit(size_name, shapes, video_patch)
-    model.prediction, model.time_shift = prediction, time_shift
+    model.prediction, model.time_shift, model.loss_space = prediction, time_shift, loss
     model.set_condition(condition)
     return model
 
