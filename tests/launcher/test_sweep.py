@@ -153,3 +153,9 @@ def test_a_list_valued_key_is_swept_on_its_top_level_commas(tmp_path: Path) -> N
         {"optim.betas": "[0.9,0.95]"},
         {"optim.betas": "[0.9,0.99]"},
     ]
+    # A quote opens a value only where YAML's would: an apostrophe inside a word does not
+    # swallow the commas after it.
+    assert plan_sweep(["job.env.WHO=o'brien,smith"]).tasks == [
+        {"job.env.WHO": "o'brien"},
+        {"job.env.WHO": "smith"},
+    ]

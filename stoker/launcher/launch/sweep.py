@@ -40,8 +40,8 @@ def _split_values(text: str) -> list[str]:
     for index, char in enumerate(text):
         if quote:
             quote = "" if char == quote else quote
-        elif char in "\"'":
-            quote = char
+        elif char in "\"'" and text[start:index].rstrip()[-1:] in ("", "[", "{", ",", ":"):
+            quote = char  # as in YAML, only where a scalar starts: `it's` holds no quote
         elif char in "[{":
             depth += 1
         elif char in "]}":
