@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from stoker.errors import StokerError
@@ -77,13 +78,11 @@ def requeue(job_id: str, *, hold: bool = False, ledger: Ledger | None = None) ->
     try:
         run_slurm(["scontrol", "requeuehold" if hold else "requeue", job_id])
     except SlurmError as exc:
-        root = RunDir(Path(record.run_dir)).checkpoint_root()
         raise StokerError(
             f"SLURM did not requeue job {job_id}: {exc.stderr or exc}",
             fix="a job can be requeued while it runs or after it ended, if the cluster "
             "allows requeue (`stoker doctor`) and SLURM still knows the job (MinJobAge); "
-            f"else submit it again with checkpoint.root={root} to continue from its "
-            "checkpoints",
+            f"else {_resubmit_fix(job_id, record)}",
         ) from exc
     ledger.reopen(record.job_id)
     problems = _reopen_runs(job_id, ledger)
@@ -94,6 +93,22 @@ def requeue(job_id: str, *, hold: bool = False, ledger: Ledger | None = None) ->
     if _release_hold(job_id):
         return f"requeued job {job_id}{problems}"
     return f"requeued job {job_id} (SLURM holds it for its credential lifetime, ~2 min){problems}"
+
+
+def _resubmit_fix(job_id: str, record: JobRecord) -> str:
+    """How a new submission continues from the checkpoints of `job_id` (a task of an
+    array keeps its own, in its task folder)."""
+    run = RunDir(Path(record.run_dir))
+    task = job_id.partition("_")[2]
+    if task.isdigit():
+        run = run.task(int(task))
+    elif record.array_size:
+        return (
+            f"submit each task again with its checkpoint.root (`stoker why {job_id}_<i>` "
+            "names it) to continue from its checkpoints"
+        )
+    setting = shlex.quote(f"checkpoint.root={run.checkpoint_root()}")
+    return f"submit it again with {setting} to continue from its checkpoints"
 
 
 def _requeue_local(job_id: str, record: JobRecord, *, hold: bool, ledger: Ledger) -> str:

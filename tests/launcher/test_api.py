@@ -88,6 +88,9 @@ def test_bad_arguments_are_stoker_errors(tmp_path: Path) -> None:
         stoker.submit(command=["python", "train.py"], cwd=tmp_path)
     with pytest.raises(StokerError, match=r"data\.url '/no/such/set' \(override .*does not exist"):
         stoker.submit(overrides=["data.url=/no/such/set"], command=["true"], cwd=tmp_path)
+    with pytest.raises(StokerError) as spaced:  # its fix's commands paste as they are
+        stoker.submit(overrides=["data.url=/no/such set"], command=["true"], cwd=tmp_path)
+    assert "`stoker data synth '/no/such set'`" in str(spaced.value.fix)
 
 
 PRINT_SEED = (

@@ -751,3 +751,28 @@ def _text(path: Path) -> str:
         return path.read_text()
     except OSError:
         return ""
+
+
+@pytest.mark.slurm
+def test_a_requeue_slurm_refuses_names_the_tasks_own_checkpoints(
+    slurm_cluster: ClusterSettings, tmp_path: Path
+) -> None:
+    """`stoker requeue 123_2` of a sweep task SLURM has forgotten: the fix is a new
+    submission from that task's checkpoints (tasks/2/checkpoints), not the sweep folder's,
+    written as it can be pasted (the path has a space); the whole array, task by task."""
+    from stoker.launcher.jobs.ledger import JobRecord
+
+    run_dir = tmp_path / "my sweep"
+    (run_dir / "tasks" / "2").mkdir(parents=True)
+    (run_dir / "tasks" / "2" / "config.yaml").write_text("train:\n  steps: 5\n")
+    job_id = "999971"  # no job of the cluster's
+    Ledger().add(
+        JobRecord(job_id, "slurm", "local", "sweep", str(run_dir), "0", "default", array_size=3)
+    )
+    task = stoker_text("requeue", f"{job_id}_2")
+    assert task.returncode == 2, task.stderr
+    said = " ".join(task.stderr.split())
+    root = run_dir / "tasks" / "2" / "checkpoints"
+    assert f"submit it again with 'checkpoint.root={root}' to continue" in said, said
+    whole = " ".join(stoker_text("requeue", job_id).stderr.split())
+    assert f"submit each task again with its checkpoint.root (`stoker why {job_id}_<i>`" in whole

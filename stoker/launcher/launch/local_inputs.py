@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -47,11 +48,12 @@ def check_local_data(resolved: ResolvedConfig) -> None:
             continue
         problem = _not_a_data_set(Path(url))
         if problem:
+            shown = shlex.quote(url)  # pasted into a shell
             raise StokerError(
                 f"{key} {url!r} ({resolved.source_of(path)}) {problem}: the job would fail "
                 "as it opens it; nothing was submitted",
-                fix=f"write a data set there (`stoker data pack SRC {url}` or `stoker data "
-                f"synth {url}`), or set {key.split(' ')[0]} to one; a relative path is "
+                fix=f"write a data set there (`stoker data pack SRC {shown}` or `stoker data "
+                f"synth {shown}`), or set {key.split(' ')[0]} to one; a relative path is "
                 "relative to the experiment file's folder, or to the current folder in an "
                 "override",
             )

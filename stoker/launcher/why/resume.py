@@ -11,6 +11,8 @@ names the old checkpoints.
 
 from __future__ import annotations
 
+import shlex
+
 from stoker.launcher.why.facts import JobFacts
 
 _AGAIN = "runs it again in its run folder, where it continues from its newest checkpoint"
@@ -33,7 +35,5 @@ def new_run_fix(facts: JobFacts, options: str = "") -> str:
     if facts.checkpoint_root_set:
         return f"submit it again{options}: its checkpoint.root ({root}) holds its checkpoints"
     joined = f"{options} and" if options else " with"
-    return (
-        f"submit it again{joined} checkpoint.root={root} (a new run folder has no "
-        "checkpoints of its own)"
-    )
+    setting = shlex.quote(f"checkpoint.root={root}")  # pasted into a shell
+    return f"submit it again{joined} {setting} (a new run folder has no checkpoints of its own)"
