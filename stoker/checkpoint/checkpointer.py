@@ -414,7 +414,7 @@ class Checkpointer:
             raise StokerError(
                 f"{len(committed)} committed checkpoint(s) under {self.root}, none verifies: "
                 + "; ".join(m.removeprefix("no checkpoint verifies: ") for m in said),
-                fix=f"see `stoker ckpt verify {self.root} --full`; restore the files, delete "
+                fix=f"see `stoker ckpt verify {self.root}`; restore the files, delete "
                 "the broken step folders, or set checkpoint.if_none_verifies=start_fresh to "
                 "train from step 0",
             )
