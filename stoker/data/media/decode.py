@@ -490,13 +490,9 @@ def decode_array(data: bytes, field: str) -> torch.Tensor | dict[str, torch.Tens
     import torch
 
     if field.rsplit(".", 1)[-1] == "safetensors":
-        from safetensors import SafetensorError
-        from safetensors.torch import load
+        from stoker.data.media.safetensors_view import load_view
 
-        try:
-            return load(data)
-        except (SafetensorError, ValueError, RuntimeError) as exc:
-            raise MediaError(f"unreadable .{field} ({type(exc).__name__}: {exc})") from exc
+        return load_view(data, field)
     try:
         array = np.load(io.BytesIO(data), allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:

@@ -35,6 +35,7 @@ from stoker.data.stream.loader_stats import LoaderStats
 from stoker.data.stream.order import SampleOrder
 from stoker.data.stream.prefetch import Prefetcher
 from stoker.data.stream.schedule import BatchSchedule, GlobalBatch, ScheduleState, Slot
+from stoker.data.stream.shared_batch import SharedBatch
 from stoker.errors import StokerError
 from stoker.import_path import import_callable, last_frame
 from stoker.modes import Mixing
@@ -381,36 +382,43 @@ class StreamDataset(IterableDataset[Sample]):
         # shapes stay fixed; `valid` tells the loss which rows are real.
         filled = [s if s is not None else good[i % len(good)] for i, (_, s) in enumerate(pending)]
         valid = torch.tensor([s is not None for _, s in pending])
+        position = torch.tensor([slot.slot for slot, _ in pending], dtype=torch.int64)
+        info = get_worker_info()
+        # In a worker, the batch's tensors go to the main process as one shared buffer.
+        shared = SharedBatch() if info is not None else None
+        stack = shared.stack if shared is not None else torch.stack
         out: Sample = {}
         for name in names:
             if name == "position":
                 continue
-            out[name] = collate([s[name] for s in filled])
-        out["position"] = torch.tensor([slot.slot for slot, _ in pending], dtype=torch.int64)
-        out["valid"] = valid
+            out[name] = collate([s[name] for s in filled], stack)
+        out["position"] = shared.add(position) if shared is not None else position
+        out["valid"] = shared.add(valid) if shared is not None else valid
+        if shared is not None:
+            shared.fill(out)
         # `shard path:key` of each sample skipped in this batch (also logged and counted).
         out["skipped"] = skipped
         if self.names:
             out["source"] = [self.names[slot.source] for slot, _ in pending]
         if self.plan.buckets:
             out["bucket"] = self.plan.buckets[batch.bucket].name
-        info = get_worker_info()
         out[STATS_KEY] = (info.id if info is not None else 0, stats.as_dict())
         out[STATE_KEY] = batch.after.as_dict()
         return out
 
 
-def collate(values: list[Any]) -> Any:
+def collate(values: list[Any], stack: Callable[[list[torch.Tensor]], Any] = torch.stack) -> Any:
     """One key's values across a batch's rows: tensors of one shape and dtype stacked
-    ([B, ...]), other tensors a list; dicts of tensors (a `.safetensors` member) with
-    the same names in every row a dict of these, name by name; anything else a list."""
+    ([B, ...], by `stack`), other tensors a list; dicts of tensors (a `.safetensors`
+    member) with the same names in every row a dict of these, name by name; anything
+    else a list."""
     first = values[0]
     if isinstance(first, torch.Tensor):
         if all(
             isinstance(v, torch.Tensor) and v.shape == first.shape and v.dtype == first.dtype
             for v in values
         ):
-            return torch.stack(values)
+            return stack(values)
         return list(values)
     if (
         isinstance(first, dict)
@@ -418,7 +426,7 @@ def collate(values: list[Any]) -> Any:
         and all(isinstance(t, torch.Tensor) for t in first.values())
         and all(isinstance(v, dict) and v.keys() == first.keys() for v in values)
     ):
-        return {name: collate([v[name] for v in values]) for name in first}
+        return {name: collate([v[name] for v in values], stack) for name in first}
     return list(values)
 
 
