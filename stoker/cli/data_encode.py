@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -315,6 +314,8 @@ def _report_submitted(submitted: Any, as_json: bool) -> None:
     out().print(f"submitted encode job {submitted.job_id}", markup=False)
     note(f"`stoker status {submitted.job_id}` follows it; `stoker logs {submitted.job_id}` its log")
     if as_json:
+        import json
+
         sys.stdout.write(json.dumps(submitted.as_json()) + "\n")
 
 
@@ -322,6 +323,8 @@ def _print_report(summary: dict[str, Any], as_json: bool) -> None:
     from stoker.cli.output import out
 
     if as_json:
+        import json
+
         sys.stdout.write(json.dumps(summary) + "\n")
         return
     out().print(

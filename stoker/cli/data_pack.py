@@ -4,7 +4,6 @@ each task stoker/data/jobs/pack_task.py)."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -167,6 +166,8 @@ def _pack_on_slurm(request: PackRequest, options: ArrayOptions, wait: bool, as_j
     note(f"`stoker status {job}` follows it; `stoker logs {job}_0` shows a task's log")
     if not wait:
         if as_json:
+            import json
+
             sys.stdout.write(json.dumps(submitted.as_json()) + "\n")
         return
     from stoker.cli.array_wait import wait_for_array
@@ -211,6 +212,8 @@ def _report(report: PackReport, as_json: bool) -> None:
         f"({report.bytes_written / 1e6:.1f} MB) in {report.seconds:.1f} s"
     )
     if as_json:
+        import json
+
         # One line, so `tail -n1 | jq` reads it whatever was printed before.
         sys.stdout.write(json.dumps(report.summary()) + "\n")
         return
