@@ -109,6 +109,11 @@ class SampleOrder:
             pos += take
         return out
 
+    def locate_all(self, sample_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`locate` of each of `sample_ids`: their shard numbers and sample numbers."""
+        shards = np.searchsorted(self._shard_starts, sample_ids, side="right") - 1
+        return shards, sample_ids - self._shard_starts[shards]
+
     def locate(self, sample_id: int) -> tuple[int, int]:
         """(shard number, sample number within the shard) of a global sample id."""
         shard = int(np.searchsorted(self._shard_starts, sample_id, side="right")) - 1

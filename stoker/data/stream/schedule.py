@@ -135,23 +135,30 @@ class BatchSchedule:
             self.mixing, self.weights, self.seed, state.slot, count, state.positions
         )
         positions = np.empty(count, dtype=np.int64)
+        shards = np.empty(count, dtype=np.int64)
+        locals_ = np.empty(count, dtype=np.int64)
+        # Whole arrays at a time: every worker walks every batch of the schedule (a
+        # slot at a time, this was 8% of a latent loader's worker).
         for source in np.unique(sources):
             picked = np.flatnonzero(sources == source)
             first = state.positions[source]
             positions[picked] = np.arange(first, first + len(picked))
-        out = []
-        ids_by_source = {
-            int(s): iter(
-                self.orders[s].sample_ids(
-                    int(positions[sources == s][0]), int(positions[sources == s][-1]) + 1
+            order = self.orders[source]
+            shards[picked], locals_[picked] = order.locate_all(
+                order.sample_ids(first, first + len(picked))
+            )
+        out = [
+            Slot(state.slot + j, source, position, shard, local)
+            for j, (source, position, shard, local) in enumerate(
+                zip(
+                    sources.tolist(),
+                    positions.tolist(),
+                    shards.tolist(),
+                    locals_.tolist(),
+                    strict=True,
                 )
             )
-            for s in np.unique(sources)
-        }
-        for j in range(count):
-            source = int(sources[j])
-            shard, local = self.orders[source].locate(int(next(ids_by_source[source])))
-            out.append(Slot(state.slot + j, source, int(positions[j]), shard, local))
+        ]
         # Without buckets the caller takes the whole draw; with them, it advances
         # slot by slot as samples join their buckets, and sets these itself.
         if self.bucket_of is None:
