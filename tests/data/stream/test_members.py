@@ -221,6 +221,26 @@ def test_decode_array_refuses_pickles_and_what_is_not_one_array() -> None:
     assert isinstance(out, torch.Tensor) and out.tolist() == [[0, 1, 2], [3, 4, 5]]
 
 
+def test_safetensors_members_read_as_safetensors_reads_them() -> None:
+    """Read in place (no copy per tensor), with safetensors' own checks: every dtype and
+    shape as saved, and a truncated or padded member refused, naming the member."""
+    tensors = {
+        "video": torch.randn(2, 3, 4).to(torch.float16),
+        "ids": torch.arange(5),
+        "mask": torch.tensor([True, False]),
+        "empty": torch.zeros(0, 3),
+        "scale": torch.tensor(0.5, dtype=torch.bfloat16),
+    }
+    data = save_safetensors(tensors, metadata={"encoder": "tiny"})
+    out = decode_array(data, "latent.safetensors")
+    assert isinstance(out, dict) and out.keys() == tensors.keys()
+    for name, tensor in tensors.items():
+        assert out[name].dtype == tensor.dtype and torch.equal(out[name], tensor), name
+    for broken in (data[:-1], data + b"\0", data[:6]):
+        with pytest.raises(MediaError, match=r"unreadable \.latent\.safetensors"):
+            decode_array(broken, "latent.safetensors")
+
+
 def npy_object() -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, np.array([{"a": 1}], dtype=object), allow_pickle=True)
