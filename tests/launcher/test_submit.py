@@ -281,3 +281,18 @@ def test_a_job_is_named_after_its_experiment_file(tmp_path: Path) -> None:
         "submit", "model.arch=own_model.denoiser:build", "--dry-run", "--no-check", cwd=tmp_path
     )
     assert "#SBATCH --job-name=own_model\n" in own.stdout, own.stderr or own.stdout[:400]
+
+
+def test_a_command_is_named_after_its_script_past_its_options_values() -> None:
+    """`-- python -X dev train.py` is `train` in squeue, not `dev`; so with a launcher's
+    own words and values before the script (`uv run`, `torchrun --rdzv-backend c10d`)."""
+    from stoker.launcher.launch.job_name import name_from_command
+
+    assert name_from_command(["python", "-X", "dev", "train.py"]) == "train"
+    assert name_from_command(["uv", "run", "python", "fit.py"]) == "fit"
+    assert name_from_command(["torchrun", "--rdzv-backend", "c10d", "tools/pre train.py"]) == (
+        "pre-train"
+    )
+    assert name_from_command(["python", "-m", "pkg.fit", "--config", "a.py"]) == "fit"
+    assert name_from_command(["bash", "-c", "python x.py"]) == "bash"
+    assert name_from_command(["sleep", "60"]) == "sleep"

@@ -25,6 +25,13 @@ def name_from_command(argv: Sequence[str]) -> str | None:
     `./run.sh` -> run, `sleep 60` -> sleep, `python -c ...` -> python; None where
     nothing usable is left."""
     words = [str(word) for word in argv]
+    for word in words:
+        if word in ("-m", "-c"):
+            break
+        # The script a command runs names it, past the values of options before it
+        # (`python -X dev train.py`, `uv run python fit.py`, `torchrun --rdzv-backend c10d x.py`).
+        if word.endswith((".py", ".sh")) and not word.startswith("-") and "=" not in word:
+            return _cleaned(PurePosixPath(word).stem)
     name = None
     for index, word in enumerate(words):
         if word == "-m" and index + 1 < len(words):
@@ -41,8 +48,12 @@ def name_from_command(argv: Sequence[str]) -> str | None:
             continue
         name = PurePosixPath(base).stem or base
         break
-    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", name or "").strip("-.")
-    return cleaned[:64] or None
+    return _cleaned(name or "")
+
+
+def _cleaned(name: str) -> str | None:
+    """`name` as a job name: letters, digits, '.', '_', '-'; None when nothing is left."""
+    return re.sub(r"[^A-Za-z0-9._-]", "-", name).strip("-.")[:64] or None
 
 
 def named_after_command(
