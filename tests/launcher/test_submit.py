@@ -296,3 +296,25 @@ def test_a_command_is_named_after_its_script_past_its_options_values() -> None:
     assert name_from_command(["python", "-m", "pkg.fit", "--config", "a.py"]) == "fit"
     assert name_from_command(["bash", "-c", "python x.py"]) == "bash"
     assert name_from_command(["sleep", "60"]) == "sleep"
+
+
+def test_a_container_job_is_checked_through_its_mounts(
+    tmp_path: Path, synthetic_av_set: Callable[..., Path]
+) -> None:
+    """A job in a container reads `data.url: /data/av` through `job.mounts: [HOST:/data]`:
+    submit checks the host's side of the mount, and leaves a path of the image's own (no
+    mount holds it) to the job, which alone can see it."""
+    from stoker.config import resolve_config
+    from stoker.errors import StokerError
+    from stoker.launcher.launch.local_inputs import check_local_inputs
+
+    data = synthetic_av_set(clips=8, size=(32, 32), sample_rate=8000)
+    container = ["job.container=docker://pytorch", f"job.mounts=['{data.parent}:/data']"]
+    mounted = [*container, f"data.url=/data/{data.name}", "checkpoint.root=/ckpt/run1"]
+    check_local_inputs(resolve_config(None, mounted, use_profile=False), ["true"], tmp_path)
+    missing = resolve_config(None, [*container, "data.url=/data/nope"], use_profile=False)
+    with pytest.raises(StokerError) as refused:
+        check_local_inputs(missing, ["true"], tmp_path)
+    said, host = str(refused.value), data.parent / "nope"
+    assert f"data.url '/data/nope' (override data.url=/data/nope) (at {host} on" in said
+    assert "does not exist" in said and f"`stoker data synth {host}`" in str(refused.value.fix)

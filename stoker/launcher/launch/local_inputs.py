@@ -13,7 +13,7 @@ import os
 import re
 import shlex
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from stoker.config import ResolvedConfig
 from stoker.errors import StokerError
@@ -46,9 +46,14 @@ def check_local_data(resolved: ResolvedConfig) -> None:
     for url, key, path in named:
         if url is None or "://" in url or ("{" in url and "}" in url):
             continue
-        problem = _not_a_data_set(Path(url))
+        local = host_path(url, resolved)
+        if local is None:
+            continue
+        problem = _not_a_data_set(local)
         if problem:
-            shown = shlex.quote(url)  # pasted into a shell
+            if str(local) != url:
+                problem = f"(at {local} on this machine, through job.mounts) {problem}"
+            shown = shlex.quote(str(local))  # pasted into a shell, here
             raise StokerError(
                 f"{key} {url!r} ({resolved.source_of(path)}) {problem}: the job would fail "
                 "as it opens it; nothing was submitted",
@@ -57,6 +62,22 @@ def check_local_data(resolved: ResolvedConfig) -> None:
                 "relative to the experiment file's folder, or to the current folder in an "
                 "override",
             )
+
+
+def host_path(path: str, resolved: ResolvedConfig) -> Path | None:
+    """Where the job's `path` is on this machine: the path itself, or in a container job
+    the host side of the job.mounts entry (`host:container[:ro]`) that holds it. None for
+    a container path no mount holds: the image's own, or one its runtime binds, which only
+    the job sees."""
+    if resolved.config.job.container is None:
+        return Path(path)
+    inside = PurePosixPath(path)
+    held = []
+    for mount in resolved.config.job.mounts:
+        host, target = mount.split(":")[:2]
+        if inside.is_relative_to(target):
+            held.append((len(PurePosixPath(target).parts), Path(host) / inside.relative_to(target)))
+    return max(held, key=lambda found: found[0])[1] if held else None
 
 
 def _not_a_data_set(path: Path) -> str | None:
@@ -80,7 +101,9 @@ def check_checkpoint_folder(resolved: ResolvedConfig) -> None:
     root = resolved.config.checkpoint.root
     if root is None or "://" in root:
         return
-    path = Path(root)
+    path = host_path(root, resolved)
+    if path is None:
+        return
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
     if existing is None:  # pragma: no cover - "/" exists
         return
