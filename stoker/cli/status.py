@@ -199,13 +199,27 @@ def _print_plain(rows: list[JobStatus]) -> None:
         sys.stdout.write(text.rstrip() + "\n")
 
 
+_ALWAYS_SHOWN = frozenset({"JOB", "NAME", "STATE", "REASON"})
+_STATE, _REASON = COLUMNS.index("STATE"), COLUMNS.index("REASON")
+_STRAGGLER = COLUMNS.index("STRAGGLER")
+
+
 def _rich_table(rows: list[JobStatus]) -> Table:
     from rich.table import Table
     from rich.text import Text
 
     table = Table(show_edge=False, pad_edge=False, header_style="bold")
     states = max((len(row.state) for row in rows), default=0)
-    for name in COLUMNS:
+    all_cells = [_cells(row) for row in rows]
+    # A terminal's width goes to what some job has: a column that is "-" in every row
+    # (no job trains yet: STEP, LOSS, ETA...) is left out; --plain and --json keep all.
+    shown = [
+        i
+        for i, name in enumerate(COLUMNS)
+        if name in _ALWAYS_SHOWN or any(cells[i] != "-" for cells in all_cells)
+    ]
+    for i in shown:
+        name = COLUMNS[i]
         numeric = name in {"ELAPSED", "RESTARTS", "STEP", "LOSS", "THROUGHPUT", "ETA"}
         # A row is one line: a long REASON is cut (`stoker why` and --json have it whole),
         # and the state is never cut (`COMPLE…` could be COMPLETED or COMPLETING).
@@ -215,13 +229,12 @@ def _rich_table(rows: list[JobStatus]) -> Table:
             no_wrap=name in {"JOB", "STATE"},
             min_width=max(states, len(name)) if name == "STATE" else None,
         )
-    reason = COLUMNS.index("REASON")
-    for row in rows:
-        cells: list[Text] = [Text(cell) for cell in _cells(row)]
-        cells[reason].no_wrap, cells[reason].overflow = True, "ellipsis"
+    for row, texts in zip(rows, all_cells, strict=True):
+        cells = {i: Text(texts[i]) for i in shown}
+        cells[_REASON].no_wrap, cells[_REASON].overflow = True, "ellipsis"
         style = "red" if row.state in _BAD_STATES else _STATE_STYLE.get(row.state, "")
-        cells[2].stylize(style)
-        if row.straggler:
-            cells[COLUMNS.index("STRAGGLER")].stylize("bold red")
-        table.add_row(*cells)
+        cells[_STATE].stylize(style)
+        if row.straggler and _STRAGGLER in cells:
+            cells[_STRAGGLER].stylize("bold red")
+        table.add_row(*(cells[i] for i in shown))
     return table
