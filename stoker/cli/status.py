@@ -212,7 +212,7 @@ def _rich_table(rows: list[JobStatus]) -> Table:
     states = max((len(row.state) for row in rows), default=0)
     all_cells = [_cells(row) for row in rows]
     # A terminal's width goes to what some job has: a column that is "-" in every row
-    # (no job trains yet: STEP, LOSS, ETA...) is left out; --plain and --json keep all.
+    # (no job trains yet: STEP, LOSS, ETA...) is left out; a pipe and --json keep all.
     shown = [
         i
         for i, name in enumerate(COLUMNS)
