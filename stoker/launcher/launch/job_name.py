@@ -64,6 +64,13 @@ def named_after_command(
     name = name_from_command(command)
     if name is None or configs[0].source_of(("job", "name")) is not DEFAULT:
         return tuple(configs)
+    return _renamed(configs, name, COMMAND_SOURCE)
+
+
+def _renamed(
+    configs: Sequence[ResolvedConfig], name: str, source: Source
+) -> tuple[ResolvedConfig, ...]:
+    """`configs` with job.name `name`, said to come from `source`."""
     renamed = []
     for resolved in configs:
         job = resolved.config.job.model_copy(update={"name": name})
@@ -71,7 +78,7 @@ def named_after_command(
             dataclasses.replace(
                 resolved,
                 config=resolved.config.model_copy(update={"job": job}),
-                sources={**resolved.sources, ("job", "name"): COMMAND_SOURCE},
+                sources={**resolved.sources, ("job", "name"): source},
             )
         )
     return tuple(renamed)
@@ -96,17 +103,5 @@ def named_after_experiment(configs: Sequence[ResolvedConfig]) -> tuple[ResolvedC
         name, source = model_package(first.config.model.arch) or "", MODEL_SOURCE
     else:
         return tuple(configs)
-    name = re.sub(r"[^A-Za-z0-9._-]", "-", name).strip("-.")[:64]
-    if not name:
-        return tuple(configs)
-    renamed = []
-    for resolved in configs:
-        job = resolved.config.job.model_copy(update={"name": name})
-        renamed.append(
-            dataclasses.replace(
-                resolved,
-                config=resolved.config.model_copy(update={"job": job}),
-                sources={**resolved.sources, ("job", "name"): source},
-            )
-        )
-    return tuple(renamed)
+    cleaned = _cleaned(name)
+    return _renamed(configs, cleaned, source) if cleaned else tuple(configs)
