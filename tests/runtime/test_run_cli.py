@@ -87,31 +87,40 @@ def test_stoker_run_trains_the_builtin_experiment(isolated_home: Path) -> None:
 def test_a_failed_stoker_run_says_the_failing_ranks_error_and_fix(
     isolated_home: Path, tmp_path: Path
 ) -> None:
-    """Both ranks find no data set; whichever failed first, the other was stopped (and
-    may be rank 0, whose log is followed): the end of the output names the error and
-    its fix, the exit status is not 0, and the MLflow run and `status` say FAILED."""
+    """A data set that is not there is refused before any rank starts. One the ranks
+    cannot read (written by a newer stoker): whichever rank failed first, the other was
+    stopped (and may be rank 0, whose log is followed); the end of the output names the
+    error and its fix, the exit status is not 0, and the MLflow run and `status` say
+    FAILED."""
     missing = tmp_path / "does-not-exist"
-    result = stoker("run", f"data.url={missing}", "train.steps=10", "--json", timeout=600)
+    refused = stoker_text("run", f"data.url={missing}", "train.steps=10", "--json")
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert f"data.url '{missing}'" in refused.stderr and "nothing was submitted" in refused.stderr
+    assert not (isolated_home / ".stoker" / "runs").exists()
+
+    newer = tmp_path / "from-a-newer-stoker"
+    (newer / "shards").mkdir(parents=True)
+    (newer / "manifest.json").write_text('{"format": "stoker-shards", "version": 999}')
+    result = stoker("run", f"data.url={newer}", "train.steps=10", "--json", timeout=600)
     assert result.returncode != 0
-    error = f"no data set at '{missing}': manifest.json is missing there"
+    error = "manifest format version 999 is newer than this stoker reads"
     tail = result.stderr.strip().splitlines()
     headlines = [line for line in tail if line.startswith("job local-") and "FAILED" in line]
     assert headlines, result.stderr[-3000:]
     headline = headlines[0]
-    assert headline.endswith(error) and " FAILED: rank " in headline
-    assert tail[-1].startswith("fix: write one with `stoker data pack SRC DST`")
+    assert error in headline and " FAILED: rank " in headline
+    assert tail[-1] == "fix: upgrade stoker on this machine"
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["state"] == "FAILED"
     assert summary["diagnosis"]["cause"] == "error"
-    assert summary["diagnosis"]["summary"].endswith(error)
+    assert error in summary["diagnosis"]["summary"]
 
     from tests.launcher_jobs import mlflow_status
 
     assert mlflow_status(summary["run_id"]) == "FAILED"
     status = stoker_text("status", summary["job_id"], "--json")
     (row,) = json.loads(status.stdout)
-    assert row["state"] == "FAILED" and row["reason"].startswith("rank ")
-    assert "no data set at" in row["reason"]
+    assert row["state"] == "FAILED" and row["reason"].startswith("rank ")  # why's, shortened
 
 
 def test_stoker_ui_serves_the_embedded_store(isolated_home: Path) -> None:
