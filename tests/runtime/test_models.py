@@ -186,9 +186,9 @@ def test_av_dit_predicting_data_shifts_its_time_in_training_and_sampling() -> No
     """model.args.prediction=data: the network's output is the clean estimate x^ and
     velocity() gives v = (x_t - x^) / t, t held at MIN_DATA_T or more (x^ = 0 at init, so
     v = x_t / t); model.args.time_shift=3 shifts training's t (SD3) and the sampler's
-    grid alike; model.args.video_patch replaces the preset's patch; model.args.loss=data
+    grid alike; model.args.pixel_patch replaces the preset's patch; model.args.loss=data
     takes the squared error of x: v's times t^2."""
-    args = {"prediction": "data", "time_shift": 3.0, "video_patch": [2, 16, 16], "loss": "data"}
+    args = {"prediction": "data", "time_shift": 3.0, "pixel_patch": [2, 16, 16], "loss": "data"}
     model = build_model(ModelConfig(arch="av_dit", args=args), AV)  # type: ignore[arg-type]
     assert isinstance(model, AVDiT)
     assert model.video_grid == (2, 2, 2) and model.size.video_patch == (2, 16, 16)
@@ -218,17 +218,30 @@ def test_av_dit_predicting_data_shifts_its_time_in_training_and_sampling() -> No
     assert asked == pytest.approx([1.0, 0.9, 0.75, 0.5])  # s t / (1 + (s - 1) t), t = 1 - i/4
 
 
+def test_pixel_patch_leaves_latents_their_own_patch() -> None:
+    """model.args.pixel_patch is pixel video's: on latents (an experiment switched to
+    data.modalities [latent]) the av_dit keeps its latent patch (frames, 2, 2)."""
+    from stoker.model import DataShapes, LatentShape
+    from stoker.runtime.models.build import av_dit as av_dit_factory
+
+    latent = LatentShape(None, 1.0, {"video": (4, 8, 8, 8)}, {"video": "float32"})
+    shapes = DataShapes(("latent",), 1.0, 8, 8, (64, 64), 16000, 1, 16000, latents=(latent,))
+    model = av_dit_factory(shapes, "tiny", pixel_patch=[2, 16, 16], prediction="data")
+    assert model.latent and model.size.video_patch == (2, 2, 2) and model.video_grid == (2, 4, 4)
+    assert model.prediction == "data"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         ({"prediction": "x"}, "model.args.prediction 'x' is not one of velocity, data"),
         ({"time_shift": 0}, "model.args.time_shift 0 is not a number above 0"),
         ({"loss": "x"}, "model.args.loss 'x' is not one of velocity, data"),
-        ({"video_patch": [2, 16]}, "model.args.video_patch [2, 16] is not [frames, height, width]"),
+        ({"pixel_patch": [2, 16]}, "model.args.pixel_patch [2, 16] is not [frames, height, width]"),
         (
-            {"video_patch": [2, 12, 12]},
-            "data.resolution [32, 32] is not a multiple of the tiny av_dit with "
-            "model.args.video_patch [2, 12, 12]'s patch 12x12",
+            {"pixel_patch": [2, 12, 12]},
+            "data.resolution [32, 32] is not a multiple of the tiny av_dit's patch 12x12 "
+            "(model.args.pixel_patch)\n  fix: use data.resolution=[36, 36]",
         ),
     ],
 )

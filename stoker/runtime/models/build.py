@@ -155,19 +155,19 @@ def av_dit(
     text_encoder: str | None = None,
     prediction: str = "velocity",
     time_shift: float = 1.0,
-    video_patch: Sequence[int] | None = None,
+    pixel_patch: Sequence[int] | None = None,
     loss: str = "velocity",
 ) -> AVDiT:
     """The built-in `model.arch: av_dit` (the factory contract of stoker/model.py);
     `model.args` conditions it on captions or class labels (conditioning.ConditionArgs,
     whose checks name the fix), sets what it predicts, its timestep shift and the space
-    its loss is taken in (av_dit.py's docstring), and its video patch (frames, height,
-    width) in place of the preset's. Keywords, not a pydantic args class: the models
+    its loss is taken in (av_dit.py's docstring), and its pixel video patch (frames,
+    height, width) in place of the preset's. Keywords, not a pydantic args class: the models
     build without pydantic (the step benchmark on a bare GPU node)."""
     # The checks of ConditionArgs name a bad value and its fix: the types are theirs.
     args = ConditionArgs(condition, cond_dropout, class_field, tuple(classes), text_encoder)  # type: ignore[arg-type]
     return build_av_dit(
-        size, data, args, flow=FlowArgs(prediction, time_shift, loss), video_patch=video_patch
+        size, data, args, flow=FlowArgs(prediction, time_shift, loss), pixel_patch=pixel_patch
     )
 
 
@@ -220,13 +220,13 @@ def build_av_dit(
     condition: ConditionArgs = NO_CONDITION,
     *,
     flow: FlowArgs = FlowArgs(),
-    video_patch: Sequence[int] | None = None,
+    pixel_patch: Sequence[int] | None = None,
 ) -> AVDiT:
     """The av_dit preset `size_name` for every clip shape of `data`: refused, naming the
     setting (the bucket) and a value that works, for a shape its patches do not divide,
     or a condition whose sidecar data.modalities leaves out. `flow`: what it predicts
-    and its timestep shift; `video_patch`: (frames, height, width) in place of the
-    preset's, on pixel video."""
+    and its timestep shift; `pixel_patch`: (frames, height, width) of pixel video in
+    place of the preset's (latents keep their own patch)."""
     prediction, time_shift, loss = flow.checked()
     shapes = _shapes_of(data)
     needed = condition.modality
@@ -237,22 +237,22 @@ def build_av_dit(
             f"sidecar, but data.modalities {list(shapes.modalities)} leaves it out",
             fix=f"add '{needed}' to data.modalities",
         )
-    model = _build_av_dit(size_name, shapes, video_patch)
+    model = _build_av_dit(size_name, shapes, pixel_patch)
     model.prediction, model.time_shift, model.loss_space = prediction, time_shift, loss
     model.set_condition(condition)
     return model
 
 
-def _video_patch(size_name: str, patch: object) -> tuple[int, int, int]:
-    """model.args.video_patch checked: three whole numbers, 1 or more."""
+def _pixel_patch(size_name: str, patch: object) -> tuple[int, int, int]:
+    """model.args.pixel_patch checked: three whole numbers, 1 or more."""
     values = list(patch) if isinstance(patch, list | tuple) else []
     if len(values) != 3 or not all(
         isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in values
     ):
         preset = list(av_dit_size(size_name).video_patch)
         raise ModelSetupError(
-            "model.args.video_patch",
-            f"model.args.video_patch {patch!r} is not [frames, height, width] of whole "
+            "model.args.pixel_patch",
+            f"model.args.pixel_patch {patch!r} is not [frames, height, width] of whole "
             "numbers, 1 or more",
             fix=f"e.g. [2, 16, 16]; leave it out for the {size_name} preset's {preset}",
         )
@@ -260,22 +260,18 @@ def _video_patch(size_name: str, patch: object) -> tuple[int, int, int]:
 
 
 def _build_av_dit(
-    size_name: str, shapes: DataShapes, video_patch: Sequence[int] | None = None
+    size_name: str, shapes: DataShapes, pixel_patch: Sequence[int] | None = None
 ) -> AVDiT:
     size = av_dit_size(size_name)
     what = f"the {size_name} av_dit"
+    given = ""  # where the patch came from, when not the preset
+    if pixel_patch is not None:
+        checked = _pixel_patch(size_name, pixel_patch)
+        if shapes.latents:  # a pixel patch: latents keep theirs (_latent_av_dit)
+            return _latent_av_dit(size_name, shapes)
+        size, given = replace(size, video_patch=checked), " (model.args.pixel_patch)"
     if shapes.latents:
-        if video_patch is not None:
-            raise ModelSetupError(
-                "model.args.video_patch",
-                "model.args.video_patch sets pixel patches; on latents the av_dit takes "
-                f"patches of (its frames, {LATENT_SPATIAL_PATCH}, {LATENT_SPATIAL_PATCH})",
-                fix="leave out model.args.video_patch",
-            )
         return _latent_av_dit(size_name, shapes)
-    if video_patch is not None:
-        size = replace(size, video_patch=_video_patch(size_name, video_patch))
-        what = f"the {size_name} av_dit with model.args.video_patch {list(size.video_patch)}"
     has_video, has_audio = "video" in shapes.modalities, "audio" in shapes.modalities
     if not (has_video or has_audio):
         raise DataDoesNotFitModel(
@@ -297,7 +293,7 @@ def _build_av_dit(
                 raise DataDoesNotFitModel(
                     setting.key("resolution"),
                     f"{setting.subject('resolution', [height, width])} is not a multiple of "
-                    f"{what}'s patch {ph}x{pw}",
+                    f"{what}'s patch {ph}x{pw}{given}",
                     fix=setting.use("resolution", fixed),
                 )
             if shape.frames < pt or shape.frames % pt:
@@ -306,7 +302,7 @@ def _build_av_dit(
                     setting.key("clip_seconds"),
                     f"{setting.subject('clip_seconds', shape.clip_seconds)} x data.fps "
                     f"{shapes.fps} gives {shape.frames} frames, not a positive multiple of "
-                    f"{what}'s temporal patch {pt}",
+                    f"{what}'s temporal patch {pt}{given}",
                     fix=setting.use("clip_seconds", fitting),
                 )
         if has_audio and (shape.samples < size.audio_patch or shape.samples % size.audio_patch):
