@@ -123,6 +123,10 @@ def test_more_nodes_than_the_partition_has_is_refused_naming_its_size(
     assert said in result.stderr
     assert "fix: --nodes 3 or fewer" in result.stderr and "sinfo -s" in result.stderr
     assert Ledger().list() == []
+    # Said before the model check (up to a minute), which would refuse this model too.
+    both = stoker_text("submit", str(TINY), "model.arch=no_such_pkg.models:build",
+                       "--nodes", "5", cwd=tmp_path)  # fmt: skip
+    assert both.returncode == 2 and said in both.stderr and "no_such_pkg" not in both.stderr
 
 
 # The task reads its experiment's data set as the training runtime's loader opens it.

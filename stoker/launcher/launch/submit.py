@@ -247,12 +247,13 @@ def submit(
     and `job_id` is empty.
     """
     request = _request(resolved, options, sweep_params)
+    # The cheap checks first (stat calls, one sinfo), then the model's (up to a minute).
     if not options.dry_run:
         check_inputs(request)
-    if options.check and not options.dry_run:
-        check_models(request)
     if not options.dry_run and not options.local:
         check_partition_size(request.base)
+    if options.check and not options.dry_run:
+        check_models(request)
     # Rendered before anything is created, for a dry run and as the last check of a
     # real one: a template or setup line that fails here leaves no run folder or MLflow run.
     name = request.base.config.job.name
