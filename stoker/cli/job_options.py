@@ -38,7 +38,9 @@ NO_SNAPSHOT: Any = typer.Option(
 NO_CHECK: Any = typer.Option(
     False,
     "--no-check",
-    help="Skip the model check (built on the meta device, forward on a meta batch).",
+    help="Skip the checks made from here: the model's (built on the meta device, forward "
+    "on a meta batch) and what the job reads (data sets, checkpoint root, script), for "
+    "paths only the compute nodes see.",
 )
 PROFILE: Any = typer.Option(None, "--profile", help="Site profile to use.")
 NO_PROFILE: Any = typer.Option(False, "--no-profile", help="Ignore the site profile.")

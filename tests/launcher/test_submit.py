@@ -177,6 +177,13 @@ def test_a_missing_data_set_is_refused_before_it_is_queued(
     assert Ledger().list() == []
     runs = Path(os.environ["STOKER_HOME"]) / "runs"
     assert not runs.exists() or not list(runs.iterdir())
+    # A path only the compute nodes see (a node-local /scratch): --no-check lets it through.
+    assert "a path only the compute nodes see: --no-check" in result.stderr
+    trusted = stoker_text("submit", str(TINY), "data.url=../d/packed", "--no-check", "--json",
+                          cwd=tmp_path)  # fmt: skip
+    assert trusted.returncode == 0, trusted.stderr
+    job_id = json.loads(trusted.stdout.strip().splitlines()[-1])["job_id"]
+    assert stoker_text("cancel", job_id).returncode == 0  # it would fail: no data there
 
 
 def test_a_plain_command_whose_script_is_missing_is_refused(

@@ -60,7 +60,7 @@ def check_local_data(resolved: ResolvedConfig) -> None:
                 fix=f"write a data set there (`stoker data pack SRC {shown}` or `stoker data "
                 f"synth {shown}`), or set {key.split(' ')[0]} to one; a relative path is "
                 "relative to the experiment file's folder, or to the current folder in an "
-                "override",
+                "override; a path only the compute nodes see: --no-check",
             )
 
 

@@ -248,7 +248,8 @@ def submit(
     """
     request = _request(resolved, options, sweep_params)
     # The cheap checks first (stat calls, one sinfo), then the model's (up to a minute).
-    if not options.dry_run:
+    # --no-check skips what is checked from here (a /scratch only the nodes see).
+    if options.check and not options.dry_run:
         check_inputs(request)
     if not options.dry_run and not options.local:
         check_partition_size(request.base)
