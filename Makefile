@@ -43,7 +43,7 @@ test:
 	[ "$$(cat $(COST_DIR)/lint.status)" = 0 ] || status=$$((status ? status : 1)); \
 	$(CLUSTER) stop || true; \
 	head -1 /proc/stat >$(COST_DIR)/proc-stat.end; \
-	$(PY) tests/cost_report.py $(COST_DIR) || true; \
+	$(PY) -m tests.cost_report $(COST_DIR) || true; \
 	exit $$status
 
 lint:

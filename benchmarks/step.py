@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import sys
 
-from stoker.cli.main import app
+from stoker.cli.app import app
 
 if __name__ == "__main__":
     app(args=["bench", "step", *sys.argv[1:]], prog_name="benchmarks/step.py")

@@ -2,7 +2,7 @@
 cluster start, each pytest process, lint) and the tests that cost most CPU, read from
 what scripts/test-suite and tests/cpu_cost.py left in STOKER_TEST_COST_DIR.
 
-    python tests/cost_report.py DIR
+    python -m tests.cost_report DIR      (from the repository root)
 
 `DIR/parts.tsv` has one `label<TAB>seconds[<TAB>side]` line per part (the Makefile and
 scripts/test-suite time them; "side": a process that ran beside another, shown but not
@@ -20,7 +20,8 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+
+from tests.cpu_cost import cost
 
 BUDGET_S = 20 * 60
 SHOWN = 20
@@ -39,10 +40,6 @@ YARDSTICK = (
 )
 YARDSTICK_MORNING_CPU_S = 72.3
 """Their CPU seconds in the run of d1feb88 (2026-11-28, 30 min 5 s)."""
-
-
-def cost(row: dict[str, Any]) -> float:
-    return float(row["cpu_s"]) + float(row.get("slurm_cpu_s", 0))
 
 
 def machine_cpu_s(where: Path) -> float | None:
@@ -80,6 +77,7 @@ def report(where: Path) -> str:
             f"pytest {doc['label']:<21} {doc['wall_s']:8.0f} s wall, {doc['cpu_s']:.0f} CPU-s "
             f"({doc['tests']} tests, {doc['tests_cpu_s']:.0f} CPU-s in tests"
             + (f", {doc['slurm_cpu_s']:.0f} in its SLURM jobs" if doc.get("slurm_cpu_s") else "")
+            + (f", {doc['local_cpu_s']:.0f} in its local jobs" if doc.get("local_cpu_s") else "")
             + ")"
         )
         rows += doc["rows"]
@@ -92,12 +90,14 @@ def report(where: Path) -> str:
         )
     if rows:
         lines.append(
-            "costliest tests (CPU-s of the pytest process, its children and its SLURM jobs; "
-            "of them SLURM; wall s):"
+            "costliest tests (CPU-s of the pytest process, its children, its SLURM and local "
+            "jobs; of them SLURM, local; wall s):"
         )
         for row in sorted(rows, key=lambda r: -cost(r))[:SHOWN]:
-            slurm = row.get("slurm_cpu_s", 0)
-            lines.append(f"{cost(row):8.1f} {slurm:6.0f} {row['wall_s']:8.1f}  {row['test']}")
+            slurm, local = row.get("slurm_cpu_s", 0), row.get("local_cpu_s", 0)
+            lines.append(
+                f"{cost(row):8.1f} {slurm:6.1f} {local:6.1f} {row['wall_s']:8.1f}  {row['test']}"
+            )
     return "\n".join(lines)
 
 

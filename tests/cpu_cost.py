@@ -7,7 +7,11 @@ At the end pytest prints the total and the costliest tests, and, with
 STOKER_TEST_COST_DIR set (scripts/test-suite sets it), writes `<label>.json` there:
 every test's wall and CPU seconds. A job's ranks on the SLURM cluster run under slurmd,
 not under pytest: at the end, each SLURM job submitted while a test ran (its setup
-included) adds `sacct`'s TotalCPU of all its steps to that test's `slurm_cpu_s`.
+included) adds `sacct`'s TotalCPU of all its steps to that test's `slurm_cpu_s`. A local
+job's ranks (`stoker run`, `submit --local`) run under its supervisor, which outlives the
+command that started it: each local job under pytest's temporary folder that started
+while a test ran adds the `cpu_s` its supervisor recorded (local-state.json) to that
+test's `local_cpu_s`.
 
 Loaded from tests/conftest.py."""
 
@@ -58,8 +62,10 @@ class CpuCost:
                 "wall_s": round(time.monotonic() - wall, 3),
                 "cpu_s": round(own_after - own + children_after - children, 3),
                 "children_cpu_s": round(children_after - children, 3),
-                "began_at": round(began_at, 3),
-                "ended_at": round(time.time(), 3),
+                # Unrounded: a job that starts less than a millisecond before a short
+                # test ends must fall inside its window (a local job's start, here).
+                "began_at": began_at,
+                "ended_at": time.time(),
             }
         )
 
@@ -82,6 +88,15 @@ class CpuCost:
                 row["slurm_cpu_s"] = round(sum(mine), 1)
                 row["slurm_jobs"] = len(mine)
 
+    def add_local_cpu(self, under: Path) -> None:
+        """Each local job's CPU seconds to the test it started in."""
+        jobs = local_jobs_cpu(under)
+        for row in self.rows:
+            mine = [cpu for at, cpu in jobs if row["began_at"] <= at <= row["ended_at"]]
+            if mine:
+                row["local_cpu_s"] = round(sum(mine), 1)
+                row["local_jobs"] = len(mine)
+
     def summary(self) -> dict[str, Any]:
         own, children = _cpu()
         return {
@@ -90,24 +105,45 @@ class CpuCost:
             "cpu_s": round(own + children - sum(self.cpu_began), 1),
             "tests_cpu_s": round(sum(r["cpu_s"] for r in self.rows), 1),
             "slurm_cpu_s": round(sum(r.get("slurm_cpu_s", 0) for r in self.rows), 1),
+            "local_cpu_s": round(sum(r.get("local_cpu_s", 0) for r in self.rows), 1),
             "tests": len(self.rows),
         }
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.rows:
             return
-        self.add_slurm_cpu()
+        # The account never fails a suite: what it cannot read is said, not raised (a
+        # raise here ends pytest with a traceback after its summary, exit 1).
+        not_counted = []
+        try:
+            self.add_slurm_cpu()
+        except Exception as error:  # sacct timed out, or its output changed
+            not_counted.append(f"SLURM jobs' CPU not counted: {error!r}")
+        factory = getattr(terminalreporter.config, "_tmp_path_factory", None)
+        try:
+            if factory is not None:
+                self.add_local_cpu(factory.getbasetemp())
+        except Exception as error:
+            not_counted.append(f"local jobs' CPU not counted: {error!r}")
         total = self.summary()
         terminalreporter.section("CPU cost (this process and the children it waited for)")
+        for line in not_counted:
+            terminalreporter.write_line(line)
         terminalreporter.write_line(
             f"{total['tests']} tests: {total['tests_cpu_s']:.0f} CPU-s in tests, "
             f"{total['cpu_s']:.0f} CPU-s in all, {total['wall_s']:.0f} s wall"
             + (f"; SLURM jobs {total['slurm_cpu_s']:.0f} CPU-s" if total["slurm_cpu_s"] else "")
+            + (f"; local jobs {total['local_cpu_s']:.0f} CPU-s" if total["local_cpu_s"] else "")
         )
         for row in sorted(self.rows, key=lambda r: -cost(r))[:SHOWN]:
-            slurm = f" (SLURM {row['slurm_cpu_s']:.1f})" if row.get("slurm_cpu_s") else ""
+            jobs = [
+                f"{kind} {row[key]:.1f}"
+                for kind, key in (("SLURM", "slurm_cpu_s"), ("local", "local_cpu_s"))
+                if row.get(key)
+            ]
             terminalreporter.write_line(
-                f"{cost(row):8.1f} CPU-s {row['wall_s']:8.1f} s  {row['test']}{slurm}"
+                f"{cost(row):8.1f} CPU-s {row['wall_s']:8.1f} s  {row['test']}"
+                + (f" ({', '.join(jobs)})" if jobs else "")
             )
         if self.where:
             path = Path(self.where) / f"{total['label']}.json"
@@ -116,8 +152,27 @@ class CpuCost:
 
 
 def cost(row: dict[str, Any]) -> float:
-    """A test's CPU seconds: its process and children, and its SLURM jobs' ranks."""
-    return float(row["cpu_s"]) + float(row.get("slurm_cpu_s", 0))
+    """A test's CPU seconds: its process and children, its SLURM and local jobs' ranks."""
+    return float(row["cpu_s"]) + float(row.get("slurm_cpu_s", 0)) + float(row.get("local_cpu_s", 0))
+
+
+def local_jobs_cpu(under: Path) -> list[tuple[float, float]]:
+    """(start time, CPU seconds) of every ended local job whose run folder is under
+    `under` (its local-state.json, stoker/launcher/local/state.py)."""
+    from stoker.launcher.jobs.rundir import RunDir
+    from stoker.launcher.local.state import read_local_state
+
+    jobs = []
+    # os.walk, not Path.rglob: a job or test process still running at the session's end
+    # may remove a folder while it is walked (a checkpoint's staging folder renamed), and
+    # rglob raises FileNotFoundError for it (CI, 2026-12-02); walk skips it. A job still
+    # running has no cpu_s yet anyway.
+    for folder, _, files in os.walk(under):
+        if "local-state.json" in files:
+            state = read_local_state(RunDir(Path(folder)))
+            if state is not None and state.started is not None and state.cpu_s is not None:
+                jobs.append((state.started, state.cpu_s))
+    return jobs
 
 
 def slurm_jobs_cpu(slurm_conf: str, since: float) -> list[tuple[float, float]]:

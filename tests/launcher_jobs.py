@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ def submit_json(
     them already. Not for `--local`: its supervisor would be this process's child."""
     if in_process:
         assert "--local" not in args, "a --local submit runs as a process of its own"
+        # It redirects this process's stdout and enters `cwd`: other threads would see both.
+        assert threading.current_thread() is threading.main_thread(), "in_process: main thread"
         result = stoker_text("submit", "--json", *args, cwd=cwd, env=env)
         assert result.returncode == 0, f"submit failed:\n{result.stderr}\n{result.stdout}"
         return json.loads(result.stdout.strip().splitlines()[-1])

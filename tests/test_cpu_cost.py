@@ -9,6 +9,9 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -29,6 +32,12 @@ def test_a_tests_cpu_counts_the_children_it_waited_for_and_the_report_ranks_it(
             import os
             # A pytest this test started must not write over the figures.
             assert "STOKER_TEST_COST_DIR" not in os.environ
+
+        def test_local_job(tmp_path):
+            # What a local job's supervisor records at its end (its ranks' CPU included).
+            import json, time
+            state = {"state": "COMPLETED", "started": time.time(), "cpu_s": 0.3}
+            (tmp_path / "local-state.json").write_text(json.dumps(state))
     """)
     )
     costs = tmp_path / "costs"
@@ -45,6 +54,8 @@ def test_a_tests_cpu_counts_the_children_it_waited_for_and_the_report_ranks_it(
     rows = {r["test"].rsplit("::", 1)[1]: r for r in doc["rows"]}
     assert rows["test_busy_child"]["children_cpu_s"] >= 0.5
     assert rows["test_idle"]["cpu_s"] < 0.3
+    assert rows["test_local_job"]["local_cpu_s"] == 0.3 and "local_cpu_s" not in rows["test_idle"]
+    assert doc["local_cpu_s"] == 0.3
 
     (costs / "parts.tsv").write_text(
         "install\t100\npytest: cluster modules\t650\tside\npytest: the other modules\t690\tside\n"
@@ -55,7 +66,7 @@ def test_a_tests_cpu_counts_the_children_it_waited_for_and_the_report_ranks_it(
     (costs / "proc-stat.start").write_text("cpu  1000 0 0 5000 300 0 0 0 0 0\n")
     (costs / "proc-stat.end").write_text("cpu  11000 5000 3000 99000 900 0 2000 0 0 0\n")
     table = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "cost_report.py"), str(costs)],
+        [sys.executable, "-m", "tests.cost_report", str(costs)], cwd=REPO,
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
     assert "make test" in table and "800 s of 1200 s" in table
@@ -63,6 +74,8 @@ def test_a_tests_cpu_counts_the_children_it_waited_for_and_the_report_ranks_it(
     assert f"{20000 / ticks:8.0f} CPU-s (/proc/stat)" in table
     ranked = table[table.index("costliest") :].splitlines()[1:]
     assert "test_busy_child" in ranked[0]
+    local_row = next(line for line in ranked if "test_local_job" in line)
+    assert local_row.split()[1:3] == ["0.0", "0.3"], local_row  # of its CPU-s: SLURM, local
     # The speed yardstick sums only the in-process unit tests' modules.
     from tests.cost_report import YARDSTICK, YARDSTICK_MORNING_CPU_S
 
@@ -72,7 +85,7 @@ def test_a_tests_cpu_counts_the_children_it_waited_for_and_the_report_ranks_it(
     ]
     (costs / "sample.json").write_text(json.dumps(doc))
     table = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "cost_report.py"), str(costs)],
+        [sys.executable, "-m", "tests.cost_report", str(costs)], cwd=REPO,
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
     ratio = 38.75 / YARDSTICK_MORNING_CPU_S
@@ -96,3 +109,29 @@ def test_sacct_total_cpu_is_summed_over_a_jobs_steps() -> None:
     submit = datetime.fromisoformat("2026-11-28T12:37:26").timestamp()
     assert jobs[submit] == 7.745  # the steps', not the allocation line counted again
     assert jobs[datetime.fromisoformat("2026-11-28T12:39:36").timestamp()] == 0
+
+
+def test_local_jobs_are_read_while_folders_vanish_under_the_walk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process still running at the session's end removes a folder while the account
+    walks pytest's temporary folder: the walk goes on (CI failed with FileNotFoundError
+    after every test had passed)."""
+    import shutil
+
+    from tests.cpu_cost import local_jobs_cpu
+
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "local-state.json").write_text(
+        json.dumps({"state": "COMPLETED", "started": 100.0, "cpu_s": 2.5})
+    )
+    (tmp_path / "staging" / "deep").mkdir(parents=True)
+    scandir = os.scandir
+
+    def scandir_after_removal(path: str | os.PathLike[str] = ".") -> Any:
+        if str(path).endswith("staging"):
+            shutil.rmtree(path)  # renamed away by the process that wrote it
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir_after_removal)
+    assert local_jobs_cpu(tmp_path) == [(100.0, 2.5)]

@@ -9,15 +9,11 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 from stoker.config.render import render_config_reference
 from tests.clirun import STOKER, stoker, stoker_text
-
-if TYPE_CHECKING:
-    from tests.cluster.localslurm import ClusterSettings
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
@@ -94,21 +90,6 @@ def test_tour_is_not_empty() -> None:
     assert len(TOUR) >= 4
 
 
-def test_tour_runs_in_order(tmp_path: Path) -> None:
-    """The tour as a reader types it: one folder, one command after another."""
-    (tmp_path / "examples").symlink_to(REPO / "examples")
-    for command in TOUR:
-        args = shlex.split(command)
-        assert args[0] == "stoker"
-        result = stoker_text(*args[1:], cwd=tmp_path)
-        # The README says the typo example exits 2 with a hint; every other command succeeds.
-        if "stepz" in command:
-            assert result.returncode == 2, command
-            assert "(did you mean train.steps?)" in result.stderr  # as the README quotes it
-        else:
-            assert result.returncode == 0, f"{command}: {result.stderr}"
-
-
 OWN_CODE_TOUR = [
     line[2:]
     for block in code_blocks(README, "Your own model or loop")
@@ -141,24 +122,6 @@ JOBS_TOUR = [
     for line in block.splitlines()
     if line.startswith("$ ")
 ]
-
-
-@pytest.mark.slurm
-def test_jobs_tour_runs_on_the_cluster(slurm_cluster: ClusterSettings, tmp_path: Path) -> None:
-    assert len(JOBS_TOUR) >= 4
-    (tmp_path / "examples").symlink_to(REPO / "examples")
-    for command in JOBS_TOUR:
-        args = shlex.split(command)
-        assert args[0] == "stoker"
-        # `python` in the README is whatever python the user has; here, this venv's.
-        args = [sys.executable if a == "python" else a for a in args]
-        # In this process, but for a --local submit: its supervisor is the submitting
-        # process's child, and outlives it.
-        run = stoker if "--local" in args else stoker_text
-        result = run(*args[1:], cwd=tmp_path)
-        assert result.returncode == 0, f"{command}: {result.stderr}"
-        if args[1] == "status":  # the job is named after its command
-            assert re.search(r"^\d+ +python ", result.stdout, re.M), result.stdout
 
 
 def test_the_scripts_the_tours_run_are_files_of_the_clone() -> None:
@@ -218,6 +181,9 @@ def python_snippets() -> list[tuple[str, str]]:
 
 
 SNIPPETS = python_snippets()
+# A function submitted as a SLURM job: run on the local cluster by tests/test_docs_cluster.py,
+# in the cluster tests' process (this module's tests run beside them, off the cluster).
+ON_THE_CLUSTER = "stoker.submit(train,"
 
 # Snippets that cannot run here, known by a line of theirs, and what runs them instead.
 NEEDS_A_CLUSTER = {
@@ -227,14 +193,6 @@ NEEDS_A_CLUSTER = {
     'stoker.submit("exp.yaml"': "trains 2000 steps on 2 x 8 GPUs and a 4-task sweep; "
     "tests/launcher/test_api.py makes these calls on the local cluster",
 }
-
-
-def _a_function_job_on_the_cluster(
-    code: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> tuple[str, list[str], dict[str, str]]:
-    """The local SLURM cluster (1 node, its fake GPUs): the snippet as written."""
-    request.getfixturevalue("slurm_cluster")  # SLURM_CONF in this process's environment
-    return code, [sys.executable, "snippet.py"], {}
 
 
 def _loader_on_a_small_set(
@@ -310,7 +268,6 @@ PREPARED = {
     "job.init()": _own_loop_under_stoker_run,
     "safetensors.torch.load_file": _an_exported_model,
     "RunLogger(": _a_jobs_mlflow_run,
-    "stoker.submit(train,": _a_function_job_on_the_cluster,
 }
 
 
@@ -319,13 +276,23 @@ def test_the_docs_have_python_snippets() -> None:
     assert any("from stoker import kernels" in code for _, code in SNIPPETS)  # README's
 
 
-@pytest.mark.parametrize(("where", "code"), SNIPPETS, ids=[where for where, _ in SNIPPETS])
+OFF_THE_CLUSTER = [(where, code) for where, code in SNIPPETS if ON_THE_CLUSTER not in code]
+
+
+@pytest.mark.parametrize(
+    ("where", "code"), OFF_THE_CLUSTER, ids=[where for where, _ in OFF_THE_CLUSTER]
+)
 def test_each_python_snippet_runs_as_a_script(
     where: str, code: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     """A snippet of the docs saved as a script and run as its page says, in a fresh
     folder: one process each, on the smallest data the suite has. A page's fragment of a
     module (a factory, a `forward`) defines what it shows and runs as such."""
+    run_snippet(where, code, tmp_path, request)
+
+
+def run_snippet(where: str, code: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """`code` saved as snippet.py in `tmp_path` and run as its page says (PREPARED)."""
     for marker, reason in NEEDS_A_CLUSTER.items():
         if marker in code:
             pytest.skip(reason)
@@ -344,5 +311,5 @@ def test_each_python_snippet_runs_as_a_script(
         check=False,
     )
     assert result.returncode == 0, f"{where}:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
-    if "stoker.submit(train," in code:  # the function's value came back from the job
+    if ON_THE_CLUSTER in code:  # the function's value came back from the job
         assert "{'loss': 0.15" in result.stdout, result.stdout

@@ -54,6 +54,7 @@ LEAVES = (
     "stoker.gpus",
     "stoker.mesh_layout",
     "stoker.plural",
+    "stoker.process_environment",
 )
 # Whose module-level imports must stay light (login nodes, `--help`, `import stoker`).
 LOGIN_NODE = (

@@ -1,17 +1,15 @@
-"""`stoker ckpt`: list, verify, export and prune checkpoints. One module per command."""
+"""`stoker ckpt`: list, verify, export and prune checkpoints. One module per command,
+listed in stoker/cli/command_table.py and imported when it runs."""
 
 from __future__ import annotations
 
 import typer
 
-from stoker.cli import ckpt_export, ckpt_ls, ckpt_prune, ckpt_verify
+from stoker.cli.lazy_group import LazyGroup
 
 app = typer.Typer(
+    cls=LazyGroup,
     help="Checkpoints: list, verify against COMMIT.json, export weights, prune old ones.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
-app.command("ls")(ckpt_ls.ls)
-app.command("verify")(ckpt_verify.verify)
-app.command("export")(ckpt_export.export)
-app.command("prune")(ckpt_prune.prune)

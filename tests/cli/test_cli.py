@@ -35,7 +35,7 @@ def test_version() -> None:
 def test_help_lists_the_commands_in_workflow_order() -> None:
     result = stoker_text("--help", check=True)
     commands = re.findall(r"^  (\w+)  ", result.stdout.split("Commands:")[1], re.M)
-    # typer lists commands in registration order, then command groups (config).
+    # stoker/cli/command_table.py's order: the commands, then the groups (config, ...).
     assert commands == [
         "init",
         "run",

@@ -40,3 +40,12 @@ def tag_odd_clips_only(sample: dict[str, Any]) -> dict[str, Any]:
 
 
 NOT_A_FUNCTION = 3
+
+
+MARK = "STOKER_TEST_ENVIRONMENT_MARK"
+
+
+def tag_environment(sample: dict[str, Any]) -> dict[str, Any]:
+    """Adds what the worker's environment says in MARK (empty when it is not set)."""
+    sample["environment_mark"] = os.environ.get(MARK, "")
+    return sample

@@ -122,6 +122,18 @@ def test_latents_are_the_encoders_output_and_the_manifest_names_encoder_and_sour
     assert latents["buckets"]["(one shape)"]["samples"] == 8
 
 
+def test_two_encodes_in_one_process_each_have_their_own_shapes(
+    source: Path, tmp_path: Path
+) -> None:
+    """One encoder, two clip lengths, one process (the Python API, or the suite's):
+    the second encode is not held to the first one's latent shapes."""
+    whole = encode(source, tmp_path / "whole")
+    half = encode(source, tmp_path / "half", "data.clip_seconds=0.5")
+    assert whole["samples"] == half["samples"] == 8
+    shapes = [manifest_of(tmp_path / n).encoding.shapes[""] for n in ("whole", "half")]
+    assert shapes[0]["audio"].shape[-1] == 2 * shapes[1]["audio"].shape[-1]
+
+
 def test_a_rerun_encodes_only_the_missing_shards_into_the_same_bytes(
     source: Path, tmp_path: Path
 ) -> None:

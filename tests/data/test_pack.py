@@ -328,7 +328,7 @@ def test_memory_filesystem_packs_in_process() -> None:
     import fsspec
     from typer.testing import CliRunner
 
-    from stoker.cli.main import app
+    from stoker.cli.app import app
 
     fs = fsspec.filesystem("memory")
     sources = {"clips/x.mp4": mp4(1), "clips/x.flac": flac(1), "bad.wav": b"RIFF\x00\x00"}
@@ -478,7 +478,7 @@ def test_slurm_array_packs_like_local(slurm_cluster: ClusterSettings, tmp_path: 
 def test_slurm_flags_need_slurm_and_memory_needs_this_process(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from stoker.cli.main import app
+    from stoker.cli.app import app
 
     write(tmp_path / "src", {"a.flac": flac(0.2)})
     alone = stoker_text("data", "pack", str(tmp_path / "src"), str(tmp_path / "dst"), "--time", "5")

@@ -115,7 +115,8 @@ def test_a_stalled_rank_fails_the_job_and_why_shows_its_stack(
     exp = synth_experiment(tmp_path, {"name": "hang", "max_restarts": 1, "spare_nodes": 1}, train)
     started = time.monotonic()
     job = submit_json(*TWO_NODES, "--time", "5", str(exp), "--",
-                      sys.executable, str(HANG_RANK), "1", "3", cwd=tmp_path)  # fmt: skip
+                      sys.executable, str(HANG_RANK), "1", "3",
+                      cwd=tmp_path, in_process=True)  # fmt: skip
     run = Path(job["run_dir"])
     # The hang is a failure the job restarts from (job.max_restarts=1), in place on the
     # spare node instead of the stalled rank's; rank 1 stalls there too, and then the job

@@ -1,6 +1,8 @@
 """Load (issue 8, item 6): 50 `stoker submit` and a 100-task `stoker sweep`, all started
 at once on the local cluster from one fresh STOKER_HOME, so that the first of them
-creates the ledger and the MLflow store while the others wait for it.
+creates the ledger and the MLflow store while the others wait for it. Each command is a
+process of its own, forked from one that has imported what they import
+(tests/forked_commands.py).
 
 Every job lands in the ledger and in MLflow with its tags, no command prints "database
 is locked" or a traceback, every job completes, and one `stoker status` refresh over
@@ -17,6 +19,7 @@ import resource
 import sqlite3
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -32,11 +35,13 @@ from stoker.launcher.slurm import cli as slurm_cli
 from stoker.launcher.slurm.query import TERMINAL_STATES
 from stoker.launcher.watch.status import collect_status
 from stoker.sqlite_retry import DatabaseLockedError, is_locked_error, retry_while_locked
-from tests.clirun import STOKER
+from tests.clirun import stoker_text
+from tests.launcher_jobs import scontrol_job
 
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
 
+FORKED_COMMANDS = Path(__file__).parents[1] / "forked_commands.py"
 N_SUBMITS = 50
 SEEDS = ",".join(str(seed) for seed in range(1, 11))
 LRS = ",".join(f"{k}e-4" for k in range(1, 11))  # 10 seeds x 10 learning rates: 100 tasks
@@ -82,23 +87,21 @@ def load(slurm_cluster: ClusterSettings, tmp_path_factory: pytest.TempPathFactor
     }
     env.update(HOME=str(root), STOKER_HOME=str(home))
     job = ["--time", "5", "--json", "--", "true"]  # `true`: the machine has 2 cores
-    commands = [[STOKER, "submit", *job] for _ in range(N_SUBMITS)]
-    commands.append([STOKER, "sweep", f"train.seed={SEEDS}", f"optim.lr={LRS}", *job])
+    commands = [["submit", *job] for _ in range(N_SUBMITS)]
+    commands.append(["sweep", f"train.seed={SEEDS}", f"optim.lr={LRS}", *job])
+    (root / "commands.json").write_text(json.dumps(commands))
     outputs = root / "outputs"
-    outputs.mkdir()
+    # A process per command, all forked at once from one that has imported theirs: the
+    # race for the ledger and the store is theirs, without 51 interpreters' imports.
     started = time.monotonic()
-    procs = []
-    for index, argv in enumerate(commands):
-        with (
-            open(outputs / f"{index}.out", "w") as out,
-            open(outputs / f"{index}.err", "w") as err,
-        ):
-            procs.append(subprocess.Popen(argv, cwd=root, env=env, stdout=out, stderr=err))
+    subprocess.run(
+        [sys.executable, str(FORKED_COMMANDS), str(outputs), str(root / "commands.json")],
+        cwd=root, env=env, timeout=900, check=True,
+    )  # fmt: skip
     finished = []
-    for index, proc in enumerate(procs):
-        code = proc.wait(timeout=600)
-        out, err = ((outputs / f"{index}.{kind}").read_text() for kind in ("out", "err"))
-        finished.append(Finished(code, out, err))
+    for index in range(len(commands)):
+        code, out, err = (outputs / f"{index}.{kind}" for kind in ("code", "out", "err"))
+        finished.append(Finished(int(code.read_text()), out.read_text(), err.read_text()))
     took = time.monotonic() - started
     print(f"\n{N_SUBMITS} submits and a {N_TASKS}-task sweep at once: {took:.1f} s")
     return Load(home, finished[:-1], finished[-1], took)
@@ -224,6 +227,25 @@ def test_every_job_and_task_completes(load: Load) -> None:
     assert len(rows) == N_SUBMITS + N_TASKS
     not_completed = {row.job_id: row.state for row in rows if row.state != "COMPLETED"}
     assert not not_completed, not_completed
+
+
+@pytest.mark.slurm
+def test_a_finished_job_requeued_with_hold_waits_for_its_release(load: Load) -> None:
+    """`stoker requeue JOB --hold` (docs/jobs.md), on one of the jobs that just ended: back
+    in the queue, held as SLURM says, until `scontrol release` (cancelled here instead)."""
+    job_id = load.submits[0].last_json()["job_id"]
+    env = {"HOME": str(load.home.parent), "STOKER_HOME": str(load.home)}
+    result = stoker_text("requeue", job_id, "--hold", env=env)
+    assert result.returncode == 0, result.stderr
+    assert f"held it (`scontrol release {job_id}` starts it)" in result.stdout
+    try:
+        held = scontrol_job(job_id)
+        assert held["JobState"] == "PENDING", held
+        # Held: priority 0 (the scheduler never starts it), "job_requeued_in_held_state".
+        assert held["Priority"] == "0" and "held" in held["Reason"], held
+        assert load.ledger.require(job_id).final_state is None  # open again in the ledger
+    finally:
+        subprocess.run(["scancel", job_id], check=False, timeout=60)
 
 
 # ---------------------------------------------------------------- the retry itself

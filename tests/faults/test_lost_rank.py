@@ -61,7 +61,9 @@ COMMON = [TINY, *FAST, f"train.steps={STEPS}", "train.log_every=5", "checkpoint.
 
 def _submit(factory: pytest.TempPathFactory, tmp_path: Path, *extra: str) -> tuple[dict, Path]:
     link_synthetic_data(factory, *FAST)
-    job = submit_json(*COMMON, "job.max_restarts=1", *TWO_NODES, *extra, cwd=tmp_path)
+    job = submit_json(
+        *COMMON, "job.max_restarts=1", *TWO_NODES, *extra, cwd=tmp_path, in_process=True
+    )
     return job, Path(job["run_dir"])
 
 
@@ -76,7 +78,9 @@ def straight_losses(
         env.setenv("HOME", str(home))
         env.setenv("STOKER_HOME", str(home / ".stoker"))
         link_synthetic_data(tmp_path_factory, *FAST)
-        job = submit_json(*COMMON, "--nodes", "1", "--ntasks-per-node", "2", cwd=home)
+        job = submit_json(
+            *COMMON, "--nodes", "1", "--ntasks-per-node", "2", cwd=home, in_process=True
+        )
         assert wait_final(job["job_id"], 300, Path(job["run_dir"])) == "COMPLETED"
         losses = loss_history(job["run_id"])
     assert [step for step, _ in losses] == list(range(5, STEPS + 1, 5))
@@ -293,11 +297,11 @@ def test_program_errors_and_failures_beyond_max_restarts_are_left_failed(
 ) -> None:
     # The program's own error would only fail again: not restarted, whatever max_restarts.
     error = submit_json("job.max_restarts=5", "--time", "5", "--", "python3", "-c",
-                        "raise SystemExit(3)", cwd=tmp_path)  # fmt: skip
+                        "raise SystemExit(3)", cwd=tmp_path, in_process=True)  # fmt: skip
     state = tmp_path / "steps.txt"
     job = submit_json("job.max_restarts=0", "--time", "5", "--", "bash", "-c",
                       f'echo $$ > {tmp_path}/pid; exec python3 {JOBS / "count_steps.py"} '
-                      f"{state} 300 0.2", cwd=tmp_path)  # fmt: skip
+                      f"{state} 300 0.2", cwd=tmp_path, in_process=True)  # fmt: skip
     wait_for(lambda: state.exists() and len(state.read_text().split()) >= 2, 60, "2 steps")
     run_dir = Path(job["run_dir"])
     node = starts(run_dir)[0][2]
@@ -328,7 +332,8 @@ def test_a_node_is_not_left_out_when_the_job_would_no_longer_fit(
     job = submit_json(
         "job.max_restarts=1", "--nodes", str(len(nodes)), "--ntasks-per-node", "1", "--time", "5",
         "--", "bash", "-c", f'echo "$$ $SLURMD_NODENAME" > {tmp_path}/rank-$RANK; '
-        f"exec python3 {JOBS / 'count_steps.py'} {state} 40 0.2", cwd=tmp_path,
+        f"exec python3 {JOBS / 'count_steps.py'} {state} 40 0.2",
+        cwd=tmp_path, in_process=True,
     )  # fmt: skip
     last = len(nodes) - 1
     wait_for(lambda: state.exists() and len(state.read_text().split()) >= 2, 60, "2 steps")
@@ -365,7 +370,8 @@ def test_without_a_spare_a_killed_tasks_node_is_left_out_by_a_requeue(
     job = submit_json(
         "job.max_restarts=1", "--nodes", "2", "--ntasks-per-node", "1", "--time", "5",
         "--", "bash", "-c", f'echo "$$ $SLURMD_NODENAME" > {tmp_path}/rank-$RANK; '
-        f"exec python3 {JOBS / 'count_steps.py'} {state} 120 0.2", cwd=tmp_path,
+        f"exec python3 {JOBS / 'count_steps.py'} {state} 120 0.2",
+        cwd=tmp_path, in_process=True,
     )  # fmt: skip
     # 2 of 120 steps (0.2 s each, resumed after the requeue): a loaded machine's kill
     # still lands mid-run (40 steps did not, under scripts/cpu-burner).

@@ -178,7 +178,7 @@ def test_a_stop_while_the_runtime_starts_saves_and_requeues(
     after a requeue). They start with it ignored and find the stop file instead."""
     link_synthetic_data(tmp_path_factory, *FAST)
     job = submit_json(TINY, *FAST, "train.steps=400", "--nodes", "1", "--ntasks-per-node", "2",
-                      "--time", "15", cwd=tmp_path)  # fmt: skip
+                      "--time", "15", cwd=tmp_path, in_process=True)  # fmt: skip
     job_id, run_dir = job["job_id"], Path(job["run_dir"])
     # srun creates the task logs as it starts the tasks: Python is still starting.
     wait_for(lambda: (run_dir / "logs/r0/rank-1.log").exists(), 120, "the tasks to start")

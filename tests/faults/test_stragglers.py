@@ -40,7 +40,9 @@ def test_a_slow_rank_is_named_in_mlflow_progress_and_status(
                            {"steps": 3 * WINDOW, "log_every": WINDOW})  # fmt: skip
     started = time.monotonic()
     rank_main = [sys.executable, str(STRAGGLER_RANK), "1", str(SLEEP_S), str(WINDOW)]
-    job = submit_json(*TWO_NODES, "--time", "5", str(exp), "--", *rank_main, cwd=tmp_path)
+    job = submit_json(
+        *TWO_NODES, "--time", "5", str(exp), "--", *rank_main, cwd=tmp_path, in_process=True
+    )
     run = Path(job["run_dir"])
     state = wait_final(job["job_id"], 240)
     took = time.monotonic() - started

@@ -1,7 +1,9 @@
 """A job for launcher tests: every rank joins a gloo process group via the launcher's
-MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE and all-reduces its rank; all must agree."""
+MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE and all-reduces its rank; all must agree. It
+prints its CPU seconds so far (`cpu=`), which its job's CPU account must include."""
 
 import os
+import resource
 import socket
 
 import torch
@@ -17,7 +19,8 @@ print(
     f"rank={rank} local_rank={os.environ['LOCAL_RANK']} world={world} "
     f"host={socket.gethostname()} node={os.environ.get('SLURMD_NODENAME', 'local')} "
     f"master={os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} sum={value.item():g} "
-    f"ok={value.item() == expected}",
+    f"ok={value.item() == expected} "
+    f"cpu={sum(resource.getrusage(resource.RUSAGE_SELF)[:2]):.3f}",
     flush=True,
 )
 dist.destroy_process_group()

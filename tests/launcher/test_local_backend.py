@@ -5,6 +5,7 @@ which the tests read only for their text and exit status, run in the test proces
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -30,10 +31,13 @@ def test_local_ranks_all_reduce_with_slurm_layout(tmp_path: Path) -> None:
     run_dir = Path(job["run_dir"])
     state = wait_local(run_dir)
     assert state.state == "COMPLETED" and state.ranks == {r: 0 for r in range(4)}
-    for rank in range(4):
-        text = (run_dir / "logs" / "r0" / f"rank-{rank}.log").read_text()
+    logs = [(run_dir / "logs" / "r0" / f"rank-{rank}.log").read_text() for rank in range(4)]
+    for rank, text in enumerate(logs):
         assert f"rank={rank} " in text and "world=4" in text and "ok=True" in text
     assert "local_rank=1" in (run_dir / "logs" / "r0" / "rank-3.log").read_text()
+    # The job's CPU account (as sacct's TotalCPU): every rank's CPU is in it.
+    ranks_cpu = sum(float(cpu) for log in logs for cpu in re.findall(r"cpu=([\d.]+)", log))
+    assert state.cpu_s is not None and state.cpu_s >= ranks_cpu > 0, (state.cpu_s, ranks_cpu)
     record = Ledger().require(job["job_id"])
     assert record.backend == "local" and record.run_dir == str(run_dir)
     status = json.loads(stoker_text("status", job["job_id"], "--json", check=True).stdout)

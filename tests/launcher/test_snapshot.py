@@ -368,3 +368,43 @@ def test_existing_code_folder_is_refused(tmp_path: Path) -> None:
     (tmp_path / "run" / "code").mkdir(parents=True)
     with pytest.raises(StokerError, match="already exists"):
         snap(tmp_path, repo)
+
+
+def test_the_submitters_bytecode_travels_with_the_code_where_it_matches(tmp_path: Path) -> None:
+    """A job's ranks import its modules from the snapshot: Python takes the bytecode
+    carried there instead of compiling each module in every rank; an edited module's stale
+    bytecode stays behind, and the snapshot's id and tar hold the sources only."""
+    import py_compile
+    import sys
+    from importlib.util import cache_from_source
+
+    sources = {"pkg/__init__.py": "", "pkg/fresh.py": "X = 1\n", "pkg/edited.py": "Y = 1\n"}
+    repo = make_repo(tmp_path / "repo", {".gitignore": "__pycache__/\n", **sources})
+    bare = snap(tmp_path, repo, name="before-compiling")
+    for name in ("__init__", "fresh", "edited"):
+        py_compile.compile(str(repo / "pkg" / f"{name}.py"), doraise=True)
+    write(repo, {"pkg/edited.py": "Y = 2  # edited after it was compiled\n"})
+    git(repo, "commit", "-qam", "edit")
+
+    s = snap(tmp_path, repo, name="run")
+
+    carried = {p.relative_to(s.code_dir).as_posix() for p in s.code_dir.rglob("*.pyc")}
+    tag = Path(cache_from_source("m.py")).name.removeprefix("m.")
+    assert carried == {f"pkg/__pycache__/__init__.{tag}", f"pkg/__pycache__/fresh.{tag}"}
+    # Python's importer accepts the carried bytecode (it checks the copy's time stamp and size).
+    imported = subprocess.run(
+        [sys.executable, "-S", "-v", "-c", "import pkg.fresh, pkg.edited; print(pkg.edited.Y)"],
+        cwd=s.code_dir, capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )  # fmt: skip
+    assert imported.stdout == "2\n"
+    assert f"code object from '{s.code_dir / 'pkg' / '__pycache__' / f'fresh.{tag}'}'" in (
+        imported.stderr
+    ), imported.stderr[-2000:]
+    assert "matches" not in imported.stderr.split("pkg/edited.py")[-1].split("\n")[0]
+    # The sources alone make the snapshot's identity and its tar.
+    assert not any(name.endswith(".pyc") for name in tar_tree(s.tar_path))
+    assert s.files == 4
+    write(repo, {"pkg/edited.py": "Y = 1\n"})
+    git(repo, "commit", "-qam", "back")
+    assert snap(tmp_path, repo, name="again").sha256 == bare.sha256

@@ -16,7 +16,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from stoker.cli.main import app
+from stoker.cli.app import app
 from stoker.errors import StokerError
 from stoker.runtime import bench_step
 

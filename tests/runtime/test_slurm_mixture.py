@@ -53,13 +53,13 @@ def test_a_bucketed_mixture_resumes_with_the_same_samples_after_a_requeue(
         f"train.steps={STEPS}", "train.log_every=1", "checkpoint.every=4",
         "checkpoint.keep_last=100", "--nodes", "2", "--ntasks-per-node", "1", "--time", "10",
     ]  # fmt: skip
-    job = submit_json(*common, cwd=tmp_path)
+    job = submit_json(*common, cwd=tmp_path, in_process=True)
     run_dir = Path(job["run_dir"])
     wait_for(lambda: max(committed_steps(run_dir), default=0) >= 4, 600, "step-4 committed")
     subprocess.run(["scontrol", "requeue", job["job_id"]], check=True, timeout=60)
     # The uninterrupted run, while the requeue holds the job (cred_expire): the two fit side
     # by side (a CPU of two nodes each, of three nodes of two CPUs).
-    whole = submit_json(*common, cwd=tmp_path)
+    whole = submit_json(*common, cwd=tmp_path, in_process=True)
     assert wait_final(job["job_id"], 900, run_dir) == "COMPLETED", run_logs(run_dir)
     assert wait_final(whole["job_id"], 600) == "COMPLETED", run_logs(Path(whole["run_dir"]))
 

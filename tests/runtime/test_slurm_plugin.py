@@ -57,8 +57,8 @@ def test_the_plugin_model_resumes_bit_exact_after_a_requeue_under_hsdp(
     )  # fmt: skip
     # Each job takes both CPUs of two of the three nodes: one runs at a time. The requeued
     # one first: the uninterrupted one runs while the requeue holds it (cred_expire).
-    job = submit_json(*common, cwd=OWN_MODEL)
-    whole = submit_json(*common, f"job.env.PYTHONPATH={installed}", cwd=elsewhere)
+    job = submit_json(*common, cwd=OWN_MODEL, in_process=True)
+    whole = submit_json(*common, f"job.env.PYTHONPATH={installed}", cwd=elsewhere, in_process=True)
     run_dir = Path(job["run_dir"])
     # The plugin comes with the job's code (the repository, snapshot at submit; the tasks
     # run in its examples/own_model, where `own_model` imports by name).

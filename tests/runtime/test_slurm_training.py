@@ -33,7 +33,7 @@ def test_four_ranks_on_two_nodes_train_like_one(
     slurm_cluster: ClusterSettings, tmp_path: Path
 ) -> None:
     job = submit_json(TINY, *SHORT, "--nodes", "2", "--ntasks-per-node", "2", "--time", "10",
-                      cwd=tmp_path)  # fmt: skip
+                      cwd=tmp_path, in_process=True)  # fmt: skip
     run_dir = Path(job["run_dir"])
     # The 1-rank reference, here, while the job waits on SLURM and starts. The synthetic
     # data set both use is written once: the first to take its lock writes it, the other

@@ -156,7 +156,7 @@ def encode_shard(task: EncodeTask, stop: Callable[[], bool] = lambda: False) -> 
     dst_fs, dst_root, _ = open_location(task.dst_url)
     index = source.read_index(task.number)
     blob = source.fs.cat_file(source.shard_path(task.number))
-    tracker = _TRACKERS.setdefault(task.identity_digest, _Tracker())
+    tracker = _TRACKERS.setdefault((task.dst_url, task.identity_digest, task.decode), _Tracker())
 
     skipped: list[dict[str, str]] = []
     shard_name = source.manifest.shards[task.number].path
@@ -233,7 +233,10 @@ def _gpu_utilisation(device: str) -> float | None:
         return None
 
 
-_TRACKERS: dict[str, _Tracker] = {}
+# One tracker per encode this process takes part in: its destination, encoder and decode
+# settings. Another encode in the same process (the Python API, a test's, one run again
+# with --restart and other data.* settings) starts its own shapes.
+_TRACKERS: dict[tuple[str, str, DecodeSpec], _Tracker] = {}
 
 
 def _member(blob: bytes, entry: SampleEntry, ext: str) -> bytes:

@@ -9,6 +9,7 @@ whole-shard reader would move every byte R x W times.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -89,6 +90,7 @@ class SampleFetcher:
         self._failed: set[int] = set()
         self._lock = threading.Lock()
         self._shard_locks: dict[int, threading.Lock] = {}
+        self._read = _read_local if _is_local(source.fs) else source.fs.cat_file
 
     def _with_retries(self, what: str, shard: int, call: Callable[[], T]) -> T:
         delay = self.retry.backoff_s
@@ -179,7 +181,7 @@ class SampleFetcher:
         data = self._with_retries(
             f"bytes {start}-{end} of {path}",
             shard,
-            lambda: self.source.fs.cat_file(path, start=start, end=end),
+            lambda: self._read(path, start=start, end=end),
         )
         if len(data) != end - start:
             exc = ValueError(f"short read: {len(data)} of {end - start} bytes")
@@ -194,3 +196,21 @@ class SampleFetcher:
             for n in names
         }
         return FetchedSample(sample_id, shard, entry, members)
+
+
+def _is_local(fs: object) -> bool:
+    from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped, unused-ignore]
+
+    return isinstance(fs, LocalFileSystem)
+
+
+def _read_local(path: str, *, start: int, end: int) -> bytes:
+    """Bytes [start, end) of a local file, as LocalFileSystem.cat_file reads them (fewer
+    at its end), in one pread: cat_file makes a file object a call (its path checked
+    and normalized, a buffered reader), 86 us of CPU for a 268 KB latent sample here
+    against 45."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, end - start, start)
+    finally:
+        os.close(fd)

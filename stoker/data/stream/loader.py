@@ -19,7 +19,9 @@ import multiprocessing
 import signal
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Literal
 
 from stoker.data.format.latent_format import LATENT_MEMBER
@@ -28,10 +30,10 @@ from stoker.data.media.decode import array_fields
 from stoker.data.sets.buckets import Bucket, bucket_counts, encoded_buckets, resolve_buckets
 from stoker.data.sets.dataset import open_dataset
 from stoker.data.sets.source import DataSource
-from stoker.data.stream import loader_state
+from stoker.data.stream import loader_state, shared_batch
 from stoker.data.stream.fetch import RetryPolicy
 from stoker.data.stream.loader_stats import LoaderStats
-from stoker.data.stream.parent_death import die_with_parent
+from stoker.data.stream.parent_death import STOP_SIGNALS, die_with_parent
 from stoker.data.stream.schedule import ScheduleState
 from stoker.data.stream.worker import (
     STATE_KEY,
@@ -45,6 +47,7 @@ from stoker.data.stream.worker import (
 )
 from stoker.errors import StokerError
 from stoker.modes import Mixing
+from stoker.process_environment import adopt_environment, environment_now
 
 START_METHODS = ("forkserver", "spawn")
 
@@ -282,6 +285,10 @@ class StreamingLoader:
         from torch.utils.data import DataLoader
 
         self._fold_stats()
+        workers = self.num_workers
+        # Batch buffers go round between the workers and this process (shared_batch.py),
+        # but not to the DataLoader's pinning thread, which would copy their places.
+        leases = shared_batch.leases(workers) if workers and not self.pin_memory else None
         dataset = StreamDataset(
             sources=self.sources,
             plan=StreamPlan(
@@ -303,8 +310,9 @@ class StreamingLoader:
             fetch_threads=self.fetch_threads,
             retry=self.retry,
             names=self.names if self.mixture else (),
+            leases=leases,
         )
-        workers = self.num_workers
+        lent = shared_batch.LentBuffers(leases) if leases is not None else None
         loader = DataLoader(
             dataset,
             batch_size=None,  # the dataset yields whole per-rank batches
@@ -313,11 +321,17 @@ class StreamingLoader:
             prefetch_factor=2 if workers else None,
             persistent_workers=False,
             pin_memory=self.pin_memory,
-            worker_init_fn=_init_worker if workers else None,
+            worker_init_fn=partial(_init_worker, environment=environment_now())
+            if workers
+            else None,
         )
-        it = iter(loader)
+        with _stop_signals_held(self.start_method if workers else None):
+            it = iter(loader)  # starts the workers
         try:
             for batch in it:
+                if lent is not None:
+                    lent.hand_back()  # what the loop let go of since the last batch
+                    lent.resolve(batch)
                 worker, counts = batch.pop(STATS_KEY)
                 self._stats_live[int(worker)] = LoaderStats.from_dict(counts)
                 self._state = ScheduleState.from_dict(batch.pop(STATE_KEY))
@@ -377,16 +391,40 @@ class StreamingLoader:
 # come from, whose death ends them) killed by one would fail the rank's next batch
 # ("DataLoader worker exited unexpectedly") before the rank, which handles them, could
 # save. So they ignore both: the rank ends its workers, and KillWait's SIGKILL all.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+# (STOP_SIGNALS, in parent_death.py: the fork server's guard blocks them too.)
 
 
-def _init_worker(worker_id: int) -> None:
-    """worker_init_fn: the stop signals ignored (for workers that did not inherit the
-    fork server's SIG_IGN), and the worker ends with its parent even when that is
-    SIGKILLed (stoker/data/stream/parent_death.py)."""
+@contextmanager
+def _stop_signals_held(method: str | None) -> Iterator[None]:
+    """While the loader starts spawned workers: the stop signals blocked in this thread,
+    whose mask a worker keeps through fork and exec, so that one sent to a worker before
+    its worker_init_fn waits there (as the fork server's guard does for its workers).
+    One sent to the rank meanwhile goes to another of its threads, or to this one when
+    they are let through again."""
+    if method != "spawn":
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _init_worker(worker_id: int, environment: dict[str, str]) -> None:
+    """worker_init_fn: the stop signals ignored, then let through. torch sets its own
+    SIGTERM handler in a worker before this runs, which dies of a SIGTERM its parent did
+    not send; a worker starts with the stop signals blocked (from the fork server:
+    fork_server_guard.py; spawned: `_stop_signals_held`), so one that came meanwhile
+    waits, and is discarded here.
+    Then: the worker ends with its parent even when that is SIGKILLed
+    (stoker/data/stream/parent_death.py), and has the environment the loader was
+    started in, not the one the fork server began with (stoker/process_environment.py)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     die_with_parent()
+    adopt_environment(environment)
 
 
 def _start_fork_server_deaf() -> None:

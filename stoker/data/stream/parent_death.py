@@ -18,6 +18,10 @@ import signal
 import sys
 
 _PR_SET_PDEATHSIG = 1
+# What SLURM sends every process of a step to stop it: SIGTERM (scancel, requeue,
+# preemption) and SIGUSR2 (before the time limit). The rank handles them; the processes
+# its loader starts ignore them (stoker/data/stream/loader.py).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> bool:

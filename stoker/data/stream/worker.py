@@ -35,7 +35,7 @@ from stoker.data.stream.loader_stats import LoaderStats
 from stoker.data.stream.order import SampleOrder
 from stoker.data.stream.prefetch import Prefetcher
 from stoker.data.stream.schedule import BatchSchedule, GlobalBatch, ScheduleState, Slot
-from stoker.data.stream.shared_batch import SharedBatch
+from stoker.data.stream.shared_batch import BufferPool, SharedBatch
 from stoker.errors import StokerError
 from stoker.import_path import import_callable, last_frame
 from stoker.modes import Mixing
@@ -126,10 +126,18 @@ class StreamDataset(IterableDataset[Sample]):
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     names: tuple[str, ...] = ()
     """The sources' names (data.sources), for batches and messages; () for one source."""
+    leases: torch.Tensor | None = None
+    """The main process's hand-back bytes for the workers' pooled batch buffers
+    (stoker/data/stream/shared_batch.py); None: a new buffer every batch."""
 
     def __iter__(self) -> Iterator[Sample]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        pool = (
+            BufferPool(worker, self.leases)
+            if info is not None and self.leases is not None
+            else None
+        )
         transform = self._transform()
         stats = LoaderStats()
         fetchers = [
@@ -172,7 +180,7 @@ class StreamDataset(IterableDataset[Sample]):
         reason = ""  # why the latest skipped sample was skipped
         for (_, batch, slot), fetched, error, waited in prefetcher:
             if current is not None and batch is not current:
-                yield self._collate(pending, skipped, current, stats, reason)
+                yield self._collate(pending, skipped, current, stats, reason, pool)
                 pending, skipped = [], []
             current = batch
             stats.fetch_s += waited
@@ -201,7 +209,7 @@ class StreamDataset(IterableDataset[Sample]):
                 skipped.append(f"{source.manifest.shards[slot.shard].path}:{key}")
             pending.append((slot, sample))
         if current is not None:
-            yield self._collate(pending, skipped, current, stats, reason)
+            yield self._collate(pending, skipped, current, stats, reason, pool)
 
     def _order(self, source: DataSource) -> SampleOrder:
         return SampleOrder(
@@ -359,6 +367,7 @@ class StreamDataset(IterableDataset[Sample]):
         batch: GlobalBatch,
         stats: LoaderStats,
         reason: str,
+        pool: BufferPool | None = None,
     ) -> Sample:
         good = [s for _, s in pending if s is not None]
         if not good:
@@ -395,7 +404,7 @@ class StreamDataset(IterableDataset[Sample]):
         out["position"] = shared.add(position) if shared is not None else position
         out["valid"] = shared.add(valid) if shared is not None else valid
         if shared is not None:
-            shared.fill(out)
+            shared.fill(out, pool)
         # `shard path:key` of each sample skipped in this batch (also logged and counted).
         out["skipped"] = skipped
         if self.names:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from stoker.plural import plural
+from stoker.process_environment import adopt_environment, environment_now
 
 R = TypeVar("R")
 
@@ -66,7 +67,12 @@ def run_shard_writers(
 
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-    with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context) as pool:
+    with ProcessPoolExecutor(
+        min(workers, len(tasks)),
+        mp_context=context,
+        initializer=adopt_environment,  # this call's environment, not the fork server's
+        initargs=(environment_now(),),
+    ) as pool:
         futures = {pool.submit(write, task): task.number for task in tasks}
         for future in as_completed(futures):
             number = futures[future]

@@ -6,6 +6,9 @@ submitted. `snapshot_code` copies the code into the run folder twice, from one r
     <run>/code/                  the files; the job's tasks run from here
     <run>/code-<sha12>.tar       the same files as a deterministic tar (for MLflow, for diffing)
 
+The code folder also carries the submitter's compiled bytecode of the Python files, where it
+matches them (snapshot_bytecode.py), so the ranks do not each compile the code.
+
 The id (`Snapshot.sha256`) hashes a canonical listing (sorted paths, git-style mode, content
 hash), so the same files give the same id whatever their mtimes, owners or listing order.
 """
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stoker.errors import StokerError
+from stoker.launcher.launch.snapshot_bytecode import carry_bytecode
 
 DEFAULT_MAX_BYTES = 200 * 2**20
 # Skipped in a `--code DIR` snapshot even when no .gitignore says so.
@@ -364,6 +368,7 @@ def _copy_files(
     """
     digests: list[tuple[str, int]] = []
     total = 0  # bytes actually read, which a file still being written can push past its size
+    sources: list[tuple[Path, Path, int]] = []  # the Python files copied: (src, dst, bytes)
     for entry in entries:
         src, dst = base / entry.rel, staging / entry.rel
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -378,10 +383,15 @@ def _copy_files(
         digest, size = _copy_file(src, dst)
         os.chmod(dst, entry.mode & 0o777)
         digests.append((digest, size))
+        if entry.rel.endswith(".py"):
+            sources.append((src, dst, size))
         total += size
         if total > max_bytes:  # files grew after the size check: report what was read
             read = [_Entry(e.rel, e.mode, d[1]) for e, d in zip(entries, digests, strict=False)]
             _check_size(read, max_bytes, base)
+    # After every listed file: a repository that tracks a .pyc has it copied as a file.
+    for src, dst, size in sources:
+        carry_bytecode(src, dst, size)
     return digests
 
 

@@ -4,7 +4,9 @@ one ends; read by `stoker status`, `logs`, `why` and `cancel`.
 
     {"state": "RUNNING" | "COMPLETED" | "FAILED" | "CANCELLED",
      "exit_code": int | null, "supervisor_pid": int, "started": epoch,
-     "ended": epoch | null, "ranks": {"0": exit_code | null, ...}}
+     "ended": epoch | null, "ranks": {"0": exit_code | null, ...},
+     "cpu_s": float}   (at the end: the CPU seconds of the supervisor and its ranks, as
+                        sacct's TotalCPU of a SLURM job)
 
 A RUNNING state whose supervisor process is gone means the supervisor died (what
 NODE_FAIL is on a cluster).
@@ -34,6 +36,7 @@ class LocalState:
     started: float | None
     ended: float | None
     ranks: dict[int, int | None]
+    cpu_s: float | None = None  # at the end
 
 
 def write_local_state(run: RunDir, state: Mapping[str, Any]) -> None:
@@ -62,6 +65,7 @@ def read_local_state(run: RunDir) -> LocalState | None:
         started=number_field(data, "started"),
         ended=number_field(data, "ended"),
         ranks=ranks,
+        cpu_s=number_field(data, "cpu_s"),
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -117,8 +118,17 @@ def supervise(run_dir: Path) -> int:
     state["ended"] = time.time()
     # Before the state file says "ended": who waits for it finds the run ended too.
     _end_run(plan, state["state"], run_dir)
+    state["cpu_s"] = round(_cpu_seconds(), 2)
     write_local_state(RunDir(run_dir), state)
     return exit_code
+
+
+def _cpu_seconds() -> float:
+    """The job's CPU seconds as sacct's TotalCPU counts a SLURM job's: this supervisor's
+    and its ranks' (all reaped by now), with what each rank waited for."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    ranks = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + ranks.ru_utime + ranks.ru_stime
 
 
 def first_failures(failed: dict[int, int]) -> list[int]:

@@ -417,6 +417,46 @@ def test_stop_signals_to_the_whole_step_leave_the_loader_running(dataset: str) -
     assert got.strip() == str(sorted([int(signal.SIGUSR2), int(signal.SIGTERM)]))
 
 
+def worker_hit_before_its_init(report: Any) -> None:
+    """A loader worker's first steps, with a SIGTERM of the step's arriving between
+    torch's signal handlers and the loader's worker_init_fn (the race under load)."""
+    torch._C._set_worker_signal_handlers()  # what torch's worker loop does first
+    os.kill(os.getpid(), signal.SIGTERM)  # not from the parent: torch's handler dies of it
+    from stoker.data.stream.loader import _init_worker
+
+    _init_worker(0, dict(os.environ))
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    report.put((signal.getsignal(signal.SIGTERM) == signal.SIG_IGN, signal.SIGTERM in blocked))
+
+
+WORKER_HIT_BEFORE_ITS_INIT = """
+import sys
+from stoker.data.stream.loader import _context, _stop_signals_held
+from tests.data.stream.test_loader import worker_hit_before_its_init
+method = sys.argv[1]
+ctx = _context(method)
+report = ctx.Queue()
+worker = ctx.Process(target=worker_hit_before_its_init, args=(report,))
+with _stop_signals_held(method):  # as the loader starts its workers
+    worker.start()
+worker.join(60)
+print(worker.exitcode, report.get(timeout=10) if worker.exitcode == 0 else "")
+"""
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_stop_signal_before_a_workers_init_waits_and_is_dropped(method: str) -> None:
+    """A worker, from the fork server or spawned as the loader starts it, starts with the
+    stop signals blocked, so one sent while torch's own SIGTERM handler is in place
+    cannot kill it; after its init it ignores them, unblocked."""
+    result = subprocess.run(
+        [sys.executable, "-c", WORKER_HIT_BEFORE_ITS_INIT, method],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[3],
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().split(maxsplit=1) == ["0", "(True, False)"], result.stderr[-3000:]
+
+
 @pytest.mark.parametrize(
     ("url", "fix"),
     [

@@ -3,7 +3,7 @@
 rank (modes joined by commas act together: `slow,nofinish`).
 
     ok       trains train.steps steps of a linear model on stoker's loader
-    slow R   rank R takes 0.15 s more per step (a straggler)
+    slow R   rank R takes 0.3 s more per step (a straggler)
     raise    rank 1 raises ValueError at step 3
     hang R   rank R stops calling should_stop() at step 3 (sleeps)
     nofinish trains, but the script ends without run.finish()
@@ -42,7 +42,7 @@ for step in range(start, total):
     optim.zero_grad()
     done = step + 1
     if "slow" in modes and run.rank == target:
-        time.sleep(0.15)
+        time.sleep(0.3)
     if "raise" in modes and run.rank == target and done == 3:
         raise ValueError("the loss went sideways at step 3")
     if "hang" in modes and run.rank == target and done == 3:

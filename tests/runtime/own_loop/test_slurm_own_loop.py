@@ -48,8 +48,8 @@ def test_the_own_loop_resumes_bit_exact_after_a_requeue_under_hsdp(
     ]  # fmt: skip
     # Each takes both CPUs of two of the three nodes: one runs at a time. The requeued job
     # first, so that the uninterrupted one runs while the requeue holds it (cred_expire).
-    job = submit_json(*common, cwd=REPO)
-    whole = submit_json(*common, cwd=REPO)
+    job = submit_json(*common, cwd=REPO, in_process=True)
+    whole = submit_json(*common, cwd=REPO, in_process=True)
     run_dir = Path(job["run_dir"])
     wait_for(lambda: max(committed_steps(run_dir), default=0) >= 8, 600, "step-8 committed")
     status = json.loads(stoker("status", job["job_id"], "--json", check=True).stdout)[0]
