@@ -165,8 +165,8 @@ def local_jobs_cpu(under: Path) -> list[tuple[float, float]]:
     jobs = []
     # os.walk, not Path.rglob: a job or test process still running at the session's end
     # may remove a folder while it is walked (a checkpoint's staging folder renamed), and
-    # rglob raises FileNotFoundError for it (CI, 2026-12-02); walk skips it. A job still
-    # running has no cpu_s yet anyway.
+    # rglob raises FileNotFoundError for it (the likeliest cause of CI's failure on
+    # 2026-12-02); walk skips it. A job still running has no cpu_s yet anyway.
     for folder, _, files in os.walk(under):
         if "local-state.json" in files:
             state = read_local_state(RunDir(Path(folder)))
