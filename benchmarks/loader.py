@@ -67,8 +67,10 @@ decode efficiency: in this process, on --decode-clips clip spans of each stream
     decode_video at the loader's parameters (--out-fps, the stream's output size) is
     timed on the same spans too.
 
-Also reported: the loader's output frames/s per worker, the share of worker time
-spent decoding (LoaderStats video_frames, decode_s) and bytes read per sample. Writes
+Also reported: the loader's output frames/s per worker, the decode threads each worker
+took (data.decode_threads' default: the cores the workers leave, stoker/data/stream/prefetch.py),
+the decode seconds per worker-second (LoaderStats video_frames, decode_s; summed over
+the threads) and bytes read per sample. Writes
 the result to DIR/loader-<host>-<date>.json (or DIR/FILE); exits 1 when a target is
 missed.
 """

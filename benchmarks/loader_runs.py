@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from stoker.data.stream.prefetch import auto_decode_threads
+
 RATIO_TARGET = 1.0
 
 
@@ -151,6 +153,8 @@ def summarize(runs: list[Run], worker_counts: list[int]) -> list[dict[str, Any]]
                 "stoker_frames_per_s_per_worker": round(
                     statistics.median(r.video_frames / r.elapsed_s / w for r in ours), 1
                 ),
+                # Decode threads each worker took (data.decode_threads: 0, the default).
+                "stoker_decode_threads": auto_decode_threads(w),
                 "stoker_decode_share": round(
                     statistics.median(r.decode_s / (r.elapsed_s * w) for r in ours), 3
                 ),
@@ -170,7 +174,7 @@ def print_throughput(rows: list[dict[str, Any]], repeats: int, what: str) -> Non
     print(
         f"{'workers':>7} | {'stoker':>7} {'wds':>7} {'ratio':>6} {'target':>9} | "
         f"{'per CPU-s: stoker':>17} {'wds':>6} {'ratio':>6} | {'start-up s':>11} | "
-        f"{'frames/s/worker':>15} {'decode share':>12}"
+        f"{'frames/s/worker':>15} {'decode/worker':>13} {'threads':>7}"
     )
     for row in rows:
         mark = "ok" if row["ratio"] >= RATIO_TARGET else "MISS"
@@ -181,6 +185,11 @@ def print_throughput(rows: list[dict[str, Any]], repeats: int, what: str) -> Non
             f"{'>=' + format(RATIO_TARGET, 'g'):>4} {mark:<4} | "
             f"{row['stoker_samples_per_cpu_s']:>17.1f} {row['webdataset_samples_per_cpu_s']:>6.1f} "
             f"{row['cpu_ratio']:>6.2f} | {startup:>11} | "
-            f"{row['stoker_frames_per_s_per_worker']:>15.1f} {row['stoker_decode_share']:>12.2f}"
+            f"{row['stoker_frames_per_s_per_worker']:>15.1f} {row['stoker_decode_share']:>13.2f} "
+            f"{row['stoker_decode_threads']:>7}"
         )
-    print("(start-up: stoker/webdataset, until the first batch; ratio: median of adjacent runs)")
+    print(
+        "(start-up: stoker/webdataset, until the first batch; ratio: median of adjacent runs; "
+        "decode/worker: decode seconds over a worker's seconds, summed over its decode "
+        "threads, so above 1 when it decodes in several)"
+    )

@@ -34,6 +34,7 @@ from stoker.data.stream import loader_state, shared_batch
 from stoker.data.stream.fetch import RetryPolicy
 from stoker.data.stream.loader_stats import LoaderStats
 from stoker.data.stream.parent_death import STOP_SIGNALS, die_with_parent
+from stoker.data.stream.prefetch import auto_decode_threads
 from stoker.data.stream.schedule import ScheduleState
 from stoker.data.stream.worker import (
     STATE_KEY,
@@ -93,6 +94,7 @@ class StreamingLoader:
         buckets: Sequence[Bucket] = (),
         prefetch_mb: float = 256,
         fetch_threads: int = 4,
+        decode_threads: int | None = None,
         retry: RetryPolicy | None = None,
         start_method: str = "forkserver",
         storage_options: dict[str, Any] | None = None,
@@ -210,6 +212,14 @@ class StreamingLoader:
         self.clip = replace(clip, arrays=array_fields(sorted(fields - {LATENT_MEMBER})))
         self.prefetch_bytes = int(prefetch_mb * (1 << 20))
         self.fetch_threads = fetch_threads
+        if decode_threads is not None and decode_threads < 1:
+            raise StokerError(
+                f"{where}: decode_threads {decode_threads} is not a number of threads",
+                fix="give 1 or more, or None (data.decode_threads: 0) for one per spare core",
+            )
+        self.decode_threads = (
+            decode_threads if decode_threads is not None else auto_decode_threads(num_workers)
+        )
         self.retry = retry or RetryPolicy()
         self.start_method = start_method
         self.transform = transform
@@ -308,6 +318,7 @@ class StreamingLoader:
             transform=self.transform,
             prefetch_bytes=self.prefetch_bytes,
             fetch_threads=self.fetch_threads,
+            decode_threads=self.decode_threads,
             retry=self.retry,
             names=self.names if self.mixture else (),
             leases=leases,
@@ -524,6 +535,7 @@ def loader_from_config(
         mixing=data.mixing,
         buckets=buckets,
         prefetch_mb=data.prefetch_mb,
+        decode_threads=data.decode_threads or None,
         start_method=data.start_method,
         transform=data.transform,
         allow_changed_data=data.allow_changed_data,

@@ -33,7 +33,7 @@ from stoker.data.sets.source import DataSource
 from stoker.data.stream.fetch import FetchedSample, RetryPolicy, SampleFetcher, ShardFailed
 from stoker.data.stream.loader_stats import LoaderStats
 from stoker.data.stream.order import SampleOrder
-from stoker.data.stream.prefetch import Prefetcher
+from stoker.data.stream.prefetch import Prefetcher, map_ahead
 from stoker.data.stream.schedule import BatchSchedule, GlobalBatch, ScheduleState, Slot
 from stoker.data.stream.shared_batch import BufferPool, SharedBatch
 from stoker.errors import StokerError
@@ -115,6 +115,25 @@ class _Skip(Exception):
 
 
 @dataclass
+class _Decoded:
+    """What a decode thread hands the worker's loop for one sample: its tensors (None
+    when it must be skipped, and why), and its counts for the worker's LoaderStats,
+    which only the loop's thread touches."""
+
+    sample: Sample | None
+    reason: str = ""
+    decode_s: float = 0.0
+    video_frames: int = 0
+    short: bool = False
+
+
+Item = tuple[int, GlobalBatch, Slot]
+"""A sample to fetch: its batch's number, the batch, its slot."""
+Fetched = tuple[Item, FetchedSample | None, BaseException | None, float]
+"""What the prefetcher yields for an item: (item, sample, error, seconds waited)."""
+
+
+@dataclass
 class StreamDataset(IterableDataset[Sample]):
     sources: tuple[DataSource, ...]
     plan: StreamPlan
@@ -123,6 +142,9 @@ class StreamDataset(IterableDataset[Sample]):
     """A function, or the import path of one (imported by name in each worker)."""
     prefetch_bytes: int = 256 << 20
     fetch_threads: int = 4
+    decode_threads: int = 1
+    """Threads decoding ahead of the loop in each worker (stoker/data/stream/prefetch.py
+    map_ahead); 1: the loop decodes. The transform always runs in the loop's thread."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     names: tuple[str, ...] = ()
     """The sources' names (data.sources), for batches and messages; () for one source."""
@@ -154,7 +176,7 @@ class StreamDataset(IterableDataset[Sample]):
         )
         start = ScheduleState.from_dict(self.plan.state)
 
-        def items() -> Iterator[tuple[int, GlobalBatch, Slot]]:
+        def items() -> Iterator[Item]:
             for n, batch in enumerate(schedule.batches(start)):
                 if self.plan.max_batches is not None and n >= self.plan.max_batches:
                     return
@@ -163,7 +185,7 @@ class StreamDataset(IterableDataset[Sample]):
                 for slot in batch.slots[self.plan.rows(len(batch.slots))]:
                     yield n, batch, slot
 
-        def fetch(item: tuple[int, GlobalBatch, Slot]) -> FetchedSample:
+        def fetch(item: Item) -> FetchedSample:
             slot = item[2]
             return fetchers[slot.source].fetch(slot.slot, slot.shard, slot.local)
 
@@ -178,7 +200,22 @@ class StreamDataset(IterableDataset[Sample]):
         pending: list[tuple[Slot, Sample | None]] = []
         skipped: list[str] = []
         reason = ""  # why the latest skipped sample was skipped
-        for (_, batch, slot), fetched, error, waited in prefetcher:
+
+        def decode(fetched: Fetched) -> _Decoded | None:
+            (_, batch, slot), sample, error, _ = fetched
+            if sample is None or error is not None:
+                return None
+            began = time.perf_counter()
+            try:
+                decoded = self._decode_media(sample, slot.slot, batch.bucket)
+            except _Skip as skip:
+                decoded = _Decoded(None, reason=str(skip))
+            decoded.decode_s = time.perf_counter() - began
+            return decoded
+
+        for ((_, batch, slot), fetched, error, waited), decoded in map_ahead(
+            iter(prefetcher), decode, self.decode_threads
+        ):
             if current is not None and batch is not current:
                 yield self._collate(pending, skipped, current, stats, reason, pool)
                 pending, skipped = [], []
@@ -191,10 +228,13 @@ class StreamDataset(IterableDataset[Sample]):
             else:
                 # Counted as consumed, not as prefetched: bytes/s then matches samples/s.
                 stats.bytes_read += sum(len(b) for b in fetched.members.values())
+                assert decoded is not None
+                stats.decode_s += decoded.decode_s
+                stats.video_frames += decoded.video_frames
                 try:
-                    sample = self._decode(
-                        fetched, slot.slot, stats, transform, batch.bucket, source
-                    )
+                    if decoded.sample is None:
+                        raise _Skip(decoded.reason)
+                    sample = self._finished(decoded, fetched, stats, transform, source)
                 except _Skip as skip:
                     reason = str(skip)
                     log.warning(
@@ -262,16 +302,9 @@ class StreamDataset(IterableDataset[Sample]):
             return import_transform(self.transform), self.transform
         return self.transform, self.transform_name
 
-    def _decode(
-        self,
-        fetched: FetchedSample,
-        position: int,
-        stats: LoaderStats,
-        transform: tuple[Transform, str] | None,
-        bucket: int,
-        source: DataSource,
-    ) -> Sample:
-        """The sample's tensors, transformed; _Skip when it must not be trained on."""
+    def _decode_media(self, fetched: FetchedSample, position: int, bucket: int) -> _Decoded:
+        """The sample's tensors, before the transform; _Skip when it must not be trained
+        on. Touches nothing shared: it runs in the decode threads (decode_ahead)."""
         from stoker.data.media.decode import clip_start, decode_array, decode_audio, decode_video
         from stoker.data.media.errors import MediaError
 
@@ -286,7 +319,7 @@ class StreamDataset(IterableDataset[Sample]):
             u = 0.0
         start = clip_start(entry.duration_s, clip.clip_seconds, u)
         sample: Sample = {"key": entry.key, "position": position}
-        began = time.perf_counter()
+        frames = 0
         try:
             known = entry.unreadable(clip.modalities)
             if known is not None:
@@ -303,7 +336,7 @@ class StreamDataset(IterableDataset[Sample]):
                     info=entry.video,
                 )
                 sample["video"] = torch.from_numpy(video)
-                stats.video_frames += int(video.shape[0])
+                frames = int(video.shape[0])
             if "audio" in clip.modalities:
                 assert entry.audio is not None
                 audio = decode_audio(
@@ -328,13 +361,29 @@ class StreamDataset(IterableDataset[Sample]):
                 sample[name] = decode_array(fetched.members[name], name)
         except (MediaError, ValueError, KeyError, UnicodeDecodeError) as exc:
             raise _Skip(str(exc)) from exc
-        finally:
-            stats.decode_s += time.perf_counter() - began
-        if entry.duration_s + 1e-6 < clip.clip_seconds:
+        return _Decoded(
+            sample,
+            video_frames=frames,
+            short=entry.duration_s + 1e-6 < clip.clip_seconds,
+        )
+
+    def _finished(
+        self,
+        decoded: _Decoded,
+        fetched: FetchedSample,
+        stats: LoaderStats,
+        transform: tuple[Transform, str] | None,
+        source: DataSource,
+    ) -> Sample:
+        """A decoded sample, transformed, in stream order in the worker's own thread (a
+        user's transform need not be thread-safe); _Skip when the transform fails."""
+        sample = decoded.sample
+        assert sample is not None
+        if decoded.short:
             stats.short_samples += 1  # decoded, padded to the clip length
         if transform is not None:
             sample = self._transformed(
-                sample, transform, f"{source.shard_path(fetched.shard)}:{entry.key}"
+                sample, transform, f"{source.shard_path(fetched.shard)}:{fetched.entry.key}"
             )
         stats.samples += 1
         return sample

@@ -290,6 +290,12 @@ def test_corrupt_media_is_skipped_counted_and_reported(
     assert {s for b in batches for s in b["skipped"]} == bad
     assert ld.stats().skipped_samples == 4  # two passes over the 8 samples
 
+    # And decoding in threads: the same two skipped, counted once each.
+    ld = loader(str(root), decode_threads=3)
+    threaded = next(iter(ld))
+    assert set(threaded["skipped"]) == bad and torch.equal(threaded["valid"], batch["valid"])
+    assert ld.stats().skipped_samples == 2 and ld.stats().samples == BATCH - 2
+
 
 def test_a_shard_that_cannot_be_fetched_is_retried_then_skipped(
     dataset: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -328,6 +334,25 @@ def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
         assert torch.equal(x["audio"], y["audio"])
 
 
+def test_decoding_in_threads_gives_the_same_batches_and_counts(dataset: str) -> None:
+    """Decode threads (data.decode_threads; by default a worker takes the cores its
+    machine spares) change when a clip is decoded, never which clip, its random offset,
+    its place in the batch or the counts the metrics show."""
+    one = loader(dataset, decode_threads=1, clip_seconds=2.5)  # 2 s clips: some padded
+    three = loader(dataset, decode_threads=3, clip_seconds=2.5)
+    _same(list(one.batches(max_batches=3)), list(three.batches(max_batches=3)))
+    a, b = one.stats(), three.stats()
+    assert (a.samples, a.video_frames, a.short_samples, a.bytes_read) == (
+        b.samples,
+        b.video_frames,
+        b.short_samples,
+        b.bytes_read,
+    )
+    assert a.samples == 3 * BATCH and a.short_samples == a.samples and b.decode_s > 0
+    with pytest.raises(StokerError, match="decode_threads 0 is not a number of threads"):
+        loader(dataset, decode_threads=0)
+
+
 def test_memory_and_local_give_the_same_stream(dataset: str) -> None:
     url = "memory://loader-test/set"
     _copy_to(url, dataset)
@@ -356,7 +381,7 @@ def test_the_experiment_file_configures_the_loader(dataset: str, tmp_path: Path)
     exp.write_text(
         f"data:\n  url: {dataset}\n  batch_size: 4\n  num_workers: 0\n  fps: 4\n"
         "  resolution: [16, 24]\n  sample_rate: 8000\n  channels: 2\n"
-        "  modalities: [video, audio, text]\n"
+        "  modalities: [video, audio, text]\n  decode_threads: 3\n"
         "train:\n  seed: 11\n"
     )
     config = resolve_config(exp, [], {}).config
@@ -368,6 +393,9 @@ def test_the_experiment_file_configures_the_loader(dataset: str, tmp_path: Path)
     clip = ld.clip
     assert (clip.fps, clip.size, clip.sample_rate, clip.channels) == (4, (16, 24), 8000, 2)
     assert clip.modalities == ("video", "audio", "text") and clip.clip_offset == "random"
+    assert ld.decode_threads == 3
+    config.data.decode_threads = 0  # the default: one per core the workers spare
+    assert loader_from_config(config, rank=1, world_size=2).decode_threads == 1  # no workers
     config.data.url = None
     with pytest.raises(StokerError, match=r"data.url is null"):
         loader_from_config(config, rank=0, world_size=1)

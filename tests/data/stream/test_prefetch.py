@@ -1,12 +1,22 @@
 """The loader's prefetcher (stoker/data/stream/prefetch.py) bounds what it queues by bytes and by
 count: small clips must not queue by the thousand at every loader start, large ones must
-not pass the byte budget."""
+not pass the byte budget. Its decode-ahead (map_ahead) keeps the stream's order, holds
+few decoded clips, and takes the cores its machine can spare."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
-from stoker.data.stream.prefetch import AHEAD_PER_THREAD, Prefetcher
+import pytest
+
+from stoker.data.stream.prefetch import (
+    AHEAD_PER_THREAD,
+    MAX_DECODE_THREADS,
+    Prefetcher,
+    auto_decode_threads,
+    map_ahead,
+)
 
 
 def _pulled(size: int, budget: int, threads: int) -> int:
@@ -38,3 +48,78 @@ def test_small_samples_queue_at_most_a_few_per_thread() -> None:
 def test_large_samples_stop_at_the_byte_budget_and_one_is_always_in_flight() -> None:
     assert _pulled(10 << 20, 30 << 20, threads=4) == 1 + 3
     assert _pulled(100 << 20, 30 << 20, threads=4) == 1 + 1
+
+
+def test_map_ahead_keeps_the_order_and_holds_threads_plus_one_results() -> None:
+    """Results in the items' order whatever order the threads finish in, and no more
+    than `threads` + 1 alive at once (the one the caller holds and those decoding): a
+    decoded 720p clip is ~100 MB."""
+    import threading
+    import time
+
+    alive = 0
+    most = 0
+    lock = threading.Lock()
+
+    def work(item: int) -> int:
+        nonlocal alive, most
+        with lock:
+            alive += 1
+            most = max(most, alive)
+        time.sleep(0.002 * (item % 3))  # later items finish first now and then
+        return item * 10
+
+    out = []
+    for item, result in map_ahead(iter(range(40)), work, threads=3):
+        out.append((item, result))
+        with lock:
+            alive -= 1  # the caller is done with this result
+    assert out == [(i, i * 10) for i in range(40)]
+    assert most == 4
+
+
+def test_map_ahead_raises_at_the_failing_item_and_stops_its_threads() -> None:
+    import threading
+
+    def work(item: int) -> int:
+        if item == 5:
+            raise ValueError("bad item 5")
+        return item
+
+    seen = []
+    before = threading.active_count()
+    try:
+        for item, _ in map_ahead(iter(range(100)), work, threads=2):
+            seen.append(item)
+    except ValueError as exc:
+        assert str(exc) == "bad item 5"
+    else:
+        raise AssertionError("the error did not reach the caller")
+    assert seen == [0, 1, 2, 3, 4]
+    assert threading.active_count() == before  # the pool is shut down, not left running
+
+
+def test_map_ahead_with_one_thread_calls_inline() -> None:
+    import threading
+
+    main = threading.get_ident()
+    threads = [t for _, t in map_ahead(iter(range(3)), lambda _: threading.get_ident(), 1)]
+    assert threads == [main] * 3
+
+
+def test_decode_threads_share_the_cores_among_ranks_and_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(16)))
+    assert auto_decode_threads(1, {}) == MAX_DECODE_THREADS  # 16 cores, capped
+    assert auto_decode_threads(4, {}) == 4
+    assert auto_decode_threads(8, {}) == 2
+    assert auto_decode_threads(0, {}) == 1  # the training process decodes: no threads
+    assert auto_decode_threads(2, {"LOCAL_WORLD_SIZE": "8"}) == 1  # torchrun, 8 ranks
+    assert auto_decode_threads(1, {"SLURM_NTASKS": "8", "SLURM_NNODES": "2"}) == 4
+    assert auto_decode_threads(2, {"SLURM_NTASKS": "16", "SLURM_NNODES": "2"}) == 1
+    assert auto_decode_threads(1, {"WORLD_SIZE": "8"}) == 2  # stoker's local launch
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: {0, 1})
+    assert auto_decode_threads(1, {}) == 2  # the 2-core VM at one worker
+    assert auto_decode_threads(2, {}) == 1
+    assert auto_decode_threads(1, {"WORLD_SIZE": "2"}) == 1

@@ -97,6 +97,29 @@ def test_a_sample_the_transform_raises_on_is_skipped_and_never_trained_on(
     assert [s for b in batches for s in b["skipped"]] == [f"shards/shard-000000.tar:{FAILS_ON}"] * 2
 
 
+def test_with_decode_threads_the_transform_runs_in_the_loops_own_thread(dataset: str) -> None:
+    """Clips decode in threads (data.decode_threads), but a user's transform runs one
+    sample at a time, in order, in the thread that iterates the loader: it need not be
+    thread-safe. A sample it raises on is still skipped."""
+    import threading
+
+    ran: list[tuple[int, str]] = []
+
+    def record(sample: dict[str, Any]) -> dict[str, Any]:
+        ran.append((threading.get_ident(), sample["key"]))
+        if sample["key"] == FAILS_ON:
+            raise ValueError(f"cannot crop {sample['key']}")
+        return sample
+
+    ld = loader(dataset, decode_threads=3, transform=record)
+    batches = list(ld.batches(max_batches=CLIPS // BATCH))
+    assert {ident for ident, _ in ran} == {threading.get_ident()}
+    plain = [k for b in loader(dataset).batches(max_batches=CLIPS // BATCH) for k in b["key"]]
+    assert [key for _, key in ran] == plain  # every sample once, in the stream's order
+    assert [s for b in batches for s in b["skipped"]] == [f"shards/shard-000000.tar:{FAILS_ON}"]
+    assert ld.stats().skipped_samples == 1 and ld.stats().samples == CLIPS - 1
+
+
 def test_a_transform_that_fails_on_every_sample_stops_at_the_first_batch(dataset: str) -> None:
     with pytest.raises(RuntimeError, match=r"every sample of batch 0") as info:
         next(iter(loader(dataset, transform=f"{HERE}:always_fail")))
