@@ -1,12 +1,16 @@
-"""`stoker run` logging into a real `mlflow server` that is stopped mid-run and started
-again (same port, same sqlite store): training goes on while the store is down, the
-run completes, and MLflow ends with every logged step exactly once.
+"""`stoker run` logging into a real `mlflow server` that becomes unreachable mid-run and
+comes back (tests/tcp_proxy.py in front of it refuses connections and resets those
+open, as a stopped server does, and forwards again on the same port): training goes on
+while the store is down, the run completes, and MLflow ends with every logged step
+exactly once.
 
 The built-in tiny experiment with 2 CPU ranks and `train.log_every=1`, so that every
 step is a point of each trainer metric. RunLogger retries a store that does not answer
 with a backoff of up to 30 s, so it may replay the spool while the run trains or only
-in `close()` (which waits up to 30 s); the run is long enough (STEPS) that either way
-the replay is whole."""
+in `close()` (which waits up to 30 s); either way the replay must be whole. The store
+comes back at once (the proxy), so the run needs only the steps before, during and a
+few after the outage (STEPS): with the real server restarted it needed 150 to train
+through the ~17 s of the server's start."""
 
 from __future__ import annotations
 
@@ -20,8 +24,9 @@ from typing import Any
 
 from tests.clirun import STOKER
 from tests.mlflow_server import RestartableServer
+from tests.tcp_proxy import TcpProxy
 
-STEPS = 150
+STEPS = 40
 # The store goes down once rank 0 reports this step, and comes back once training
 # went at least DOWN_STEPS steps further (and RunLogger said it spools).
 STOP_AT_STEP = 5
@@ -86,15 +91,17 @@ def test_tracking_server_outage_mid_run_loses_and_repeats_no_step(tmp_path: Path
     began = time.monotonic()
     server = RestartableServer(tmp_path / "server")
     server.folder.mkdir()
+    proxy = TcpProxy(server.port)
     home = Path(os.environ["STOKER_HOME"])
     out_path, err_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     proc: subprocess.Popen[bytes] | None = None
     try:
         server.start()
+        proxy.up()
         with out_path.open("wb") as out, err_path.open("wb") as err:
             proc = subprocess.Popen(
                 [STOKER, "run", f"train.steps={STEPS}", "train.log_every=1", *FAST, "--json"],
-                env={**os.environ, "MLFLOW_TRACKING_URI": server.url},
+                env={**os.environ, "MLFLOW_TRACKING_URI": proxy.url},
                 cwd=tmp_path,
                 stdout=out,
                 stderr=err,
@@ -108,7 +115,7 @@ def test_tracking_server_outage_mid_run_loses_and_repeats_no_step(tmp_path: Path
 
             step_at_stop = progress_step(folder)
             down_at = time.monotonic()
-            server.stop()  # mid-run, possibly mid-request
+            proxy.down()  # mid-run, possibly mid-request
             stopped_s = time.monotonic() - down_at
             poll(
                 "outage warning in rank 0's log", lambda: OUTAGE_TEXT in rank0_log(folder), 60, proc
@@ -122,7 +129,7 @@ def test_tracking_server_outage_mid_run_loses_and_repeats_no_step(tmp_path: Path
             spool = folder / "mlflow-spool-0.jsonl"
             assert spool.is_file() and spool.stat().st_size > 0, "nothing spooled in the outage"
             restart_at = time.monotonic()
-            server.start()
+            proxy.up()
             back_at = time.monotonic()
             step_at_restart = progress_step(folder)
             assert step_at_restart < STEPS, (
@@ -157,7 +164,7 @@ def test_tracking_server_outage_mid_run_loses_and_repeats_no_step(tmp_path: Path
 
         from mlflow.tracking import MlflowClient
 
-        client = MlflowClient(tracking_uri=server.url)
+        client = MlflowClient(tracking_uri=server.url)  # the server, not the proxy
         run = client.get_run(summary["run_id"])
         assert run.info.status == "FINISHED", run.info.status
         assert set(TRAINER_KEYS) <= set(run.data.metrics), sorted(run.data.metrics)
@@ -197,4 +204,5 @@ def test_tracking_server_outage_mid_run_loses_and_repeats_no_step(tmp_path: Path
                 cancel_local(folder)
             proc.kill()
             proc.wait()
+        proxy.down()
         server.stop()
