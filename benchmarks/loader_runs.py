@@ -153,7 +153,8 @@ def summarize(runs: list[Run], worker_counts: list[int]) -> list[dict[str, Any]]
                 "stoker_frames_per_s_per_worker": round(
                     statistics.median(r.video_frames / r.elapsed_s / w for r in ours), 1
                 ),
-                # Decode threads each worker took (data.decode_threads: 0, the default).
+                # Decode threads each worker took (data.decode_threads: 0, the default),
+                # as the loader works it out, in this process and environment.
                 "stoker_decode_threads": auto_decode_threads(w),
                 "stoker_decode_share": round(
                     statistics.median(r.decode_s / (r.elapsed_s * w) for r in ours), 3

@@ -8,7 +8,9 @@ test needed 150 steps for that, where the behaviour it checks needs about 30.
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import struct
 import threading
 
 
@@ -36,11 +38,13 @@ class TcpProxy:
         """Refuse new connections and reset every open one, as a server that stopped."""
         listener, self._listener = self._listener, None
         if listener is not None:
-            listener.close()
+            # close() alone leaves the port listening while _accept blocks in accept():
+            # shutdown wakes it, and the port is free for up() again.
+            _close(listener)
         with self._lock:
             connections, self._connections = self._connections, set()
         for conn in connections:
-            _close(conn)
+            _reset(conn)
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -77,8 +81,13 @@ class TcpProxy:
 
 
 def _close(sock: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
+    sock.close()
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with a TCP reset, as a connection to a process that died ends."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()

@@ -341,7 +341,7 @@ class DataConfig(Section):
     prefetch_mb: Annotated[float, Field(gt=0, le=65_536)] = 256
     """Bytes fetched ahead per rank, split over its workers (and 16 samples a fetch thread)."""
     decode_threads: Annotated[int, Field(ge=0, le=64)] = 0
-    """Threads decoding in each loader worker; 0: this machine's cores over its workers (max 4)."""
+    """Threads decoding in each loader worker; 0: the rank's cores over its workers (at most 4)."""
     start_method: Literal["forkserver", "spawn"] = "forkserver"
     """How DataLoader workers start; fork is unsafe with s3fs/gcsfs."""
     transform: str | None = None

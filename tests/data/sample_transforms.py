@@ -49,3 +49,12 @@ def tag_environment(sample: dict[str, Any]) -> dict[str, Any]:
     """Adds what the worker's environment says in MARK (empty when it is not set)."""
     sample["environment_mark"] = os.environ.get(MARK, "")
     return sample
+
+
+def count_decode_threads(sample: dict[str, Any]) -> dict[str, Any]:
+    """How many of the loader's decode threads run in the process the transform runs in."""
+    import threading
+
+    names = [t.name for t in threading.enumerate() if t.name.startswith("decode")]
+    sample["decode_threads"] = len(names)
+    return sample

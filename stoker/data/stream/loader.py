@@ -215,7 +215,8 @@ class StreamingLoader:
         if decode_threads is not None and decode_threads < 1:
             raise StokerError(
                 f"{where}: decode_threads {decode_threads} is not a number of threads",
-                fix="give 1 or more, or None (data.decode_threads: 0) for one per spare core",
+                fix="give 1 or more, or None (data.decode_threads: 0): the rank's cores "
+                "over its workers, at most 4",
             )
         self.decode_threads = (
             decode_threads if decode_threads is not None else auto_decode_threads(num_workers)

@@ -24,6 +24,8 @@ class LoaderStats:
     fetch_s: float = 0.0
     """Time spent waiting for bytes the decoder needed (not hidden by prefetch)."""
     decode_s: float = 0.0
+    """Seconds spent decoding, summed over a worker's decode threads (so it may exceed
+    the wall time when they decode side by side)."""
     video_frames: int = 0
     """Frames delivered (after resampling to the target fps)."""
 

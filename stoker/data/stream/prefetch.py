@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
 
@@ -96,24 +96,28 @@ class Prefetcher(Generic[T, R]):
 
 def map_ahead(
     items: Iterator[T], function: Callable[[T], R], threads: int
-) -> Iterator[tuple[T, R]]:
+) -> Generator[tuple[T, R], None, None]:
     """(item, function(item)) in the order of `items`, `function` running in a pool of
     `threads` on the items after the one the caller holds (so `threads` + 1 results at
-    most are alive at once). threads <= 1: called inline, as a plain loop.
+    most are alive at once). threads <= 1: called inline, as a plain loop. An exception
+    from `function` is raised to the caller at its item; when the caller stops (or on
+    that exception) the pool is shut down and `items` closed.
 
     The loader's workers decode this way when the machine has more cores than workers:
     PyAV and swscale release the GIL, so one worker decodes on two cores (1.5x the
     samples/s of one thread on the 2-core VM, 5% more CPU a sample). The bound is by
-    count: a decoded 5 s 720p clip at 8 fps is ~110 MB.
-    An exception from `function` is raised to the caller at its item."""
-    if threads <= 1:
-        for item in items:
-            yield item, function(item)
-        return
-    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode")
+    count: a decoded 5 s 720p clip at 8 fps is ~110 MB."""
+    pool = (
+        ThreadPoolExecutor(max_workers=threads, thread_name_prefix="decode")
+        if threads > 1
+        else None
+    )
     queue: deque[tuple[T, Future[R]]] = deque()
     try:
         for item in items:
+            if pool is None:
+                yield item, function(item)
+                continue
             queue.append((item, pool.submit(function, item)))
             while len(queue) > threads:
                 ready, future = queue.popleft()
@@ -124,32 +128,50 @@ def map_ahead(
     finally:
         for _, future in queue:
             future.cancel()
-        pool.shutdown(wait=True, cancel_futures=True)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()  # a generator's own finally (the Prefetcher's pool) runs now
 
 
 def auto_decode_threads(workers: int, environ: Mapping[str, str] | None = None) -> int:
-    """Decode threads per loader worker when none are asked for: the cores this process
-    may run on, shared by the ranks on its machine and their workers, at most
-    MAX_DECODE_THREADS. 1 without workers: the training process then decodes, and its
-    cores are the step's."""
+    """Decode threads per loader worker when none are asked for (data.decode_threads 0):
+    the cores of this rank (SLURM's cpus per task, or the cores this process may run on
+    shared by the ranks on its machine) over its workers, at most MAX_DECODE_THREADS. 1
+    without workers: the training process then decodes, and its cores are the step's."""
     if workers < 1:
         return 1
-    cores = len(os.sched_getaffinity(0))
-    return max(1, min(MAX_DECODE_THREADS, cores // (workers * ranks_here(environ))))
+    environ = os.environ if environ is None else environ
+    cores = _number(environ, "SLURM_CPUS_PER_TASK") or usable_cores() // ranks_here(environ)
+    return max(1, min(MAX_DECODE_THREADS, cores // workers))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity; the machine's where that is not
+    known, as on macOS)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 def ranks_here(environ: Mapping[str, str] | None = None) -> int:
-    """Ranks sharing this machine: torchrun's LOCAL_WORLD_SIZE; under SLURM its tasks over
-    its nodes; else WORLD_SIZE (stoker's local launch runs every rank on this machine);
-    else 1."""
+    """Ranks sharing this machine, by the rules of stoker/runtime/dist/dist_env.py's
+    `detect` (local_world_size; this layer does not import the runtime's, and a test keeps
+    the two equal): torchrun's or stoker's variables (LOCAL_WORLD_SIZE, else WORLD_SIZE over
+    the nodes), SLURM's tasks over its nodes, else 1."""
     environ = os.environ if environ is None else environ
+    if "RANK" in environ or "WORLD_SIZE" in environ:
+        world = _number(environ, "WORLD_SIZE") or 1
+        nodes = _number(environ, "SLURM_NNODES") or _number(environ, "GROUP_WORLD_SIZE")
+        per_node = world // nodes if nodes and world % nodes == 0 else world
+        local = _number(environ, "LOCAL_WORLD_SIZE") or per_node
+        return local if world % local == 0 else world  # uneven: the whole world, as detect
+    if "SLURM_PROCID" in environ and _number(environ, "SLURM_NTASKS"):
+        tasks, nodes = _number(environ, "SLURM_NTASKS"), _number(environ, "SLURM_NNODES") or 1
+        return tasks // nodes if tasks % nodes == 0 else tasks
+    return 1
 
-    def number(name: str) -> int:
-        value = environ.get(name, "")
-        return int(value) if value.isdigit() else 0
 
-    if number("LOCAL_WORLD_SIZE"):
-        return number("LOCAL_WORLD_SIZE")
-    if number("SLURM_NTASKS") and number("SLURM_NNODES"):
-        return -(-number("SLURM_NTASKS") // number("SLURM_NNODES"))
-    return number("WORLD_SIZE") or 1
+def _number(environ: Mapping[str, str], name: str) -> int:
+    value = environ.get(name, "")
+    return int(value) if value.isdigit() else 0

@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -117,8 +117,8 @@ class _Skip(Exception):
 @dataclass
 class _Decoded:
     """What a decode thread hands the worker's loop for one sample: its tensors (None
-    when it must be skipped, and why), and its counts for the worker's LoaderStats,
-    which only the loop's thread touches."""
+    when it must be skipped, and why), and its counts, which the loop's thread adds to
+    the worker's LoaderStats (the decode threads never touch them)."""
 
     sample: Sample | None
     reason: str = ""
@@ -127,10 +127,17 @@ class _Decoded:
     short: bool = False
 
 
-Item = tuple[int, GlobalBatch, Slot]
-"""A sample to fetch: its batch's number, the batch, its slot."""
-Fetched = tuple[Item, FetchedSample | None, BaseException | None, float]
-"""What the prefetcher yields for an item: (item, sample, error, seconds waited)."""
+class _Row(NamedTuple):
+    """One of this rank's rows of a global batch: what the prefetcher fetches."""
+
+    batch: GlobalBatch
+    slot: Slot
+    last: bool
+    """The batch's last row on this rank: the batch is collated once it is taken."""
+
+
+_Prefetched = tuple[_Row, FetchedSample | None, BaseException | None, float]
+"""What the prefetcher yields for a row: (row, its bytes, the fetch's error, seconds waited)."""
 
 
 @dataclass
@@ -176,50 +183,47 @@ class StreamDataset(IterableDataset[Sample]):
         )
         start = ScheduleState.from_dict(self.plan.state)
 
-        def items() -> Iterator[Item]:
+        def rows() -> Iterator[_Row]:
             for n, batch in enumerate(schedule.batches(start)):
                 if self.plan.max_batches is not None and n >= self.plan.max_batches:
                     return
                 if n % workers != worker:
                     continue  # another worker's batch: its composition was all we needed
-                for slot in batch.slots[self.plan.rows(len(batch.slots))]:
-                    yield n, batch, slot
+                mine = batch.slots[self.plan.rows(len(batch.slots))]
+                for i, slot in enumerate(mine):
+                    yield _Row(batch, slot, last=i == len(mine) - 1)
 
-        def fetch(item: Item) -> FetchedSample:
-            slot = item[2]
+        def fetch(row: _Row) -> FetchedSample:
+            slot = row.slot
             return fetchers[slot.source].fetch(slot.slot, slot.shard, slot.local)
 
         prefetcher = Prefetcher(
             fetch,
-            items(),
-            estimate_bytes=lambda item: fetchers[item[2].source].estimate_bytes(item[2].shard),
+            rows(),
+            estimate_bytes=lambda row: fetchers[row.slot.source].estimate_bytes(row.slot.shard),
             budget_bytes=self.prefetch_bytes // max(1, workers),
             threads=self.fetch_threads,
         )
-        current: GlobalBatch | None = None
         pending: list[tuple[Slot, Sample | None]] = []
         skipped: list[str] = []
         reason = ""  # why the latest skipped sample was skipped
 
-        def decode(fetched: Fetched) -> _Decoded | None:
-            (_, batch, slot), sample, error, _ = fetched
-            if sample is None or error is not None:
+        def decode(prefetched: _Prefetched) -> _Decoded | None:
+            row, fetched, error, _ = prefetched
+            if fetched is None or error is not None:
                 return None
             began = time.perf_counter()
             try:
-                decoded = self._decode_media(sample, slot.slot, batch.bucket)
+                decoded = self._decode_media(fetched, row.slot.slot, row.batch.bucket)
             except _Skip as skip:
                 decoded = _Decoded(None, reason=str(skip))
             decoded.decode_s = time.perf_counter() - began
             return decoded
 
-        for ((_, batch, slot), fetched, error, waited), decoded in map_ahead(
+        for (row, fetched, error, waited), decoded in map_ahead(
             iter(prefetcher), decode, self.decode_threads
         ):
-            if current is not None and batch is not current:
-                yield self._collate(pending, skipped, current, stats, reason, pool)
-                pending, skipped = [], []
-            current = batch
+            slot = row.slot
             stats.fetch_s += waited
             sample = None
             source = self.sources[slot.source]
@@ -230,7 +234,6 @@ class StreamDataset(IterableDataset[Sample]):
                 stats.bytes_read += sum(len(b) for b in fetched.members.values())
                 assert decoded is not None
                 stats.decode_s += decoded.decode_s
-                stats.video_frames += decoded.video_frames
                 try:
                     if decoded.sample is None:
                         raise _Skip(decoded.reason)
@@ -248,8 +251,9 @@ class StreamDataset(IterableDataset[Sample]):
                 key = fetched.entry.key if fetched is not None else f"#{slot.local}"
                 skipped.append(f"{source.manifest.shards[slot.shard].path}:{key}")
             pending.append((slot, sample))
-        if current is not None:
-            yield self._collate(pending, skipped, current, stats, reason, pool)
+            if row.last:  # not at the next batch's first row: that may be decoding still
+                yield self._collate(pending, skipped, row.batch, stats, reason, pool)
+                pending, skipped = [], []
 
     def _order(self, source: DataSource) -> SampleOrder:
         return SampleOrder(
@@ -304,7 +308,7 @@ class StreamDataset(IterableDataset[Sample]):
 
     def _decode_media(self, fetched: FetchedSample, position: int, bucket: int) -> _Decoded:
         """The sample's tensors, before the transform; _Skip when it must not be trained
-        on. Touches nothing shared: it runs in the decode threads (decode_ahead)."""
+        on. Touches nothing shared: it runs in the decode threads (map_ahead)."""
         from stoker.data.media.decode import clip_start, decode_array, decode_audio, decode_video
         from stoker.data.media.errors import MediaError
 
@@ -386,6 +390,7 @@ class StreamDataset(IterableDataset[Sample]):
                 sample, transform, f"{source.shard_path(fetched.shard)}:{fetched.entry.key}"
             )
         stats.samples += 1
+        stats.video_frames += decoded.video_frames  # delivered: not a skipped sample's
         return sample
 
     def _transformed(self, sample: Sample, transform: tuple[Transform, str], where: str) -> Sample:

@@ -334,13 +334,31 @@ def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
         assert torch.equal(x["audio"], y["audio"])
 
 
-def test_decoding_in_threads_gives_the_same_batches_and_counts(dataset: str) -> None:
+def test_decoding_in_threads_gives_the_same_batches_and_counts(
+    dataset: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Decode threads (data.decode_threads; by default a worker takes the cores its
     machine spares) change when a clip is decoded, never which clip, its random offset,
     its place in the batch or the counts the metrics show."""
-    one = loader(dataset, decode_threads=1, clip_seconds=2.5)  # 2 s clips: some padded
+    import threading
+
+    import stoker.data.media.decode as media_decode
+
+    decoded_in: list[str] = []
+    decode_video = media_decode.decode_video
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        decoded_in.append(threading.current_thread().name)
+        return decode_video(*args, **kwargs)
+
+    monkeypatch.setattr(media_decode, "decode_video", recorded)
+    one = loader(dataset, decode_threads=1, clip_seconds=2.5)  # 2 s clips: all padded
     three = loader(dataset, decode_threads=3, clip_seconds=2.5)
-    _same(list(one.batches(max_batches=3)), list(three.batches(max_batches=3)))
+    first = list(one.batches(max_batches=3))
+    assert set(decoded_in) == {threading.current_thread().name}
+    decoded_in.clear()
+    _same(first, list(three.batches(max_batches=3)))
+    assert len(decoded_in) == 3 * BATCH and {n.split("_")[0] for n in decoded_in} == {"decode"}
     a, b = one.stats(), three.stats()
     assert (a.samples, a.video_frames, a.short_samples, a.bytes_read) == (
         b.samples,

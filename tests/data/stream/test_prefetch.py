@@ -16,6 +16,7 @@ from stoker.data.stream.prefetch import (
     Prefetcher,
     auto_decode_threads,
     map_ahead,
+    ranks_here,
 )
 
 
@@ -78,25 +79,44 @@ def test_map_ahead_keeps_the_order_and_holds_threads_plus_one_results() -> None:
     assert most == 4
 
 
-def test_map_ahead_raises_at_the_failing_item_and_stops_its_threads() -> None:
+def _decode_threads() -> set[object]:
+    """The decode pools' threads alive now (a loader of an earlier test in this process,
+    not yet collected, may still hold some: compare with those before)."""
     import threading
 
+    return {t for t in threading.enumerate() if t.name.startswith("decode")}
+
+
+def test_map_ahead_raises_at_the_failing_item_and_stops_its_threads() -> None:
     def work(item: int) -> int:
         if item == 5:
             raise ValueError("bad item 5")
         return item
 
     seen = []
-    before = threading.active_count()
-    try:
+    before = _decode_threads()
+    with pytest.raises(ValueError, match="bad item 5"):
         for item, _ in map_ahead(iter(range(100)), work, threads=2):
+            assert _decode_threads() - before, "no decode thread is running"
             seen.append(item)
-    except ValueError as exc:
-        assert str(exc) == "bad item 5"
-    else:
-        raise AssertionError("the error did not reach the caller")
     assert seen == [0, 1, 2, 3, 4]
-    assert threading.active_count() == before  # the pool is shut down, not left running
+    assert _decode_threads() - before == set()  # the pool is shut down, not left running
+
+
+def test_a_caller_that_stops_early_shuts_the_pool_and_closes_the_items() -> None:
+    closed = []
+
+    def items() -> Iterator[int]:
+        try:
+            yield from range(1000)
+        finally:
+            closed.append(True)  # the Prefetcher's generator shuts its fetch pool here
+
+    before = _decode_threads()
+    stream = map_ahead(items(), lambda item: item, threads=3)
+    assert next(stream) == (0, 0)
+    stream.close()
+    assert closed == [True] and _decode_threads() - before == set()
 
 
 def test_map_ahead_with_one_thread_calls_inline() -> None:
@@ -115,11 +135,47 @@ def test_decode_threads_share_the_cores_among_ranks_and_workers(
     assert auto_decode_threads(4, {}) == 4
     assert auto_decode_threads(8, {}) == 2
     assert auto_decode_threads(0, {}) == 1  # the training process decodes: no threads
-    assert auto_decode_threads(2, {"LOCAL_WORLD_SIZE": "8"}) == 1  # torchrun, 8 ranks
-    assert auto_decode_threads(1, {"SLURM_NTASKS": "8", "SLURM_NNODES": "2"}) == 4
-    assert auto_decode_threads(2, {"SLURM_NTASKS": "16", "SLURM_NNODES": "2"}) == 1
-    assert auto_decode_threads(1, {"WORLD_SIZE": "8"}) == 2  # stoker's local launch
+    torchrun = {"RANK": "0", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}
+    assert auto_decode_threads(2, torchrun) == 1
+    assert (
+        auto_decode_threads(1, {"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_NNODES": "2"}) == 4
+    )
+    assert (
+        auto_decode_threads(2, {"SLURM_PROCID": "0", "SLURM_NTASKS": "16", "SLURM_NNODES": "2"})
+        == 1
+    )
+    assert auto_decode_threads(2, {"SLURM_CPUS_PER_TASK": "12"}) == 4  # SLURM's word first
+    assert auto_decode_threads(3, {"SLURM_CPUS_PER_TASK": "6", "WORLD_SIZE": "8"}) == 2
+    # stoker's local launch inside an allocation of one task: its 8 ranks share the cores.
+    local = {"RANK": "0", "WORLD_SIZE": "8", "SLURM_NTASKS": "1", "SLURM_NNODES": "1"}
+    assert auto_decode_threads(1, local) == 2
     monkeypatch.setattr(os, "sched_getaffinity", lambda _: {0, 1})
     assert auto_decode_threads(1, {}) == 2  # the 2-core VM at one worker
     assert auto_decode_threads(2, {}) == 1
-    assert auto_decode_threads(1, {"WORLD_SIZE": "2"}) == 1
+    assert auto_decode_threads(1, {"RANK": "1", "WORLD_SIZE": "2"}) == 1
+    monkeypatch.delattr(os, "sched_getaffinity")  # macOS: the machine's cores
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert auto_decode_threads(2, {}) == 4
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {},
+        {"RANK": "3", "WORLD_SIZE": "8"},
+        {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"},
+        {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "3"},  # uneven: the world
+        {"RANK": "3", "WORLD_SIZE": "8", "SLURM_NNODES": "2"},
+        {"RANK": "3", "WORLD_SIZE": "8", "GROUP_WORLD_SIZE": "4"},
+        {"RANK": "3", "WORLD_SIZE": "9", "SLURM_NNODES": "2"},
+        {"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_NNODES": "2"},
+        {"SLURM_PROCID": "5", "SLURM_NTASKS": "7", "SLURM_NNODES": "2"},
+        {"SLURM_PROCID": "0", "SLURM_NTASKS": "4"},
+    ],
+)
+def test_the_ranks_sharing_a_machine_are_counted_as_the_runtime_counts_them(
+    environ: dict[str, str],
+) -> None:
+    from stoker.runtime.dist.dist_env import detect
+
+    assert ranks_here(environ) == detect(environ).local_world_size

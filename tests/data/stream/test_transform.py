@@ -120,6 +120,20 @@ def test_with_decode_threads_the_transform_runs_in_the_loops_own_thread(dataset:
     assert ld.stats().skipped_samples == 1 and ld.stats().samples == CLIPS - 1
 
 
+def test_a_worker_decodes_in_the_threads_data_decode_threads_asks_for(
+    dataset: str, tmp_path: Path
+) -> None:
+    cfg = config(tmp_path, dataset, f"{HERE}:count_decode_threads", workers=1)
+    cfg.data.decode_threads = 2
+    ld = loader_from_config(cfg, rank=0, world_size=1)
+    assert ld.decode_threads == 2
+    batches = list(ld.batches(max_batches=CLIPS // BATCH))
+    assert [n for b in batches for n in b["decode_threads"]] == [2] * CLIPS
+    cfg.data.decode_threads = 1
+    one = list(loader_from_config(cfg, rank=0, world_size=1).batches(max_batches=1))
+    assert one[0]["decode_threads"] == [0] * BATCH  # the worker's loop decodes
+
+
 def test_a_transform_that_fails_on_every_sample_stops_at_the_first_batch(dataset: str) -> None:
     with pytest.raises(RuntimeError, match=r"every sample of batch 0") as info:
         next(iter(loader(dataset, transform=f"{HERE}:always_fail")))
