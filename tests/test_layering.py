@@ -55,6 +55,7 @@ LEAVES = (
     "stoker.mesh_layout",
     "stoker.plural",
     "stoker.process_environment",
+    "stoker.cores",
 )
 # Whose module-level imports must stay light (login nodes, `--help`, `import stoker`).
 LOGIN_NODE = (

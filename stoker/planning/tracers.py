@@ -13,6 +13,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+from stoker.cores import usable_cores
 from stoker.errors import StokerError
 from stoker.planning import trace
 from stoker.planning.trace import Traced, TraceSpec
@@ -54,11 +55,7 @@ def worker_count(buckets: int) -> int:
     cap = os.environ.get(WORKERS_ENV, "").strip()
     if cap.isdigit() and int(cap) >= 1:
         buckets = min(buckets, int(cap))
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(buckets, cores, MAX_WORKERS))
+    return max(1, min(buckets, usable_cores(), MAX_WORKERS))
 
 
 @contextmanager

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from stoker.cores import usable_cores
 from stoker.data.format.shard_format import (
     MANIFEST_NAME,
     SHARDS_DIR,
@@ -133,10 +133,7 @@ class PackReport:
 
 
 def default_workers() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    return usable_cores()
 
 
 def plan_digest(plan: PackPlan) -> str:

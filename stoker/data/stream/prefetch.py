@@ -11,12 +11,13 @@ both: the budget's bytes, and at most `AHEAD_PER_THREAD` samples per thread.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
+
+from stoker.cores import rank_cores
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -137,41 +138,10 @@ def map_ahead(
 
 def auto_decode_threads(workers: int, environ: Mapping[str, str] | None = None) -> int:
     """Decode threads per loader worker when none are asked for (data.decode_threads 0):
-    the cores of this rank (SLURM's cpus per task, or the cores this process may run on
-    shared by the ranks on its machine) over its workers, at most MAX_DECODE_THREADS. 1
-    without workers: the training process then decodes, and its cores are the step's."""
+    the rank's cores (stoker/cores.py: SLURM's cpus per task, or the cores this process
+    may run on shared by the ranks on its machine) over its workers, at most
+    MAX_DECODE_THREADS. 1 without workers: the training process then decodes, and its
+    cores are the step's."""
     if workers < 1:
         return 1
-    environ = os.environ if environ is None else environ
-    cores = _number(environ, "SLURM_CPUS_PER_TASK") or usable_cores() // ranks_here(environ)
-    return max(1, min(MAX_DECODE_THREADS, cores // workers))
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity; the machine's where that is not
-    known, as on macOS)."""
-    affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
-
-
-def ranks_here(environ: Mapping[str, str] | None = None) -> int:
-    """Ranks sharing this machine, by the rules of stoker/runtime/dist/dist_env.py's
-    `detect` (local_world_size; this layer does not import the runtime's, and a test keeps
-    the two equal): torchrun's or stoker's variables (LOCAL_WORLD_SIZE, else WORLD_SIZE over
-    the nodes), SLURM's tasks over its nodes, else 1."""
-    environ = os.environ if environ is None else environ
-    if "RANK" in environ or "WORLD_SIZE" in environ:
-        world = _number(environ, "WORLD_SIZE") or 1
-        nodes = _number(environ, "SLURM_NNODES") or _number(environ, "GROUP_WORLD_SIZE")
-        per_node = world // nodes if nodes and world % nodes == 0 else world
-        local = _number(environ, "LOCAL_WORLD_SIZE") or per_node
-        return local if world % local == 0 else world  # uneven: the whole world, as detect
-    if "SLURM_PROCID" in environ and _number(environ, "SLURM_NTASKS"):
-        tasks, nodes = _number(environ, "SLURM_NTASKS"), _number(environ, "SLURM_NNODES") or 1
-        return tasks // nodes if tasks % nodes == 0 else tasks
-    return 1
-
-
-def _number(environ: Mapping[str, str], name: str) -> int:
-    value = environ.get(name, "")
-    return int(value) if value.isdigit() else 0
+    return max(1, min(MAX_DECODE_THREADS, rank_cores(environ) // workers))

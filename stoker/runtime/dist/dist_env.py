@@ -30,6 +30,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from stoker.modes import Sharding
+from stoker.cores import rank_cores
 from stoker.errors import StokerError
 
 Source = Literal["torchrun", "slurm", "single"]
@@ -131,11 +132,10 @@ def cpu_threads(env: DistEnv, environ: Mapping[str, str] | None = None) -> int:
     core in every rank) oversubscribes: 2 ranks x 2 threads on 2 cores ran
     10x slower per step than 1 thread each (measured on the development VM)."""
     environ = os.environ if environ is None else environ
-    for name in ("OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK"):
-        value = environ.get(name, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return max(1, len(os.sched_getaffinity(0)) // env.local_world_size)
+    value = environ.get("OMP_NUM_THREADS", "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    return rank_cores(environ, ranks=env.local_world_size)
 
 
 def all_gather_flat(output: torch.Tensor, tensor: torch.Tensor) -> None:

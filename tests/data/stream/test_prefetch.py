@@ -16,7 +16,6 @@ from stoker.data.stream.prefetch import (
     Prefetcher,
     auto_decode_threads,
     map_ahead,
-    ranks_here,
 )
 
 
@@ -156,26 +155,3 @@ def test_decode_threads_share_the_cores_among_ranks_and_workers(
     monkeypatch.delattr(os, "sched_getaffinity")  # macOS: the machine's cores
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     assert auto_decode_threads(2, {}) == 4
-
-
-@pytest.mark.parametrize(
-    "environ",
-    [
-        {},
-        {"RANK": "3", "WORLD_SIZE": "8"},
-        {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"},
-        {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "3"},  # uneven: the world
-        {"RANK": "3", "WORLD_SIZE": "8", "SLURM_NNODES": "2"},
-        {"RANK": "3", "WORLD_SIZE": "8", "GROUP_WORLD_SIZE": "4"},
-        {"RANK": "3", "WORLD_SIZE": "9", "SLURM_NNODES": "2"},
-        {"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_NNODES": "2"},
-        {"SLURM_PROCID": "5", "SLURM_NTASKS": "7", "SLURM_NNODES": "2"},
-        {"SLURM_PROCID": "0", "SLURM_NTASKS": "4"},
-    ],
-)
-def test_the_ranks_sharing_a_machine_are_counted_as_the_runtime_counts_them(
-    environ: dict[str, str],
-) -> None:
-    from stoker.runtime.dist.dist_env import detect
-
-    assert ranks_here(environ) == detect(environ).local_world_size

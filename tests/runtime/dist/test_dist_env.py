@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from stoker.cores import ranks_here
 from stoker.errors import StokerError
 from stoker.runtime.dist.dist_env import DistEnv, detect, lost_peer
 
@@ -112,3 +113,26 @@ def test_train_sharding_chooses_hsdp_or_fsdp_over_every_node() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True).stdout  # fmt: skip
     assert out.split("\n")[0] == "('replicate', 'shard') (2, 2) ('shard',) (4,)"
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {},
+        {"RANK": "3", "WORLD_SIZE": "8"},
+        {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"},
+        {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "3"},  # uneven: the world
+        {"RANK": "3", "WORLD_SIZE": "8", "SLURM_NNODES": "2"},
+        {"RANK": "3", "WORLD_SIZE": "8", "GROUP_WORLD_SIZE": "4"},
+        {"RANK": "3", "WORLD_SIZE": "9", "SLURM_NNODES": "2"},
+        {"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_NNODES": "2"},
+        {"SLURM_PROCID": "5", "SLURM_NTASKS": "7", "SLURM_NNODES": "2"},
+        {"SLURM_PROCID": "0", "SLURM_NTASKS": "4"},
+    ],
+)
+def test_the_ranks_sharing_a_machine_are_counted_as_the_runtime_counts_them(
+    environ: dict[str, str],
+) -> None:
+    """stoker/cores.py counts them for the layers below the runtime (the loader's decode
+    threads); it must agree with the runtime's own count."""
+    assert ranks_here(environ) == detect(environ).local_world_size
