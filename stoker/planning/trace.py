@@ -225,7 +225,7 @@ def trace_step(cfg: Any, spec: TraceSpec) -> Traced:
         model = build_model(cfg.model, cfg.data)
         apply_activation_checkpointing(model, spec.activation_checkpointing)
         if spec.world > 1:  # one rank: the runtime wraps nothing (no mesh)
-            apply_fsdp(model, mesh, bf16_params=bf16 and spec.gpu)
+            apply_fsdp(model, mesh, bf16_params=bf16 and spec.gpu, per_block=spec.gpu)
         optimizer = build_optimizer(model, cfg.optim, cpu)
         params = [p for p in model.parameters() if p.requires_grad]
         # The first foreach AdamW step on parameters of these shapes is a miss of

@@ -6,7 +6,8 @@ Run under torch.distributed.run on CPU ranks (gloo):
         tests/checkpoint/fsdp2_save.py ROOT STEP REFERENCE
 
 Builds the tiny av_dit of stoker/runtime/tiny.yaml with random values in every
-weight, shards it with FSDP2 as the runtime does (apply_fsdp), takes one AdamW
+weight, shards it with FSDP2 as the runtime does on GPUs (apply_fsdp, a unit per
+block; CPU ranks make the model one unit, which shards each parameter alike), takes one AdamW
 step on a different batch per rank (and one of an EMA of decay 0.5), saves
 {"model", "optim", "train", "rng": {"rank-<r>"}, "ema"} with DCP into
 ROOT/step-STEP as stoker.checkpoint.train_state lays it out, and commits it on

@@ -40,7 +40,7 @@ def measure(cfg: Any, shard: int, steps: list[tuple[int, int]]) -> list[int]:
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, cfg.data)
     apply_activation_checkpointing(model, cfg.train.activation_checkpointing)
-    apply_fsdp(model, mesh, bf16_params=False)
+    apply_fsdp(model, mesh, bf16_params=False, per_block=False)  # as on CPU ranks
     optimizer = build_optimizer(model, cfg.optim, torch.device("cpu"))
     params = [p for p in model.parameters() if p.requires_grad]
     peaks = []

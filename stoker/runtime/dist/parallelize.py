@@ -2,8 +2,9 @@
 activation checkpointing, then torch.compile, then FSDP2.
 
 A model's blocks (`blocks()`, or a `blocks` ModuleList: the contract of
-stoker/model.py) are the units that are recomputed, compiled and sharded; a model
-without blocks is one unit, sharded at its root.
+stoker/model.py) are the units that are recomputed, compiled and sharded on a GPU;
+a model without blocks is one unit, sharded at its root. On CPU ranks the whole
+model is one FSDP2 unit (see `apply_fsdp`).
 """
 
 from __future__ import annotations
@@ -42,10 +43,19 @@ def apply_compile(model: nn.Module) -> None:
         setattr(parent, name, torch.compile(getattr(parent, name), fullgraph=True))
 
 
-def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, bf16_params: bool) -> None:
-    """fully_shard each block, then the root. On a 2-D ("replicate", "shard")
-    mesh this is HSDP. bf16_params: all-gather parameters in bf16 and reduce
-    gradients in fp32 (GPUs); the fp32 master weights stay sharded."""
+def apply_fsdp(
+    model: nn.Module, mesh: DeviceMesh, *, bf16_params: bool, per_block: bool = True
+) -> None:
+    """fully_shard each block (per_block), then the root. On a 2-D ("replicate",
+    "shard") mesh this is HSDP. bf16_params: all-gather parameters in bf16 and reduce
+    gradients in fp32 (GPUs); the fp32 master weights stay sharded.
+
+    per_block=False shards the model as one unit: one all-gather before forward, one
+    reduce-scatter after backward. That is what CPU ranks get: gloo's collectives run
+    in series with a CPU rank's compute, so per-block units overlap nothing there and
+    their all-gathers cost a step of the tiny preset as much as its forward and backward
+    (210 against 155 ms, docs/runtime.md). The checkpoint is the same either way: FSDP2
+    shards each parameter alike, whatever its unit."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = (
@@ -53,7 +63,7 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, bf16_params: bool) -> None
         if bf16_params
         else MixedPrecisionPolicy()
     )
-    slots = block_slots(model)
+    slots = block_slots(model) if per_block else []
     for index, (parent, name) in enumerate(slots):
         # The last block's parameters are needed right away by backward:
         # keeping them gathered after forward saves one all-gather.
@@ -76,5 +86,6 @@ def parallelize(
     if train.compile:
         apply_compile(model)
     if mesh is not None:
-        apply_fsdp(model, mesh, bf16_params=precision == "bf16" and device.type == "cuda")
+        gpu = device.type == "cuda"
+        apply_fsdp(model, mesh, bf16_params=precision == "bf16" and gpu, per_block=gpu)
     return model
