@@ -5,6 +5,7 @@
 | `store` | which store runs go to (`resolve_tracking_uri`); opening it, locked or not |
 | `limits` | MLflow's limits on names, values and calls: `check_key`, `cut` |
 | `runs` | the runs stoker creates (`precreate_run`, a sweep's), the config as params |
+| `direct_runs` | those runs, in a sqlite store, written with sqlite3: no mlflow import |
 | `logger` | `RunLogger`: the job's writer into one run; calls enqueue and return |
 | `record_queue` | the queue between the training thread and the writer thread |
 | `writer` | the writer thread: batches to the store, an outage spooled and replayed |

@@ -13,13 +13,15 @@ from __future__ import annotations
 import getpass
 import posixpath
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stoker.errors import StokerError
 from stoker.redact import REDACTED, hide_url_passwords, is_secret_name
 from stoker.sqlite_retry import is_locked_error
+from stoker.tracking.direct_runs import DirectRuns, open_direct
 from stoker.tracking.limits import (
     MAX_EXPERIMENT_NAME,
     MAX_PARAM_VALUE,
@@ -136,10 +138,65 @@ def _current_user() -> str:
         return "unknown"
 
 
+class _MlflowRuns:
+    """What precreate and the submit's updates call, through MLflow's client (a store
+    that direct_runs does not write)."""
+
+    def __init__(self, client: Any, experiment_id: str) -> None:
+        self.client = client
+        self.experiment_id = experiment_id
+
+    def create_scheduled(
+        self, run_name: str, tags: Mapping[str, str], params: Mapping[str, str], user: str,
+        created: list[str],
+    ) -> tuple[str, str]:  # fmt: skip
+        from mlflow.entities import Param
+
+        run = self.client.create_run(
+            self.experiment_id, run_name=run_name, tags={TAG_USER: user, **tags}
+        )
+        run_id = str(run.info.run_id)
+        created.append(run_id)
+        # create_run always starts a run as RUNNING; the job moves it on when it starts.
+        self.client.update_run(run_id, status="SCHEDULED")
+        items = [Param(key, value) for key, value in params.items()]
+        for start in range(0, len(items), PARAMS_PER_BATCH):  # MLflow's per-call limit
+            self.client.log_batch(run_id, params=items[start : start + PARAMS_PER_BATCH])
+        return run_id, str(run.info.artifact_uri)
+
+    def log_texts(self, run_id: str, texts: Mapping[str, str]) -> None:
+        for name, text in texts.items():
+            self.client.log_text(run_id, text, name)
+
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(run_id, key, value)
+
+    def end(self, run_id: str, status: str) -> None:
+        self.client.set_terminated(run_id, status=status)
+
+    def abandon(self, run_id: str, reason: str) -> None:
+        """One attempt, not the retries (see _abandon)."""
+        raw = self.client.raw if isinstance(self.client, RetryingClient) else self.client
+        raw.set_tag(run_id, TAG_SUBMIT_ERROR, reason)
+        raw.set_terminated(run_id, status="FAILED")
+
+
+@contextmanager
+def _runs_of(target: TrackingTarget, experiment: str | None) -> Iterator[Any]:
+    """The store's runs, written with sqlite3 where direct_runs can (no mlflow import:
+    2-3 CPU-s of a `stoker submit`), else through MLflow's client."""
+    direct = open_direct(target, experiment)
+    if direct is not None:
+        yield direct
+        return
+    with open_store(target, experiment) as (client, experiment_id):
+        yield _MlflowRuns(client, experiment_id)
+
+
 def _create_run(
-    client: Any,
+    runs: Any,
     target: TrackingTarget,
-    experiment_id: str,
     *,
     run_name: str,
     params: dict[str, str],
@@ -149,41 +206,37 @@ def _create_run(
     created: list[str],
 ) -> CreatedRun:
     """Create one SCHEDULED run; its id is appended to `created` as soon as it exists."""
-    from mlflow.entities import Param
-
-    run = client.create_run(
-        experiment_id, run_name=run_name, tags={TAG_USER: _current_user(), **tags}
-    )
-    run_id = str(run.info.run_id)
-    created.append(run_id)
-    # create_run always starts a run as RUNNING; the job moves it on when it starts.
-    client.update_run(run_id, status="SCHEDULED")
-    items = [Param(key, value) for key, value in params.items()]
-    for start in range(0, len(items), PARAMS_PER_BATCH):  # MLflow's per-call limit
-        client.log_batch(run_id, params=items[start : start + PARAMS_PER_BATCH])
-    for name, text in artifacts.items():
-        client.log_text(run_id, text, name)
+    if isinstance(runs, DirectRuns):  # one transaction: made whole, or not at all
+        run_id, artifact_uri = runs.create_scheduled(run_name, tags, params, _current_user())
+        created.append(run_id)
+    else:
+        run_id, artifact_uri = runs.create_scheduled(
+            run_name, tags, params, _current_user(), created
+        )
+    runs.log_texts(run_id, artifacts)
     return CreatedRun(
         run_id=run_id,
-        experiment_id=experiment_id,
+        experiment_id=runs.experiment_id,
         uri=target.uri,
-        link=run_link(target, experiment_id, run_id),
-        artifact_uri=str(run.info.artifact_uri),
+        link=run_link(target, runs.experiment_id, run_id),
+        artifact_uri=artifact_uri,
         truncated_params=truncated,
     )
 
 
-def _abandon(client: Any, run_ids: Sequence[str], reason: str) -> None:
+def _abandon(runs: Any, run_ids: Sequence[str], reason: str) -> None:
     """Best effort, while another error is on its way up: no run stays SCHEDULED.
 
     One attempt per call, not the retries: after a locked store spent its budget, 100
     runs of a sweep must not wait 60 s each."""
-    raw = client.raw if isinstance(client, RetryingClient) else client
     for run_id in run_ids:
         # The error already on its way up is the one to report, not a second one.
         try:
-            raw.set_tag(run_id, TAG_SUBMIT_ERROR, cut(reason, MAX_TAG_VALUE))
-            raw.set_terminated(run_id, status="FAILED")
+            if isinstance(runs, DirectRuns):
+                runs.set_tags(run_id, {TAG_SUBMIT_ERROR: cut(reason, MAX_TAG_VALUE)})
+                runs.end(run_id, "FAILED")
+            else:
+                runs.abandon(run_id, cut(reason, MAX_TAG_VALUE))
         except Exception as exc:
             if is_locked_error(exc):
                 return  # still locked: the others would wait just as long
@@ -221,14 +274,13 @@ def precreate_run(
     _check_artifacts(artifacts)
     created: list[str] = []
     with (
-        open_store(target, experiment) as (client, experiment_id),
         store_errors(target, f"create a run in experiment {experiment!r}"),
+        _runs_of(target, experiment) as runs,
     ):
         try:
             return _create_run(
-                client,
+                runs,
                 target,
-                experiment_id,
                 run_name=run_name,
                 params=prepared,
                 tags=all_tags,
@@ -237,7 +289,7 @@ def precreate_run(
                 created=created,
             )
         except Exception as exc:
-            _abandon(client, created, f"stoker submit failed while creating the run: {exc}")
+            _abandon(runs, created, f"stoker submit failed while creating the run: {exc}")
             raise
 
 
@@ -270,14 +322,13 @@ def precreate_sweep(
         child_inputs.append((child, prepared, child_tags, truncated))
     created: list[str] = []
     with (
-        open_store(target, experiment) as (client, experiment_id),
         store_errors(target, f"create the sweep's runs in experiment {experiment!r}"),
+        _runs_of(target, experiment) as runs,
     ):
         try:
             parent = _create_run(
-                client,
+                runs,
                 target,
-                experiment_id,
                 run_name=parent_name,
                 params=parent_prepared,
                 tags=parent_all_tags,
@@ -285,11 +336,10 @@ def precreate_sweep(
                 truncated=parent_truncated,
                 created=created,
             )
-            runs = [
+            children_runs = [
                 _create_run(
-                    client,
+                    runs,
                     target,
-                    experiment_id,
                     run_name=child.run_name,
                     params=prepared,
                     tags={**tags, TAG_PARENT: parent.run_id},
@@ -300,9 +350,9 @@ def precreate_sweep(
                 for child, prepared, tags, truncated in child_inputs
             ]
         except Exception as exc:
-            _abandon(client, created, f"stoker sweep failed while creating the runs: {exc}")
+            _abandon(runs, created, f"stoker sweep failed while creating the runs: {exc}")
             raise
-    return parent, runs
+    return parent, children_runs
 
 
 TRAINING_LAYOUT = "workflowType=machine_learning"
@@ -328,12 +378,9 @@ def mark_run_failed_to_submit(target: TrackingTarget, run_id: str, reason: str) 
     the `stoker.submit_error` tag, so no run waits as SCHEDULED for a job that never came.
     Raises StokerError if the store cannot be reached (the caller decides which error to show).
     """
-    with (
-        open_store(target, None) as (client, _),
-        store_errors(target, f"mark run {run_id} as failed"),
-    ):
-        client.set_tag(run_id, TAG_SUBMIT_ERROR, cut(reason, MAX_TAG_VALUE))
-        client.set_terminated(run_id, status="FAILED")
+    with store_errors(target, f"mark run {run_id} as failed"), _runs_of(target, None) as runs:
+        runs.set_tags(run_id, {TAG_SUBMIT_ERROR: cut(reason, MAX_TAG_VALUE)})
+        runs.end(run_id, "FAILED")
 
 
 def update_submitted_runs(
@@ -346,11 +393,9 @@ def update_submitted_runs(
         _check_artifacts(artifacts)
         prepared[run_id] = (artifacts, _prepare_tags(tags))
     with (
-        open_store(target, None) as (client, _),
         store_errors(target, "record the submitted job in its runs"),
+        _runs_of(target, None) as runs,
     ):
         for run_id, (artifacts, tags) in prepared.items():
-            for name, text in artifacts.items():
-                client.log_text(run_id, text, name)
-            for key, value in tags.items():
-                client.set_tag(run_id, key, value)
+            runs.log_texts(run_id, artifacts)
+            runs.set_tags(run_id, tags)

@@ -1,0 +1,204 @@
+"""The runs `stoker submit` and `stoker sweep` create in a sqlite store, written with
+plain sqlite3: no mlflow import on the login node.
+
+Importing mlflow and opening its sqlite store (mlflow/__init__, SQLAlchemy, alembic)
+costs a `stoker submit` 2 to 3 CPU-s, most of the command, on the login node whose
+CPU every user's commands share. What a submit writes is a few rows: the run (in
+MLflow's `runs`, SCHEDULED), its tags (`mlflow.user`, `mlflow.runName` and stoker's),
+its params, and artifact files in the run's artifact folder; later a tag or two, or
+its end (FAILED, when sbatch refused the job). `run_end.py` and
+`ended_run_metrics.py` write the same tables the same way.
+
+Used only where the result cannot differ from MLflow's own writes:
+- the file's `alembic_version` is one of KNOWN_REVISIONS, whose tables hold the
+  columns written here (a store of another MLflow version is opened by MLflow);
+- the experiment exists and is active (a new store, a new experiment and a deleted
+  one's error go through MLflow);
+- the experiment's artifact location is a local folder (MLflow's local artifact
+  repository writes plain files there; other locations go through MLflow).
+Otherwise `open_direct` returns None and the caller opens the store with MLflow.
+tests/tracking/test_direct_runs.py reads the runs made here through MlflowClient and
+compares them with runs MLflow made, and holds KNOWN_REVISIONS to the installed
+MLflow's schema.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from contextlib import closing
+from pathlib import Path
+from typing import TypeVar
+
+from stoker.errors import StokerError
+from stoker.sqlite_retry import BUDGET_S, retry_while_locked
+from stoker.tracking.store import TrackingTarget
+
+T = TypeVar("T")
+
+# Alembic revisions of MLflow's schema whose runs, tags, params and experiments tables
+# hold the columns written here (the head of MLflow 3.17).
+KNOWN_REVISIONS = frozenset({"dc11669786a5"})
+# MLflow's tag of the run's name and of its user (mlflow.utils.mlflow_tags).
+RUN_NAME_TAG = "mlflow.runName"
+USER_TAG = "mlflow.user"
+# MLflow's workspace of a store used without workspaces.
+DEFAULT_WORKSPACE = "default"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class DirectRuns:
+    """Runs of one sqlite store, created and changed with sqlite3. Every method is one
+    transaction, retried while the file is locked (as store.RetryingClient does)."""
+
+    def __init__(self, target: TrackingTarget, db: Path, experiment_id: str) -> None:
+        self.target = target
+        self.db = db
+        self.experiment_id = experiment_id
+
+    def _write(self, doing: str, work: Callable[[sqlite3.Connection], T]) -> T:
+        def once() -> T:
+            with closing(sqlite3.connect(self.db, timeout=5, isolation_level=None)) as conn:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    result = work(conn)
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+                return result
+
+        return retry_while_locked(
+            once, db=self.db, doing=f"{doing} in MLflow store {self.target.describe()}",
+            fix="other processes kept the store busy; try again", budget_s=BUDGET_S,
+        )  # fmt: skip
+
+    def create_scheduled(
+        self, run_name: str, tags: Mapping[str, str], params: Mapping[str, str], user: str
+    ) -> tuple[str, str]:
+        """A SCHEDULED run with its tags and params: (run id, artifact URI)."""
+
+        def create(conn: sqlite3.Connection) -> tuple[str, str]:
+            location = _local_location(conn, self.experiment_id)
+            if location is None:
+                raise StokerError(f"MLflow experiment {self.experiment_id} is not usable here")
+            run_id = uuid.uuid4().hex
+            artifact_uri = f"{location.rstrip('/')}/{run_id}/artifacts"
+            all_tags = {USER_TAG: user, **tags, RUN_NAME_TAG: run_name}
+            conn.execute(
+                "INSERT INTO runs (run_uuid, name, source_type, source_name, entry_point_name, "
+                "user_id, status, start_time, end_time, deleted_time, source_version, "
+                "lifecycle_stage, artifact_uri, experiment_id) VALUES "
+                "(?, ?, 'UNKNOWN', '', '', ?, 'SCHEDULED', ?, NULL, NULL, '', 'active', ?, ?)",
+                (run_id, run_name, all_tags[USER_TAG], _now_ms(), artifact_uri,
+                 int(self.experiment_id)),
+            )  # fmt: skip
+            conn.executemany(
+                "INSERT INTO tags (key, value, run_uuid) VALUES (?, ?, ?)",
+                [(key, value, run_id) for key, value in all_tags.items()],
+            )
+            conn.executemany(
+                "INSERT INTO params (key, value, run_uuid) VALUES (?, ?, ?)",
+                [(key, value, run_id) for key, value in params.items()],
+            )
+            return run_id, artifact_uri
+
+        return self._write("create a run", create)
+
+    def log_texts(self, run_id: str, texts: Mapping[str, str]) -> None:
+        """Each text as the artifact file of its (relative, checked) name."""
+        if not texts:
+            return
+        folder = _artifact_folder(self._artifact_uri(run_id))
+        for name, text in texts.items():
+            path = folder / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        def write(conn: sqlite3.Connection) -> None:
+            _active_run(conn, run_id, self.target)
+            conn.executemany(
+                "INSERT OR REPLACE INTO tags (key, value, run_uuid) VALUES (?, ?, ?)",
+                [(key, value, run_id) for key, value in tags.items()],
+            )
+
+        self._write(f"set tags of run {run_id}", write)
+
+    def end(self, run_id: str, status: str) -> None:
+        """Set the run's status and end time, as MlflowClient.set_terminated."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            _active_run(conn, run_id, self.target)
+            conn.execute(
+                "UPDATE runs SET status = ?, end_time = ? WHERE run_uuid = ?",
+                (status, _now_ms(), run_id),
+            )
+
+        self._write(f"end run {run_id}", write)
+
+    def _artifact_uri(self, run_id: str) -> str:
+        with closing(sqlite3.connect(self.db, timeout=5)) as conn:
+            row = conn.execute(
+                "SELECT artifact_uri FROM runs WHERE run_uuid = ?", (run_id,)
+            ).fetchone()
+        if row is None:
+            raise StokerError(f"MLflow store {self.target.describe()} has no run {run_id}")
+        return str(row[0])
+
+
+def _active_run(conn: sqlite3.Connection, run_id: str, target: TrackingTarget) -> None:
+    row = conn.execute("SELECT lifecycle_stage FROM runs WHERE run_uuid = ?", (run_id,)).fetchone()
+    if row is None:
+        raise StokerError(f"MLflow store {target.describe()} has no run {run_id}")
+    if row[0] != "active":
+        raise StokerError(f"MLflow run {run_id} in {target.describe()} is deleted")
+
+
+def _artifact_folder(uri: str) -> Path:
+    return Path(uri.removeprefix("file://"))
+
+
+def _is_local(location: str) -> bool:
+    return location.startswith("/") or (
+        location.startswith("file:///") and "?" not in location and "#" not in location
+    )
+
+
+def _local_location(conn: sqlite3.Connection, experiment_id: str) -> str | None:
+    row = conn.execute(
+        "SELECT artifact_location, lifecycle_stage FROM experiments WHERE experiment_id = ?",
+        (int(experiment_id),),
+    ).fetchone()
+    if row is None or row[1] != "active" or not row[0] or not _is_local(str(row[0])):
+        return None
+    return str(row[0])
+
+
+def open_direct(target: TrackingTarget, experiment: str | None) -> DirectRuns | None:
+    """DirectRuns for `target` and the experiment named `experiment` (None: for runs that
+    exist already), or None where MLflow must open the store (see the module's list)."""
+    db = target.db_path
+    if db is None or not db.is_file():
+        return None
+    try:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as conn:
+            revision = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+            if revision is None or revision[0] not in KNOWN_REVISIONS:
+                return None
+            if experiment is None:
+                return DirectRuns(target, db, "")
+            row = conn.execute(
+                "SELECT experiment_id FROM experiments WHERE name = ? AND workspace = ?",
+                (experiment, DEFAULT_WORKSPACE),
+            ).fetchone()
+            if row is None or _local_location(conn, str(row[0])) is None:
+                return None
+            return DirectRuns(target, db, str(row[0]))
+    except sqlite3.Error:  # locked, not a database, no such table: MLflow will say
+        return None
