@@ -3,6 +3,7 @@ developer's site profile or writes into ~/.stoker."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -104,11 +105,34 @@ def process_wide_kernel_backend() -> Iterator[None]:
         backend.set_backend(None)
 
 
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An MLflow sqlite store with its schema and nothing in it, made once per session
+    by MLflow as `stoker submit` makes one."""
+    from stoker.tracking.store import open_store, resolve_tracking_uri
+
+    db = tmp_path_factory.mktemp("empty-store") / "mlflow.db"
+    with open_store(resolve_tracking_uri(f"sqlite:///{db}"), None):
+        pass
+    return db
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> Path:
+    """HOME and STOKER_HOME of their own for each test, its default MLflow store made
+    already (`empty_store`), as on a machine where stoker has run before: a store's first
+    use is seconds of MLflow's migrations, which every test would pay again. The tests of
+    a first use make their stores themselves, and a test marked `fresh_home` gets a home
+    with nothing in it."""
     home = tmp_path_factory.mktemp("home")
+    if request.node.get_closest_marker("fresh_home") is None:
+        store = home / ".stoker" / "mlflow"
+        store.mkdir(parents=True)
+        shutil.copyfile(request.getfixturevalue("empty_store"), store / "mlflow.db")
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("STOKER_HOME", str(home / ".stoker"))
     monkeypatch.delenv("STOKER_PROFILE", raising=False)

@@ -12,8 +12,9 @@ its end (FAILED, when sbatch refused the job). `run_end.py` and
 Used only where the result cannot differ from MLflow's own writes:
 - the file's `alembic_version` is one of KNOWN_REVISIONS, whose tables hold the
   columns written here (a store of another MLflow version is opened by MLflow);
-- the experiment exists and is active (a new store, a new experiment and a deleted
-  one's error go through MLflow);
+- the experiment is active, or missing and then created as `open_store` creates it
+  (its artifacts in `<artifact_root>/<experiment>`, MLflow's training-layout kind tag);
+  a new store, and a deleted experiment's error, go through MLflow;
 - the experiment's artifact location is a local folder (MLflow's local artifact
   repository writes plain files there; other locations go through MLflow).
 Otherwise `open_direct` returns None and the caller opens the store with MLflow.
@@ -34,7 +35,12 @@ from typing import TypeVar
 
 from stoker.errors import StokerError
 from stoker.sqlite_retry import BUDGET_S, retry_while_locked
-from stoker.tracking.store import TrackingTarget
+from stoker.tracking.store import (
+    EXPERIMENT_KIND_TAG,
+    TRAINING_KIND,
+    TrackingTarget,
+    experiment_folder,
+)
 
 T = TypeVar("T")
 
@@ -191,14 +197,46 @@ def open_direct(target: TrackingTarget, experiment: str | None) -> DirectRuns | 
             revision = conn.execute("SELECT version_num FROM alembic_version").fetchone()
             if revision is None or revision[0] not in KNOWN_REVISIONS:
                 return None
-            if experiment is None:
-                return DirectRuns(target, db, "")
-            row = conn.execute(
-                "SELECT experiment_id FROM experiments WHERE name = ? AND workspace = ?",
-                (experiment, DEFAULT_WORKSPACE),
-            ).fetchone()
-            if row is None or _local_location(conn, str(row[0])) is None:
-                return None
-            return DirectRuns(target, db, str(row[0]))
     except sqlite3.Error:  # locked, not a database, no such table: MLflow will say
         return None
+    runs = DirectRuns(target, db, "")
+    if experiment is None:
+        return runs
+    try:
+        experiment_id = runs._write(
+            f"find or create experiment {experiment!r}",
+            lambda conn: _experiment_id(conn, target, experiment),
+        )
+    except sqlite3.Error:
+        return None
+    if experiment_id is None:
+        return None
+    runs.experiment_id = experiment_id
+    return runs
+
+
+def _experiment_id(conn: sqlite3.Connection, target: TrackingTarget, name: str) -> str | None:
+    """The id of the active experiment `name` with a local artifact folder, created if
+    missing (in the caller's write transaction: two submits cannot both create it);
+    None for one MLflow must handle (deleted, artifacts elsewhere)."""
+    find = "SELECT experiment_id FROM experiments WHERE name = ? AND workspace = ?"
+    row = conn.execute(find, (name, DEFAULT_WORKSPACE)).fetchone()
+    if row is None:
+        if target.artifact_root is None:
+            return None
+        now = _now_ms()
+        location = str(Path(target.artifact_root) / experiment_folder(name))
+        created = conn.execute(
+            "INSERT INTO experiments (name, artifact_location, lifecycle_stage, creation_time, "
+            "last_update_time, workspace) VALUES (?, ?, 'active', ?, ?, ?)",
+            (name, location, now, now, DEFAULT_WORKSPACE),
+        )
+        # The kind tag makes MLflow's UI open it in its model-training layout.
+        conn.execute(
+            "INSERT INTO experiment_tags (key, value, experiment_id) VALUES (?, ?, ?)",
+            (EXPERIMENT_KIND_TAG, TRAINING_KIND, created.lastrowid),
+        )
+        return str(created.lastrowid)
+    if _local_location(conn, str(row[0])) is None:
+        return None
+    return str(row[0])

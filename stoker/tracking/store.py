@@ -200,7 +200,7 @@ def _parse_sqlite(value: str, source: str) -> TrackingTarget:
     return TrackingTarget(uri=uri, artifact_root=str(path.parent / "artifacts"), source=source)
 
 
-def _experiment_folder(name: str) -> str:
+def experiment_folder(name: str) -> str:
     """A folder name for an experiment's artifacts (names may hold '/', spaces, ...)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "experiment"
 
@@ -453,7 +453,7 @@ def _experiment_id(client: Any, target: TrackingTarget, name: str) -> str:
     if found is None:
         location = None
         if target.artifact_root is not None:
-            location = str(Path(target.artifact_root) / _experiment_folder(name))
+            location = str(Path(target.artifact_root) / experiment_folder(name))
         try:
             # The kind tag makes MLflow's UI open it in its model-training layout (runs,
             # metrics charts), not the GenAI one (traces, agent versions, an assistant).

@@ -138,6 +138,7 @@ def shown_elsewhere(capfd: pytest.CaptureFixture[str]) -> str:
     return captured.out + captured.err
 
 
+@pytest.mark.fresh_home  # nothing_created(): not even the MLflow store
 @pytest.mark.parametrize("command", ["submit", "config"])
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_a_literal_secret_is_refused_and_never_echoed(
@@ -170,6 +171,7 @@ def test_a_literal_secret_is_refused_and_never_echoed(
     nothing_created()
 
 
+@pytest.mark.fresh_home  # nothing_created(): not even the MLflow store
 def test_a_secret_in_a_sweep_axis_is_refused(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -183,6 +185,7 @@ def test_a_secret_in_a_sweep_axis_is_refused(
     nothing_created()
 
 
+@pytest.mark.fresh_home  # nothing_created(): not even the MLflow store
 def test_a_tracking_uri_with_a_password_in_the_environment_is_refused(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -198,6 +201,7 @@ def test_a_tracking_uri_with_a_password_in_the_environment_is_refused(
     nothing_created()
 
 
+@pytest.mark.fresh_home  # nothing_created(): not even the MLflow store
 def test_pass_env_that_is_not_set_is_refused_before_anything_is_made(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -49,6 +49,7 @@ def doctor_json(
 
 
 @slurm
+@pytest.mark.fresh_home  # checking the store creates none
 def test_doctor_reports_the_cluster(slurm_cluster: ClusterSettings, isolated_home: Path) -> None:
     checks, result = doctor_json(env={"NCCL_SOCKET_IFNAME": "lo", "NCCL_DEBUG": "WARN"})
     assert result.returncode == 0, result.stdout

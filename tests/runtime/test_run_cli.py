@@ -18,6 +18,7 @@ from tests.clirun import stoker, stoker_text
 # The product's default, 300 steps on 2 ranks: 236 s with a core to itself, longer at
 # nice 19 beside the cluster tests (make test), so past pytest's default 600 s bound.
 @pytest.mark.timeout(900)
+@pytest.mark.fresh_home  # the README's first command: its store is made on first use too
 def test_stoker_run_trains_the_builtin_experiment(isolated_home: Path) -> None:
     result = stoker("run", "--json", timeout=900)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]

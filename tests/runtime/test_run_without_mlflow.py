@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from stoker.checkpoint.commit import verify
 from tests.clirun import stoker
 
@@ -21,6 +23,7 @@ BLOCKER = REPO / "benchmarks" / "gpu_check" / "import_blocker"
 BLOCKED = "mlflow,av,soundfile,submitit,moto"
 
 
+@pytest.mark.fresh_home  # asserts that no MLflow store is made
 def test_one_rank_trains_on_synthetic_latents_without_mlflow_or_pyav(isolated_home: Path) -> None:
     assert (BLOCKER / "sitecustomize.py").is_file(), f"{BLOCKER} is missing"
     env = {

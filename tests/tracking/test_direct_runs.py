@@ -87,6 +87,19 @@ def test_a_run_written_directly_reads_back_as_one_mlflow_made(tmp_path: Path) ->
     again = client.download_artifacts(direct.run_id, "job.sbatch", str(tmp_path / "dl2"))
     assert Path(again).read_text() == SBATCH + "#"
 
+    # A new experiment in the store, as MLflow made the first one.
+    other = _run(target, "third", experiment="video gen/v2")
+    first, second = (
+        client.get_experiment(made.info.experiment_id),
+        client.get_experiment(other.experiment_id),
+    )
+    assert second.name == "video gen/v2" and second.lifecycle_stage == first.lifecycle_stage
+    assert second.tags == first.tags == {"mlflow.experimentKind": "custom_model_development"}
+    assert second.artifact_location == str(tmp_path / "artifacts" / "video_gen_v2")
+    assert Path(first.artifact_location).parent == Path(second.artifact_location).parent
+    assert client.get_experiment_by_name("video gen/v2").experiment_id == other.experiment_id
+    assert client.get_run(other.run_id).info.artifact_uri.startswith(second.artifact_location)
+
     # A sweep into the experiment: children under their parent in MLflow's search.
     parent, children = precreate_sweep(
         target, experiment="exp", parent_name="sweep", parent_params={"sweep.size": 2},
@@ -134,7 +147,6 @@ def test_stores_direct_runs_cannot_write_go_through_mlflow(tmp_path: Path) -> No
     _run(target, "first")
     client = _client(target)
     assert open_direct(target, "exp") is not None
-    assert open_direct(target, "no such experiment") is None
     # An experiment whose artifacts are not a local folder, and a deleted one.
     client.create_experiment("remote", artifact_location="s3://bucket/runs")
     assert open_direct(target, "remote") is None
