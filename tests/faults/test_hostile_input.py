@@ -12,11 +12,12 @@ import io
 import json
 import os
 import shlex
+import sqlite3
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from contextlib import closing, contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
@@ -236,7 +237,13 @@ def assert_nothing_created(home: Path) -> None:
     runs = home / "runs"
     assert not runs.exists() or not list(runs.iterdir()), "a run folder was created"
     assert not (home / "ledger.sqlite").exists(), "a ledger entry was written"
-    assert not (home / "mlflow").exists(), "an MLflow run was created"
+    store = home / "mlflow" / "mlflow.db"  # made already in a test's own home (conftest.py)
+    assert not store.exists() or _runs_in(store) == 0, "an MLflow run was created"
+
+
+def _runs_in(store: Path) -> int:
+    with closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=30)) as db:
+        return int(db.execute("SELECT count(*) FROM runs").fetchone()[0])
 
 
 def assert_safe_script(text: str, home: Path) -> None:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +78,13 @@ def nothing_created(home: Path) -> None:
     runs = home / ".stoker" / "runs"
     assert not runs.exists() or not list(runs.iterdir()), "a run folder was created"
     assert not (home / ".stoker" / "ledger.sqlite").exists(), "a ledger entry was written"
-    assert not (home / ".stoker" / "mlflow").exists(), "an MLflow run was created"
+    store = home / ".stoker" / "mlflow" / "mlflow.db"  # made already (tests/conftest.py)
+    assert not store.exists() or _runs_in(store) == 0, "an MLflow run was created"
+
+
+def _runs_in(store: Path) -> int:
+    with closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=30)) as db:
+        return int(db.execute("SELECT count(*) FROM runs").fetchone()[0])
 
 
 def test_a_dry_run_lists_one_task_per_value(project: Path, isolated_home: Path) -> None:
