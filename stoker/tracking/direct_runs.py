@@ -67,7 +67,9 @@ class DirectRuns:
         self.db = db
         self.experiment_id = experiment_id
 
-    def _write(self, doing: str, work: Callable[[sqlite3.Connection], T]) -> T:
+    def _write(
+        self, doing: str, work: Callable[[sqlite3.Connection], T], *, retry: bool = True
+    ) -> T:
         def once() -> T:
             with closing(sqlite3.connect(self.db, timeout=5, isolation_level=None)) as conn:
                 conn.execute("BEGIN IMMEDIATE")
@@ -79,15 +81,19 @@ class DirectRuns:
                 conn.execute("COMMIT")
                 return result
 
+        if not retry:
+            return once()
         return retry_while_locked(
             once, db=self.db, doing=f"{doing} in MLflow store {self.target.describe()}",
             fix="other processes kept the store busy; try again", budget_s=BUDGET_S,
         )  # fmt: skip
 
     def create_scheduled(
-        self, run_name: str, tags: Mapping[str, str], params: Mapping[str, str], user: str
-    ) -> tuple[str, str]:
-        """A SCHEDULED run with its tags and params: (run id, artifact URI)."""
+        self, run_name: str, tags: Mapping[str, str], params: Mapping[str, str], user: str,
+        created: list[str],
+    ) -> tuple[str, str]:  # fmt: skip
+        """A SCHEDULED run with its tags and params, in one transaction (made whole or
+        not at all): (run id, artifact URI); its id is appended to `created`."""
 
         def create(conn: sqlite3.Connection) -> tuple[str, str]:
             location = _local_location(conn, self.experiment_id)
@@ -114,7 +120,9 @@ class DirectRuns:
             )
             return run_id, artifact_uri
 
-        return self._write("create a run", create)
+        run_id, artifact_uri = self._write("create a run", create)
+        created.append(run_id)
+        return run_id, artifact_uri
 
     def log_texts(self, run_id: str, texts: Mapping[str, str]) -> None:
         """Each text as the artifact file of its (relative, checked) name."""
@@ -138,15 +146,20 @@ class DirectRuns:
 
     def end(self, run_id: str, status: str) -> None:
         """Set the run's status and end time, as MlflowClient.set_terminated."""
+        self._write(f"end run {run_id}", lambda conn: _end(conn, run_id, status, self.target))
+
+    def abandon(self, run_id: str, tag: str, reason: str) -> None:
+        """FAILED with `reason` in `tag`, in one attempt: no retries while locked (a
+        sweep's 100 runs must not wait out the lock each)."""
 
         def write(conn: sqlite3.Connection) -> None:
-            _active_run(conn, run_id, self.target)
             conn.execute(
-                "UPDATE runs SET status = ?, end_time = ? WHERE run_uuid = ?",
-                (status, _now_ms(), run_id),
+                "INSERT OR REPLACE INTO tags (key, value, run_uuid) VALUES (?, ?, ?)",
+                (tag, reason, run_id),
             )
+            _end(conn, run_id, "FAILED", self.target)
 
-        self._write(f"end run {run_id}", write)
+        self._write(f"fail run {run_id}", write, retry=False)
 
     def _artifact_uri(self, run_id: str) -> str:
         with closing(sqlite3.connect(self.db, timeout=5)) as conn:
@@ -156,6 +169,14 @@ class DirectRuns:
         if row is None:
             raise StokerError(f"MLflow store {self.target.describe()} has no run {run_id}")
         return str(row[0])
+
+
+def _end(conn: sqlite3.Connection, run_id: str, status: str, target: TrackingTarget) -> None:
+    _active_run(conn, run_id, target)
+    conn.execute(
+        "UPDATE runs SET status = ?, end_time = ? WHERE run_uuid = ?",
+        (status, _now_ms(), run_id),
+    )
 
 
 def _active_run(conn: sqlite3.Connection, run_id: str, target: TrackingTarget) -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from stoker.errors import StokerError
 from stoker.redact import REDACTED, hide_url_passwords, is_secret_name
 from stoker.sqlite_retry import is_locked_error
-from stoker.tracking.direct_runs import DirectRuns, open_direct
+from stoker.tracking.direct_runs import open_direct
 from stoker.tracking.limits import (
     MAX_EXPERIMENT_NAME,
     MAX_PARAM_VALUE,
@@ -140,7 +140,7 @@ def _current_user() -> str:
 
 class _MlflowRuns:
     """What precreate and the submit's updates call, through MLflow's client (a store
-    that direct_runs does not write)."""
+    that direct_runs does not write); direct_runs.DirectRuns has the same methods."""
 
     def __init__(self, client: Any, experiment_id: str) -> None:
         self.client = client
@@ -175,10 +175,10 @@ class _MlflowRuns:
     def end(self, run_id: str, status: str) -> None:
         self.client.set_terminated(run_id, status=status)
 
-    def abandon(self, run_id: str, reason: str) -> None:
+    def abandon(self, run_id: str, tag: str, reason: str) -> None:
         """One attempt, not the retries (see _abandon)."""
         raw = self.client.raw if isinstance(self.client, RetryingClient) else self.client
-        raw.set_tag(run_id, TAG_SUBMIT_ERROR, reason)
+        raw.set_tag(run_id, tag, reason)
         raw.set_terminated(run_id, status="FAILED")
 
 
@@ -206,13 +206,7 @@ def _create_run(
     created: list[str],
 ) -> CreatedRun:
     """Create one SCHEDULED run; its id is appended to `created` as soon as it exists."""
-    if isinstance(runs, DirectRuns):  # one transaction: made whole, or not at all
-        run_id, artifact_uri = runs.create_scheduled(run_name, tags, params, _current_user())
-        created.append(run_id)
-    else:
-        run_id, artifact_uri = runs.create_scheduled(
-            run_name, tags, params, _current_user(), created
-        )
+    run_id, artifact_uri = runs.create_scheduled(run_name, tags, params, _current_user(), created)
     runs.log_texts(run_id, artifacts)
     return CreatedRun(
         run_id=run_id,
@@ -232,11 +226,7 @@ def _abandon(runs: Any, run_ids: Sequence[str], reason: str) -> None:
     for run_id in run_ids:
         # The error already on its way up is the one to report, not a second one.
         try:
-            if isinstance(runs, DirectRuns):
-                runs.set_tags(run_id, {TAG_SUBMIT_ERROR: cut(reason, MAX_TAG_VALUE)})
-                runs.end(run_id, "FAILED")
-            else:
-                runs.abandon(run_id, cut(reason, MAX_TAG_VALUE))
+            runs.abandon(run_id, TAG_SUBMIT_ERROR, cut(reason, MAX_TAG_VALUE))
         except Exception as exc:
             if is_locked_error(exc):
                 return  # still locked: the others would wait just as long

@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from stoker.errors import StokerError
 from stoker.tracking.direct_runs import KNOWN_REVISIONS, open_direct
 from stoker.tracking.runs import (
     ChildSpec,
@@ -140,6 +143,20 @@ def test_a_submit_into_a_store_that_exists_imports_no_mlflow(tmp_path: Path) -> 
     assert imported == "[]"
     got = _client(target).get_run(run_id)
     assert got.info.status == "FAILED" and got.data.tags["slurm.job_id"] == "8"
+
+
+def test_a_run_whose_artifacts_cannot_be_written_is_left_failed(tmp_path: Path) -> None:
+    """The run is made in one transaction, its files after: a failure there leaves the
+    run FAILED with the reason, not SCHEDULED for a job that never comes."""
+    target = resolve_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    _run(target, "first")
+    (tmp_path / "artifacts" / "blocked").write_text("a file where the folder would be")
+    with pytest.raises(StokerError, match="create a run in experiment 'blocked'"):
+        _run(target, "r", experiment="blocked")
+    client = _client(target)
+    (run,) = client.search_runs([client.get_experiment_by_name("blocked").experiment_id])
+    assert run.info.status == "FAILED" and run.info.end_time is not None
+    assert "stoker submit failed while creating the run" in run.data.tags["stoker.submit_error"]
 
 
 def test_stores_direct_runs_cannot_write_go_through_mlflow(tmp_path: Path) -> None:
