@@ -58,22 +58,37 @@ def builtin_experiment() -> Path:
 
 
 def builtin_with_own_model(resolved: ResolvedConfig) -> ResolvedConfig:
-    """The built-in experiment with a model of the user's own (`model.arch=pkg.mod:build`
-    given on the command line): its data and schedule stay, its settings for its own
-    model do not. Its samples (train.sample_every) fall back to the default, so that the
-    user hears of sampling only when they ask for it, and the job (its run folder, its
-    name in MLflow) is named after the model's package, not `tiny`."""
+    """The built-in experiment with another model (`model.arch=pkg.mod:build` or
+    `model.arch=audio_ar` given on the command line): its data and schedule stay, its
+    settings for its own model do not. Its `model.args` (the tiny av_dit's patch and
+    objective) are dropped, those given on the command line kept, so that another factory
+    is not handed keywords it never declared. For a model of the user's own, its samples
+    (train.sample_every) fall back to the default, so that the user hears of sampling only
+    when they ask for it, and the job (its run folder, its name in MLflow) is named after
+    the model's package, not `tiny`."""
     from stoker.config import ExperimentConfig
     from stoker.config.resolve import DEFAULT
     from stoker.launcher.launch.job_name import MODEL_SOURCE, model_package
 
-    def from_builtin(key: tuple[str, str]) -> bool:
+    def from_builtin(key: tuple[str, ...]) -> bool:
         return resolved.source_of(key).where.startswith(f"{builtin_experiment()}:")
 
-    arch = resolved.config.model.arch
-    if ":" not in arch or from_builtin(("model", "arch")):
+    if from_builtin(("model", "arch")):
         return resolved
     config, sources = resolved.config, dict(resolved.sources)
+    builtin_args = {key for key in sources if key[:2] == ("model", "args") and from_builtin(key)}
+    if builtin_args:
+        kept = {
+            name: value
+            for name, value in config.model.args.items()
+            if ("model", "args", name) not in builtin_args
+        }
+        config = config.model_copy(update={"model": config.model.model_copy(update={"args": kept})})
+        for key in builtin_args:
+            del sources[key]
+    arch = config.model.arch
+    if ":" not in arch:
+        return dataclasses.replace(resolved, config=config, sources=sources)
     if from_builtin(("train", "sample_every")):
         default = ExperimentConfig().train.sample_every
         config = config.model_copy(
