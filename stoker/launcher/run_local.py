@@ -57,6 +57,12 @@ def builtin_experiment() -> Path:
     return Path(str(resources.files("stoker.runtime") / "tiny.yaml"))
 
 
+def builtin_arch() -> str:
+    import yaml
+
+    return str(yaml.safe_load(builtin_experiment().read_text())["model"]["arch"])
+
+
 def builtin_with_own_model(resolved: ResolvedConfig) -> ResolvedConfig:
     """The built-in experiment with another model (`model.arch=pkg.mod:build` or
     `model.arch=audio_ar` given on the command line): its data and schedule stay, its
@@ -73,8 +79,8 @@ def builtin_with_own_model(resolved: ResolvedConfig) -> ResolvedConfig:
     def from_builtin(key: tuple[str, ...]) -> bool:
         return resolved.source_of(key).where.startswith(f"{builtin_experiment()}:")
 
-    if from_builtin(("model", "arch")):
-        return resolved
+    if from_builtin(("model", "arch")) or resolved.config.model.arch == builtin_arch():
+        return resolved  # its own model (`model.arch=av_dit` given again included)
     config, sources = resolved.config, dict(resolved.sources)
     builtin_args = {key for key in sources if key[:2] == ("model", "args") and from_builtin(key)}
     if builtin_args:

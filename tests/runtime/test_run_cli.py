@@ -203,5 +203,6 @@ def test_the_builtin_experiments_model_args_stay_with_its_own_model() -> None:
 
     assert args_of()["pixel_patch"] == [2, 16, 16] and args_of()["prediction"] == "data"
     assert args_of("model.args.time_shift=1")["time_shift"] == 1  # its own model, overridden
+    assert args_of("model.arch=av_dit") == args_of()  # its own model, named again
     assert args_of("model.arch=mypkg.model:build", "model.args.width=16") == {"width": 16}
     assert args_of("model.arch=audio_ar") == {}
