@@ -3,6 +3,7 @@ developer's site profile or writes into ~/.stoker."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from collections.abc import Callable, Iterator
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+CHECK_CACHE_ENV = "STOKER_MODEL_CHECK_CACHE"
 
 # `slurm_cluster`: a real 3-node SLURM cluster (tests/cluster/); `mlflow_server`: a real
 # MLflow tracking server over HTTP (tests/mlflow_server.py).
@@ -115,6 +117,17 @@ def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with open_store(resolve_tracking_uri(f"sqlite:///{db}"), None):
         pass
     return db
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_model_checks(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """One cache of passed model checks for the whole run (scripts/test-suite gives its
+    pytest processes one folder), not one per test's STOKER_HOME: the check of a model
+    and data settings a test before passed with the same files is not made again (~3
+    CPU-s each; stoker/launcher/launch/model_check_cache.py). Refusals are never kept, so
+    every test of one still runs the check; the cache's own tests set their own."""
+    if CHECK_CACHE_ENV not in os.environ:
+        os.environ[CHECK_CACHE_ENV] = str(tmp_path_factory.mktemp("model-checks"))
 
 
 @pytest.fixture(autouse=True)

@@ -8,11 +8,13 @@ the CPU: one sample of the data's shapes with random values, within 60 s.
 
 Run by the launcher as a child process (it imports torch, which the login node's
 commands do not): `python -m stoker.runtime.preflight --config FROZEN [--config ...]`,
-several configs for a sweep's tasks (torch imported once, not once a task). Exit 0
-when every model builds; else exit PREFLIGHT_REFUSED (stoker/protocol.py) at the first
-refusal with one JSON object on stdout: {"key", "message", "fix"}, the setting to
-change first and the values to use, and "index", the refused config's place in the
-arguments.
+several configs for a sweep's tasks (torch imported once, not once a task)
+[--imported FILE]. Exit 0 when every model builds, with FILE (when given) the module
+files the check imported, {path: [size, mtime_ns]}: a pass is kept while they stay the
+same (stoker/launcher/launch/model_check_cache.py); else exit PREFLIGHT_REFUSED
+(stoker/protocol.py) at the first refusal with one JSON object on stdout: {"key",
+"message", "fix"}, the setting to change first and the values to use, and "index", the
+refused config's place in the arguments.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -37,6 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--config", type=Path, action="append", required=True, help="a frozen config (repeatable)"
     )
+    parser.add_argument(
+        "--imported", type=Path, help="write the module files the check imported (JSON)"
+    )
     args = parser.parse_args(argv)
 
     from stoker.config import load_frozen
@@ -49,7 +55,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             refusal = {"key": exc.key, "message": exc.message, "fix": exc.fix, "index": index}
             print(json.dumps(refusal))
             return PREFLIGHT_REFUSED
+    if args.imported is not None:
+        args.imported.write_text(json.dumps(imported_files()))
     return 0
+
+
+def imported_files() -> dict[str, list[int]]:
+    """Each module file this process imported, with its size and modification time in
+    ns: what the check's verdict depends on."""
+    files: dict[str, list[int]] = {}
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__file__", None)
+        if not isinstance(name, str) or name in files:
+            continue
+        try:
+            stat = os.stat(name)
+        except OSError:
+            continue
+        files[name] = [stat.st_size, stat.st_mtime_ns]
+    return files
 
 
 def check_model(cfg: ExperimentConfig) -> None:

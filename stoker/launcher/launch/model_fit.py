@@ -3,10 +3,13 @@ before `stoker run` writes a data set or starts a rank: the runtime builds the m
 on the meta device and runs its forward on a meta batch, in a child process
 (stoker/runtime/preflight.py; it imports torch, which this layer does not), and a
 refusal becomes a StokerError naming the setting, where its value came from, and the
-fix. A sweep's tasks are checked in one child process."""
+fix. A sweep's tasks are checked in one child process. A pass is kept while the
+settings and every file the check imported stay the same, and not checked again
+(stoker/launcher/launch/model_check_cache.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -17,6 +20,7 @@ from pathlib import Path
 
 from stoker.config import ResolvedConfig, freeze_config
 from stoker.errors import StokerError
+from stoker.launcher.launch.model_check_cache import check_key, passed_before, remember
 from stoker.protocol import PREFLIGHT_MODULE, PREFLIGHT_REFUSED
 
 TIMEOUT_S = 300  # importing torch on a loaded login node
@@ -46,15 +50,35 @@ def check_all_models_fit(
     torch is imported once, not once a config. The first refusal is raised, named by
     its config's label (`labels[i]` for `configs[i]`) when given. The child has the
     first config's job.env (a job array's tasks share their job.* keys)."""
+    # The job's environment (job.env: a PYTHONPATH where the model is installed).
+    env = {**os.environ, **configs[0].config.job.env}
+    key = check_key(configs, python, cwd, env)
+    notes = passed_before(key) if key is not None else None
+    if notes is None:
+        notes = _check_in_child(configs, python, cwd, env, labels, key)
+    if say is not None:
+        for note in notes:
+            say(note)
+
+
+def _check_in_child(
+    configs: Sequence[ResolvedConfig],
+    python: str,
+    cwd: Path | None,
+    env: dict[str, str],
+    labels: Sequence[str],
+    key: str | None,
+) -> list[str]:
+    """The check in a child process: its notes when every model passed (kept under
+    `key`, with the files it imported); a StokerError naming the first refusal."""
     with tempfile.TemporaryDirectory(prefix="stoker-preflight-") as tmp:
-        argv = [python, "-m", PREFLIGHT_MODULE]
+        imported = Path(tmp) / "imported.json"
+        argv = [python, "-m", PREFLIGHT_MODULE, "--imported", str(imported)]
         for index, resolved in enumerate(configs):
             frozen = Path(tmp) / f"config-{index}.yaml"
             frozen.write_text(freeze_config(resolved))
             argv += ["--config", str(frozen)]
         try:
-            # The job's environment (job.env: a PYTHONPATH where the model is installed).
-            env = {**os.environ, **configs[0].config.job.env}
             result = subprocess.run(
                 argv,
                 capture_output=True,
@@ -69,18 +93,23 @@ def check_all_models_fit(
                 f"the model check ({' '.join(argv[1:3])}) took more than {TIMEOUT_S} s",
                 fix="try again when the machine is less busy",
             ) from exc
-    if result.returncode == 0:
-        for line in result.stderr.splitlines():
-            if line.startswith("stoker: ") and say is not None:
-                say(line.removeprefix("stoker: "))
-        return
+        if result.returncode == 0:
+            notes = [
+                line.removeprefix("stoker: ")
+                for line in result.stderr.splitlines()
+                if line.startswith("stoker: ")
+            ]
+            if key is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    remember(key, json.loads(imported.read_text()), notes)
+            return notes
     if result.returncode == PREFLIGHT_REFUSED:
         refusal = json.loads(result.stdout.strip().splitlines()[-1])
-        key, index = refusal["key"], refusal["index"]
-        source = configs[index].source_of(tuple(key.split(".")))
+        setting, index = refusal["key"], refusal["index"]
+        source = configs[index].source_of(tuple(setting.split(".")))
         label = f"{labels[index]}: " if labels else ""
         raise StokerError(
-            f"{label}{refusal['message']} ({key} from {source}); nothing was started",
+            f"{label}{refusal['message']} ({setting} from {source}); nothing was started",
             fix=refusal["fix"],
         )
     raise StokerError(

@@ -31,7 +31,7 @@ from stoker.model import context_parallel, cp_sum, token_slice, valid_mean
 from stoker.runtime.models.attention import SelfAttention
 from stoker.runtime.models.mu_law import CLASSES, mu_law_encode
 from stoker.runtime.models.sizes import AudioARSize
-from stoker.runtime.models.training_model import Batch, Noise, TrainingModel
+from stoker.runtime.models.training_model import Batch, Noise, TrainingModel, normal_init_
 
 BOS = CLASSES
 """The start token, one past the 256 mu-law codes; the head never predicts it."""
@@ -99,18 +99,18 @@ class AudioAR(TrainingModel):
         self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
         out_std = 0.02 / math.sqrt(2 * self.size.depth)
         with torch.no_grad():
-            nn.init.normal_(self.embed.weight, std=0.02)
-            nn.init.normal_(self.head.weight, std=0.02)
+            normal_init_(self.embed.weight, std=0.02)
+            normal_init_(self.head.weight, std=0.02)
             # Walk modules rather than self.blocks: the runtime may have wrapped
             # the blocks (checkpointing, compile) before calling this.
             for module in self.modules():
                 if isinstance(module, AddRMSNorm) and module.weight is not None:
                     nn.init.ones_(module.weight)
                 elif isinstance(module, ARBlock):
-                    nn.init.normal_(module.attn.qkv.weight, std=0.02)
-                    nn.init.normal_(module.attn.out.weight, std=out_std)
-                    nn.init.normal_(module.mlp.w_in.weight, std=0.02)
-                    nn.init.normal_(module.mlp.w_out.weight, std=out_std)
+                    normal_init_(module.attn.qkv.weight, std=0.02)
+                    normal_init_(module.attn.out.weight, std=out_std)
+                    normal_init_(module.mlp.w_in.weight, std=0.02)
+                    normal_init_(module.mlp.w_out.weight, std=out_std)
 
     def sequence_length(self, batch: Batch) -> int:
         """S for this batch: min(the longest sequence, its clips' samples)."""

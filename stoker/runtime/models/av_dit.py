@@ -59,7 +59,7 @@ from stoker.runtime.models.attention import SelfAttention
 from stoker.runtime.models.conditioning import ConditionArgs, Conditioner
 from stoker.runtime.models.patches import patchify_audio, patchify_video
 from stoker.runtime.models.sizes import AVDiTSize
-from stoker.runtime.models.training_model import Batch, Noise, TrainingModel
+from stoker.runtime.models.training_model import Batch, Noise, TrainingModel, normal_init_
 
 VIDEO_CHANNELS = 3
 TIMESTEP_FREQUENCIES = 256
@@ -312,7 +312,7 @@ class AVDiT(TrainingModel):
                 elif isinstance(module, RMSNorm) and module.weight is not None:
                     nn.init.ones_(module.weight)
             for linear in (self.t_embed.fc1, self.t_embed.fc2):
-                nn.init.normal_(linear.weight, std=0.02)
+                normal_init_(linear.weight, std=0.02)
             zeroed = [self.final_modulation, *self._output_layers()]
             # Walk modules rather than self.blocks: the runtime may have wrapped
             # the blocks (checkpointing, compile) before calling this.
@@ -321,7 +321,7 @@ class AVDiT(TrainingModel):
                 nn.init.zeros_(linear.weight)
                 nn.init.zeros_(linear.bias)
             for name in self.modalities:
-                nn.init.normal_(getattr(self, f"{name}_modality"), std=0.02)
+                normal_init_(getattr(self, f"{name}_modality"), std=0.02)
         if getattr(self, "conditioner", None) is not None:
             self.conditioner.init_weights()  # type: ignore[union-attr]
 

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stoker.runtime.models.training_model import Batch, Noise
+from stoker.runtime.models.training_model import Batch, Noise, normal_init_
 
 HASHED_BUCKETS = 4096
 """Rows of HashedWords' table: words share a row only by CRC32 collision."""
@@ -137,14 +137,14 @@ class Conditioner(nn.Module):
         output independent of its conditioning; a zero projection on top would leave the
         conditioner without gradient until the modulations have moved."""
         with torch.no_grad():
-            nn.init.normal_(self.null, std=0.02)
+            normal_init_(self.null, std=0.02)
             table = self.classes.weight if self.args.condition == "class" else None
             if table is None and self._encoder is None:
                 table = self.words.table.weight
             if table is not None:
                 # Unit scale, as nn.Embedding's own: at DiT's 0.02 the condition's vector
                 # starts far below the timestep's and took hundreds of steps to matter.
-                nn.init.normal_(table, std=1.0)
+                normal_init_(table, std=1.0)
             for linear in (self.project_in, self.project_out):
                 nn.init.xavier_uniform_(linear.weight)
                 nn.init.zeros_(linear.bias)
