@@ -10,11 +10,11 @@ Run by the launcher as a child process (it imports torch, which the login node's
 commands do not): `python -m stoker.runtime.preflight --config FROZEN [--config ...]`,
 several configs for a sweep's tasks (torch imported once, not once a task)
 [--imported FILE]. Exit 0 when every model builds, with FILE (when given) the module
-files the check imported, {path: [size, mtime_ns]}: a pass is kept while they stay the
-same (stoker/launcher/launch/model_check_cache.py); else exit PREFLIGHT_REFUSED
-(stoker/protocol.py) at the first refusal with one JSON object on stdout: {"key",
-"message", "fix"}, the setting to change first and the values to use, and "index", the
-refused config's place in the arguments.
+files the check imported ({"files": {path: [size, mtime_ns]}, "top", "cwd"}): a pass
+is kept while they stay the same (stoker/launcher/launch/model_check_cache.py); else
+exit PREFLIGHT_REFUSED (stoker/protocol.py) at the first refusal with one JSON object on
+stdout: {"key", "message", "fix"}, the setting to change first and the values to use,
+and "index", the refused config's place in the arguments.
 """
 
 from __future__ import annotations
@@ -60,9 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def imported_files() -> dict[str, list[int]]:
-    """Each module file this process imported, with its size and modification time in
-    ns: what the check's verdict depends on."""
+def imported_files() -> dict[str, Any]:
+    """What the check's verdict depends on: each module file this process imported with
+    its size and modification time in ns ("files"), the top-level names of the modules
+    ("top": a module of such a name in another folder would be imported instead), and
+    the folder it ran in, which Python searched first ("cwd")."""
     files: dict[str, list[int]] = {}
     for module in list(sys.modules.values()):
         name = getattr(module, "__file__", None)
@@ -73,7 +75,8 @@ def imported_files() -> dict[str, list[int]]:
         except OSError:
             continue
         files[name] = [stat.st_size, stat.st_mtime_ns]
-    return files
+    top = sorted({name.split(".", 1)[0] for name in sys.modules})
+    return {"files": files, "top": top, "cwd": str(Path.cwd().resolve())}
 
 
 def check_model(cfg: ExperimentConfig) -> None:

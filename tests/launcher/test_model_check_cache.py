@@ -50,9 +50,12 @@ def test_a_pass_is_kept_until_a_file_it_imported_changes(
     monkeypatch.setattr(subprocess, "run", _no_child)
     elsewhere = resolve_config(None, [ARCH, "model.args.width=16", "data.url=/elsewhere/set"])
     model_fit.check_model_fits(elsewhere, cwd=project)
-    # Another setting the model reads is another check.
+    # Another setting the model reads is another check; so is another folder: the model
+    # was imported from the one it ran in.
     with pytest.raises(AssertionError, match="started a child process"):
         model_fit.check_model_fits(resolve_config(None, [ARCH, "model.args.width=32"]), cwd=project)
+    with pytest.raises(AssertionError, match="started a child process"):
+        model_fit.check_model_fits(resolved, cwd=tmp_path)
 
     # The model's own file edited: checked again for real, and refused; a refusal is
     # not kept, so the next try is checked again too.
@@ -65,21 +68,39 @@ def test_a_pass_is_kept_until_a_file_it_imported_changes(
             model_fit.check_model_fits(resolved, cwd=project)
 
 
-def test_a_kept_pass_says_its_notes_again(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pass_of_a_model_from_elsewhere_holds_in_any_folder_that_shadows_nothing(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folders = {name: tmp_path / name for name in ("a", "b", "c")}
+    for folder in folders.values():
+        folder.mkdir()
+    resolved = resolve_config(None, ["model.size=tiny"])
+    model_fit.check_model_fits(resolved, cwd=folders["a"])  # a real child: it passes
+    monkeypatch.setattr(subprocess, "run", _no_child)
+    model_fit.check_model_fits(resolved, cwd=folders["b"])
+    # A module named as one the check imported would be imported instead of it.
+    (folders["c"] / "numpy.py").write_text("raise ImportError('not numpy')\n")
+    with pytest.raises(AssertionError, match="started a child process"):
+        model_fit.check_model_fits(resolved, cwd=folders["c"])
+
+
+def test_a_kept_pass_says_its_notes_again(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     resolved = resolve_config(None, [])
     python = "/no/such/python"
-    key = check_key([resolved], python, None, {})
+    key = check_key([resolved], python, {})
     assert key is not None
-    remember(key, {__file__: _stamp(Path(__file__))}, ["av_dit: a note of the check"])
+    remember(key, _imported(Path(__file__), tmp_path), ["av_dit: a note of the check"])
     monkeypatch.setattr(subprocess, "run", _no_child)
     said: list[str] = []
-    model_fit.check_model_fits(resolved, python=python, say=said.append)
+    model_fit.check_model_fits(resolved, python=python, say=said.append, cwd=tmp_path)
     assert said == ["av_dit: a note of the check"]
 
 
 def test_what_the_key_holds() -> None:
     def key(*overrides: str, python: str = "python", env: dict[str, str] | None = None) -> str:
-        found = check_key([resolve_config(None, list(overrides))], python, None, env or {})
+        found = check_key([resolve_config(None, list(overrides))], python, env or {})
         assert found is not None
         return found
 
@@ -91,7 +112,7 @@ def test_what_the_key_holds() -> None:
     assert key(python="python3.12") != same
     assert key(env={"PYTHONPATH": "/site"}) != same
     # Latents: their shapes are in the manifests at data.url, so never kept.
-    assert check_key([resolve_config(None, ["data.modalities=[latent]"])], "p", None, {}) is None
+    assert check_key([resolve_config(None, ["data.modalities=[latent]"])], "p", {}) is None
 
 
 def test_a_changed_or_missing_file_is_a_miss_and_old_entries_are_dropped(
@@ -99,19 +120,19 @@ def test_a_changed_or_missing_file_is_a_miss_and_old_entries_are_dropped(
 ) -> None:
     imported = tmp_path / "mod.py"
     imported.write_text("x = 1\n")
-    remember("a" * 32, {str(imported): _stamp(imported)}, [])
-    assert passed_before("a" * 32) == []
+    remember("a" * 32, _imported(imported, cache.parent), [])
+    assert passed_before("a" * 32, cache.parent) == []
     imported.write_text("x = 22\n")
-    assert passed_before("a" * 32) is None
+    assert passed_before("a" * 32, cache.parent) is None
     imported.unlink()
-    assert passed_before("a" * 32) is None
-    assert passed_before("b" * 32) is None  # never kept
+    assert passed_before("a" * 32, cache.parent) is None
+    assert passed_before("b" * 32, cache.parent) is None  # never kept
     (cache / f"{'c' * 32}.json.gz").write_bytes(b"not gzip")
-    assert passed_before("c" * 32) is None  # unreadable: a miss, not an error
+    assert passed_before("c" * 32, cache.parent) is None  # unreadable: a miss, not an error
 
     monkeypatch.setattr(model_check_cache, "MAX_ENTRIES", 2)
     for name in ("d", "e", "f"):
-        remember(name * 32, {__file__: _stamp(Path(__file__))}, [])
+        remember(name * 32, _imported(Path(__file__), tmp_path), [])
     assert sorted(p.name[0] for p in cache.glob("*.json.gz")) == ["e", "f"]
 
 
@@ -120,13 +141,14 @@ def test_the_cache_is_off_when_its_variable_is_empty(
 ) -> None:
     monkeypatch.setenv(CACHE_ENV, "")
     assert cache_folder() is None
-    remember("a" * 32, {__file__: _stamp(Path(__file__))}, [])
-    assert passed_before("a" * 32) is None
+    remember("a" * 32, _imported(Path(__file__), tmp_path), [])
+    assert passed_before("a" * 32, tmp_path) is None
     monkeypatch.delenv(CACHE_ENV)
     monkeypatch.setenv("STOKER_HOME", str(tmp_path / "home"))
     assert cache_folder() == tmp_path / "home" / "cache" / "model-checks"
 
 
-def _stamp(path: Path) -> list[int]:
+def _imported(path: Path, cwd: Path) -> dict[str, Any]:
+    """What the check's child writes, for a check that imported one file."""
     stat = path.stat()
-    return [stat.st_size, stat.st_mtime_ns]
+    return {"files": {str(path): [stat.st_size, stat.st_mtime_ns]}, "top": [], "cwd": str(cwd)}

@@ -8,11 +8,14 @@ reused while both are the same:
 
 - the key: the settings the check reads (`model.*`; `data.*` but where its data sets
   are, which change no shape; `train.context_parallel`, `train.context_parallel_ulysses`
-  and `train.seed`), the child's environment (`job.env`, `PYTHONPATH`), the folder the
-  job's code imports from, and the Python that runs it;
+  and `train.seed`), the child's environment (`job.env`, `PYTHONPATH`) and the Python
+  that runs it;
 - the files: every module file the check imported (the model's package, stoker, torch
   and the rest), each with its size and modification time in nanoseconds as the check
-  saw them. Any of them changed or gone, and the model is checked again.
+  saw them. Any of them changed or gone, and the model is checked again;
+- the folder it ran in, which Python searches first: a pass that imported a file from
+  there holds only there, and a folder holding a module of a name the check imported
+  (which would be imported instead) gets a check of its own.
 
 A refusal is never kept: a broken model is checked every time, so its message is always
 the check's own. Latent data sets are not kept either (their shapes come from the
@@ -42,6 +45,9 @@ CACHE_ENV = "STOKER_MODEL_CHECK_CACHE"
 MAX_ENTRIES = 64
 FileStamps = dict[str, list[int]]
 """A module file -> [size, modification time in ns]."""
+ImportedFiles = dict[str, Any]
+"""What the check's child wrote (stoker/runtime/preflight.py, `--imported`): "files"
+(FileStamps), "top" (the top-level names of the modules imported), "cwd"."""
 
 
 def cache_folder() -> Path | None:
@@ -52,11 +58,9 @@ def cache_folder() -> Path | None:
     return Path(value).expanduser() if value else None
 
 
-def check_key(
-    configs: Sequence[ResolvedConfig], python: str, cwd: Path | None, env: Mapping[str, str]
-) -> str | None:
-    """The key of a check of `configs` by `python` in `cwd` with `env`; None when the
-    check may not be kept (latent data)."""
+def check_key(configs: Sequence[ResolvedConfig], python: str, env: Mapping[str, str]) -> str | None:
+    """The key of a check of `configs` by `python` with `env`; None when the check may
+    not be kept (latent data)."""
     checked = []
     for resolved in configs:
         cfg = resolved.config
@@ -79,16 +83,16 @@ def check_key(
     document = {
         "configs": checked,
         "python": python,
-        "cwd": str((cwd or Path.cwd()).resolve()),
         "env": {"job.env": job_env, "PYTHONPATH": env.get("PYTHONPATH", "")},
     }
     text = json.dumps(document, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def passed_before(key: str) -> list[str] | None:
-    """The notes of a check with this key that passed with the same files; None when
-    there is none, or a file it imported has changed."""
+def passed_before(key: str, cwd: Path) -> list[str] | None:
+    """The notes of a check with this key that passed with the same files, run in `cwd`;
+    None when there is none, a file it imported has changed, or `cwd` would change
+    what it imports."""
     folder = cache_folder()
     if folder is None:
         return None
@@ -97,9 +101,17 @@ def passed_before(key: str) -> list[str] | None:
         entry: dict[str, Any] = json.loads(gzip.decompress(path.read_bytes()))
         files: FileStamps = entry["files"]
         notes: list[str] = entry["notes"]
+        ran_in = Path(entry["cwd"])
+        top: list[str] = entry["top"]
     except (OSError, ValueError, EOFError, KeyError, TypeError):
         return None
-    if not files or not unchanged(files):
+    cwd = cwd.resolve()
+    # What it imported from the folder it ran in: a pass there holds only there.
+    local = {Path(name).relative_to(ran_in).parts[0].split(".", 1)[0]
+             for name in files if Path(name).is_relative_to(ran_in)}  # fmt: skip
+    if local and cwd != ran_in:
+        return None
+    if shadowing(cwd, top) - local or not files or not unchanged(files):
         return None
     with contextlib.suppress(OSError):
         os.utime(path)  # used: the last to be dropped
@@ -117,16 +129,26 @@ def unchanged(files: FileStamps) -> bool:
     return True
 
 
-def remember(key: str, files: FileStamps, notes: list[str]) -> None:
+def shadowing(folder: Path, top: list[str]) -> set[str]:
+    """The names of `top` (top-level modules) that `folder` holds a module or package of,
+    which Python would import from it; all of them when it cannot be listed."""
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return set(top)
+    return {entry.split(".", 1)[0] for entry in entries} & set(top)
+
+
+def remember(key: str, imported: ImportedFiles, notes: list[str]) -> None:
     """Keep a passed check (written whole or not at all), and drop the least recently
     used beyond MAX_ENTRIES."""
     folder = cache_folder()
-    if folder is None or not files:
+    if folder is None or not imported.get("files"):
         return
     try:
         folder.mkdir(parents=True, exist_ok=True)
         temp = folder / f".{key}.{os.getpid()}.tmp"
-        temp.write_bytes(gzip.compress(json.dumps({"files": files, "notes": notes}).encode()))
+        temp.write_bytes(gzip.compress(json.dumps({**imported, "notes": notes}).encode()))
         temp.replace(folder / f"{key}.json.gz")
         entries = sorted(folder.glob("*.json.gz"), key=_used_at, reverse=True)
         for old in entries[MAX_ENTRIES:]:

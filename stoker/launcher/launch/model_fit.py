@@ -52,8 +52,8 @@ def check_all_models_fit(
     first config's job.env (a job array's tasks share their job.* keys)."""
     # The job's environment (job.env: a PYTHONPATH where the model is installed).
     env = {**os.environ, **configs[0].config.job.env}
-    key = check_key(configs, python, cwd, env)
-    notes = passed_before(key) if key is not None else None
+    key = check_key(configs, python, env)
+    notes = passed_before(key, cwd or Path.cwd()) if key is not None else None
     if notes is None:
         notes = _check_in_child(configs, python, cwd, env, labels, key)
     if say is not None:
