@@ -9,9 +9,9 @@ the CPU: one sample of the data's shapes with random values, within 60 s.
 Run by the launcher as a child process (it imports torch, which the login node's
 commands do not): `python -m stoker.runtime.preflight --config FROZEN [--config ...]`,
 several configs for a sweep's tasks (torch imported once, not once a task)
-[--imported FILE]. Exit 0 when every model builds, with FILE (when given) the module
-files the check imported ({"files": {path: [size, mtime_ns]}, "top", "cwd"}): a pass
-is kept while they stay the same (stoker/launcher/launch/model_check_cache.py); else
+[--imported FILE]. Exit 0 when every model builds, with FILE (when given) the files the
+check imported or read ({"files": {path: [size, mtime_ns]}, "top", "cwd"}): a pass is
+kept while they stay the same (stoker/launcher/launch/model_check_cache.py); else
 exit PREFLIGHT_REFUSED (stoker/protocol.py) at the first refusal with one JSON object on
 stdout: {"key", "message", "fix"}, the setting to change first and the values to use,
 and "index", the refused config's place in the arguments.
@@ -23,8 +23,9 @@ import argparse
 import contextlib
 import json
 import os
+import stat
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,10 +41,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--config", type=Path, action="append", required=True, help="a frozen config (repeatable)"
     )
-    parser.add_argument(
-        "--imported", type=Path, help="write the module files the check imported (JSON)"
-    )
+    parser.add_argument("--imported", type=Path, help="write the files the check read (JSON)")
     args = parser.parse_args(argv)
+    opened: set[str] = set()
+    if args.imported is not None:
+        sys.addaudithook(_recording_opens(opened))
 
     from stoker.config import load_frozen
     from stoker.runtime.models.build import ModelSetupError
@@ -56,25 +58,40 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps(refusal))
             return PREFLIGHT_REFUSED
     if args.imported is not None:
-        args.imported.write_text(json.dumps(imported_files()))
+        ours = {str(path.resolve().parent) for path in args.config}
+        args.imported.write_text(json.dumps(files_read(opened, ours)))
     return 0
 
 
-def imported_files() -> dict[str, Any]:
-    """What the check's verdict depends on: each module file this process imported with
-    its size and modification time in ns ("files"), the top-level names of the modules
-    ("top": a module of such a name in another folder would be imported instead), and
-    the folder it ran in, which Python searched first ("cwd")."""
+def _recording_opens(opened: set[str]) -> Callable[[str, tuple[Any, ...]], None]:
+    """An audit hook that adds the path of every file opened by name to `opened`: a
+    model may read more than its modules as it is built (a file named in model.args)."""
+
+    def hook(event: str, hook_args: tuple[Any, ...]) -> None:
+        if event == "open" and isinstance(hook_args[0], str):
+            opened.add(os.path.abspath(hook_args[0]))
+
+    return hook
+
+
+def files_read(opened: set[str], ours: set[str]) -> dict[str, Any]:
+    """What the check's verdict depends on: each module file this process imported and
+    each other file it opened (but its own configs, in the folders `ours`), with its size
+    and modification time in ns ("files"); the top-level names of the modules ("top": a
+    module of such a name in another folder would be imported instead); and the folder
+    it ran in, which Python searched first ("cwd")."""
+    names = [getattr(module, "__file__", None) for module in list(sys.modules.values())]
+    names += sorted(opened)
     files: dict[str, list[int]] = {}
-    for module in list(sys.modules.values()):
-        name = getattr(module, "__file__", None)
-        if not isinstance(name, str) or name in files:
+    for name in names:
+        if not isinstance(name, str) or name in files or os.path.dirname(name) in ours:
             continue
         try:
-            stat = os.stat(name)
+            found = os.stat(name)
         except OSError:
             continue
-        files[name] = [stat.st_size, stat.st_mtime_ns]
+        if stat.S_ISREG(found.st_mode) and not name.startswith(("/proc/", "/sys/", "/dev/")):
+            files[name] = [found.st_size, found.st_mtime_ns]
     top = sorted({name.split(".", 1)[0] for name in sys.modules})
     return {"files": files, "top": top, "cwd": str(Path.cwd().resolve())}
 

@@ -68,6 +68,45 @@ def test_a_pass_is_kept_until_a_file_it_imported_changes(
             model_fit.check_model_fits(resolved, cwd=project)
 
 
+# A factory that reads a file named in model.args as it builds (its depth, here).
+FROM_FILE = """
+from dataclasses import dataclass
+from pathlib import Path
+
+from own_model.denoiser import Args, DataShapes, Denoiser
+
+
+@dataclass
+class FileArgs:
+    depth_file: str = "depth.txt"
+
+
+def build(data: DataShapes, args: FileArgs) -> Denoiser:
+    depth = int(Path(args.depth_file).read_text())
+    return Denoiser(data, Args(width=8, depth=depth))
+"""
+
+
+def test_a_file_the_factory_read_is_watched_like_its_modules(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = tmp_path / "project"
+    shutil.copytree(OWN_MODEL, project, ignore=shutil.ignore_patterns("__pycache__"))
+    (project / "own_model" / "from_file.py").write_text(FROM_FILE)
+    depth = tmp_path / "depth.txt"
+    depth.write_text("1")
+    resolved = resolve_config(
+        None, ["model.arch=own_model.from_file:build", f"model.args.depth_file={depth}"]
+    )
+    model_fit.check_model_fits(resolved, cwd=project)  # a real child: it passes
+    with monkeypatch.context() as patched:
+        patched.setattr(subprocess, "run", _no_child)
+        model_fit.check_model_fits(resolved, cwd=project)
+    depth.write_text("0")  # Args refuses a depth below 1: only a new check can say so
+    with pytest.raises(StokerError, match="width and depth must be >= 1"):
+        model_fit.check_model_fits(resolved, cwd=project)
+
+
 def test_a_pass_of_a_model_from_elsewhere_holds_in_any_folder_that_shadows_nothing(
     cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,8 +11,9 @@ reused while both are the same:
   and `train.seed`), the child's environment (`job.env`, `PYTHONPATH`) and the Python
   that runs it;
 - the files: every module file the check imported (the model's package, stoker, torch
-  and the rest), each with its size and modification time in nanoseconds as the check
-  saw them. Any of them changed or gone, and the model is checked again;
+  and the rest) and every other file it opened (one a factory reads as it builds), each
+  with its size and modification time in nanoseconds as the check saw them. Any of them
+  changed or gone, and the model is checked again;
 - the folder it ran in, which Python searches first: a pass that imported a file from
   there holds only there, and a folder holding a module of a name the check imported
   (which would be imported instead) gets a check of its own.
