@@ -45,10 +45,10 @@ from stoker.home import stoker_home
 CACHE_ENV = "STOKER_MODEL_CHECK_CACHE"
 MAX_ENTRIES = 64
 FileStamps = dict[str, list[int]]
-"""A module file -> [size, modification time in ns]."""
+"""A file the check imported or read -> [size, modification time in ns]."""
 ImportedFiles = dict[str, Any]
 """What the check's child wrote (stoker/runtime/preflight.py, `--imported`): "files"
-(FileStamps), "top" (the top-level names of the modules imported), "cwd"."""
+(FileStamps), "top" (the top-level names of the modules imported), "cwd" (where it ran)."""
 
 
 def cache_folder() -> Path | None:
@@ -92,8 +92,8 @@ def check_key(configs: Sequence[ResolvedConfig], python: str, env: Mapping[str, 
 
 def passed_before(key: str, cwd: Path) -> list[str] | None:
     """The notes of a check with this key that passed with the same files, run in `cwd`;
-    None when there is none, a file it imported has changed, or `cwd` would change
-    what it imports."""
+    None when there is none, a file it imported or read has changed, or `cwd` would
+    change what it imports."""
     folder = cache_folder()
     if folder is None:
         return None
@@ -107,7 +107,7 @@ def passed_before(key: str, cwd: Path) -> list[str] | None:
     except (OSError, ValueError, EOFError, KeyError, TypeError):
         return None
     cwd = cwd.resolve()
-    # What it imported from the folder it ran in: a pass there holds only there.
+    # What it imported or read from the folder it ran in: a pass there holds only there.
     local = {Path(name).relative_to(ran_in).parts[0].split(".", 1)[0]
              for name in files if Path(name).is_relative_to(ran_in)}  # fmt: skip
     if local and cwd != ran_in:
