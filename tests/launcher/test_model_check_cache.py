@@ -4,6 +4,7 @@ is real where a check runs; where one must not, starting it fails the test."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,6 +22,7 @@ from stoker.launcher.launch.model_check_cache import (
     passed_before,
     remember,
 )
+from tests.clirun import stoker_text
 
 OWN_MODEL = Path(__file__).resolve().parents[2] / "examples" / "own_model"
 ARCH = "model.arch=own_model.denoiser:build"
@@ -116,7 +118,11 @@ def test_a_pass_of_a_model_from_elsewhere_holds_in_any_folder_that_shadows_nothi
     resolved = resolve_config(None, ["model.size=tiny"])
     model_fit.check_model_fits(resolved, cwd=folders["a"])  # a real child: it passes
     monkeypatch.setattr(subprocess, "run", _no_child)
-    model_fit.check_model_fits(resolved, cwd=folders["b"])
+    # `stoker check` in another folder says the model builds, from the kept pass.
+    result = stoker_text("check", "model.size=tiny", "--json", cwd=folders["b"])
+    assert result.returncode == 0, result.stderr
+    (model,) = [f for f in json.loads(result.stdout) if f["check"] == "model"]
+    assert model["status"] == "ok", model
     # A module named as one the check imported would be imported instead of it.
     (folders["c"] / "numpy.py").write_text("raise ImportError('not numpy')\n")
     with pytest.raises(AssertionError, match="started a child process"):

@@ -4,7 +4,7 @@ on the meta device and runs its forward on a meta batch, in a child process
 (stoker/runtime/preflight.py; it imports torch, which this layer does not), and a
 refusal becomes a StokerError naming the setting, where its value came from, and the
 fix. A sweep's tasks are checked in one child process. A pass is kept while the
-settings and every file the check imported stay the same, and not checked again
+settings and every file the check imported or read stay the same, and not checked again
 (stoker/launcher/launch/model_check_cache.py)."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def _check_in_child(
     key: str | None,
 ) -> list[str]:
     """The check in a child process: its notes when every model passed (kept under
-    `key`, with the files it imported); a StokerError naming the first refusal."""
+    `key`, with the files it imported or read); a StokerError naming the first refusal."""
     with tempfile.TemporaryDirectory(prefix="stoker-preflight-") as tmp:
         imported = Path(tmp) / "imported.json"
         argv = [python, "-m", PREFLIGHT_MODULE, "--imported", str(imported)]
