@@ -1,8 +1,8 @@
 """A sharded checkpoint as the runtime writes one, for tests/checkpoint/test_export.py.
 
-Run under torch.distributed.run on CPU ranks (gloo):
+Run on CPU ranks (gloo) by torchrun or tests/local_ranks.py (torchrun's variables):
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 \\
+    python tests/local_ranks.py --nproc-per-node 2 \\
         tests/checkpoint/fsdp2_save.py ROOT STEP REFERENCE
 
 Builds the tiny av_dit of stoker/runtime/tiny.yaml with random values in every

@@ -1,6 +1,7 @@
-"""One rank of a multi-rank checkpoint test, as torchrun starts it:
+"""One rank of a multi-rank checkpoint test, as torchrun (or tests/local_ranks.py, which
+sets the same variables) starts it:
 
-    python -m torch.distributed.run --nproc-per-node N tests/checkpoint/rank_main.py \\
+    python tests/local_ranks.py --nproc-per-node N tests/checkpoint/rank_main.py \\
         --config exp.yaml --run-dir RUN --out OUT.json [--stop-at S] [--hold-step K]
 
 The real Trainer and Checkpointer over gloo, with a recording sink. Rank 0
@@ -136,7 +137,7 @@ def main() -> int:
         }))  # fmt: skip
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-    return 0  # the outcome is in OUT.json: torchrun stops every rank when one exits non-zero
+    return 0  # the outcome is in OUT.json: the launcher stops every rank when one exits non-zero
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """`stoker ckpt export` over a real sharded save: the tiny av_dit trained one
-step by 2 FSDP2 ranks (tests/checkpoint/fsdp2_save.py under torch.distributed.run,
+step by 2 FSDP2 ranks (tests/checkpoint/fsdp2_save.py on tests/local_ranks.py,
 gloo). Both formats load into a fresh unwrapped model with strict=True and give
 the trained model's outputs exactly; the refusals (uncommitted, a flipped byte
 under --full, OUT exists, no model tensors); the CLI; the same from and to s3://."""
@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -28,6 +27,7 @@ from stoker.checkpoint.export import export_weights, read_weights
 from stoker.config import resolve_config
 from stoker.errors import StokerError
 from stoker.runtime.models import AVDiT, build_model
+from tests import local_ranks
 from tests.clirun import stoker_text
 from tests.s3_server import S3Server
 
@@ -61,9 +61,8 @@ class Trained:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
     base = tmp_path_factory.mktemp("fsdp2")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "2", str(SAVE), str(base / "checkpoints"), str(STEP),
-               str(base / "reference.pt")]  # fmt: skip
+    command = local_ranks.command(2, SAVE, str(base / "checkpoints"), str(STEP),
+                                  str(base / "reference.pt"))  # fmt: skip
     result = subprocess.run(
         command,
         env={**os.environ, "OMP_NUM_THREADS": "1"},

@@ -13,9 +13,11 @@ server):
   .metadata) is passed over.
 
 The straight runs the resumes are compared with are the same for either storage: each
-runs once per module, on a local folder (a 2-rank one is a torchrun of three processes,
-~25 CPU-s, nearly all start-up). fp32 throughout: the tests compare losses across
-processes (`train.precision: auto` is bf16 on a CPU with native bf16).
+runs once per module, on a local folder (a 2-rank one, started by torchrun, costs ~16
+CPU-s, most of it start-up). The other multi-rank runs are started by tests/local_ranks.py,
+which sets torchrun's variables without torchrun's own imports. fp32 throughout: the
+tests compare losses across processes (`train.precision: auto` is bf16 on a CPU with
+native bf16).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from stoker.protocol import EXIT_REQUEUE
 from stoker.runtime.dist.dist_env import detect
 from stoker.runtime.observe.metrics_sink import MetricsOnlySink
 from stoker.runtime.trainer import Trainer
+from tests import local_ranks
 from tests.clirun import stoker_text
 from tests.s3_server import S3Server
 
@@ -231,16 +234,22 @@ def test_broken_newest_checkpoint_falls_back_with_a_warning(
     )
 
 
-def _torchrun(nproc: int, *args: str, run_dir: Path, out: Path, timeout: float = 300,
-              wait: bool = True) -> subprocess.Popen[str]:  # fmt: skip
+def _ranks(nproc: int, *args: str, run_dir: Path, out: Path, timeout: float = 300,
+              wait: bool = True, torchrun: bool = False) -> subprocess.Popen[str]:  # fmt: skip
+    """rank_main.py on `nproc` ranks: started by tests/local_ranks.py, which gives them
+    torchrun's variables without torchrun's 2.5 CPU-s of imports, or by torchrun itself
+    (one run of the module: the ranks as docs/runtime.md says torchrun starts them)."""
     from tests.mlflow_server import free_port
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-port", str(free_port()), str(RANK_MAIN), "--run-dir", str(run_dir),
-           "--out", str(out), *args]  # fmt: skip
+    rank_args = [str(RANK_MAIN), "--run-dir", str(run_dir), "--out", str(out), *args]
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+               "--master-port", str(free_port()), *rank_args]  # fmt: skip
+    else:
+        cmd = local_ranks.command(nproc, *rank_args)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     run_dir.mkdir(parents=True, exist_ok=True)
-    log = (run_dir / f"torchrun-{out.stem}.log").open("w")
+    log = (run_dir / f"ranks-{out.stem}.log").open("w")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)  # fmt: skip
     if wait:
@@ -249,7 +258,7 @@ def _torchrun(nproc: int, *args: str, run_dir: Path, out: Path, timeout: float =
 
 
 def _log(run_dir: Path, name: str) -> str:
-    return (run_dir / f"torchrun-{name}.log").read_text()
+    return (run_dir / f"ranks-{name}.log").read_text()
 
 
 def _result(out: Path) -> dict[str, Any]:
@@ -270,8 +279,8 @@ def straight_two_ranks(tmp_path_factory: pytest.TempPathFactory, data_url: str) 
     a local folder: rank_main.py's OUT.json."""
     tmp_path = tmp_path_factory.mktemp("straight-2-ranks")
     straight_exp = _four_ranks_experiment(tmp_path, data_url, str(tmp_path / "checkpoints"))
-    ref = _torchrun(2, "--config", str(straight_exp), run_dir=tmp_path / "straight",
-                    out=tmp_path / "c.json")  # fmt: skip
+    ref = _ranks(2, "--config", str(straight_exp), run_dir=tmp_path / "straight",
+                    out=tmp_path / "c.json", torchrun=True)  # fmt: skip
     assert ref.returncode == 0, _log(tmp_path / "straight", "c")
     return _result(tmp_path / "c.json")
 
@@ -281,7 +290,7 @@ def test_four_ranks_save_two_ranks_resume(
 ) -> None:
     exp = _four_ranks_experiment(tmp_path, data_url, root)
     run = tmp_path / "run"
-    four = _torchrun(4, "--config", str(exp), "--stop-at", "5", run_dir=run,
+    four = _ranks(4, "--config", str(exp), "--stop-at", "5", run_dir=run,
                      out=tmp_path / "a.json")  # fmt: skip
     assert four.returncode == 0, _log(run, "a")
     saved = _result(tmp_path / "a.json")
@@ -290,7 +299,7 @@ def test_four_ranks_save_two_ranks_resume(
     assert commit is not None and commit.world_size == 4
 
     (run / "stop-requested").unlink()
-    two = _torchrun(2, "--config", str(exp), run_dir=run, out=tmp_path / "b.json")
+    two = _ranks(2, "--config", str(exp), run_dir=run, out=tmp_path / "b.json")
     assert two.returncode == 0, _log(run, "b")
     resumed = _result(tmp_path / "b.json")
     assert resumed["start_step"] == 6 and resumed["exit_code"] == 0
@@ -324,7 +333,7 @@ def test_rank_killed_during_async_save_leaves_it_uncommitted(
 ) -> None:
     exp = _experiment(tmp_path, data_url, root, train={"steps": 14}, checkpoint={"keep_last": 5})
     run = tmp_path / "run"
-    proc = _torchrun(2, "--config", str(exp), "--hold-step", "10", run_dir=run,
+    proc = _ranks(2, "--config", str(exp), "--hold-step", "10", run_dir=run,
                      out=tmp_path / "a.json", wait=False)  # fmt: skip
     try:
         deadline = time.monotonic() + 240
@@ -344,7 +353,7 @@ def test_rank_killed_during_async_save_leaves_it_uncommitted(
     assert rows[5].committed and not rows[10].committed
     assert ck.read_commit(f"{root}/step-10") is None
 
-    again = _torchrun(2, "--config", str(exp), run_dir=run, out=tmp_path / "b.json")
+    again = _ranks(2, "--config", str(exp), run_dir=run, out=tmp_path / "b.json")
     assert again.returncode == 0, _log(run, "b")
     result = _result(tmp_path / "b.json")
     assert result["start_step"] == 5 and result["exit_code"] == 0

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from stoker.config import resolve_config
 from stoker.planning.plan import make_plan
 from stoker.planning.search import GIB, Candidate, Target
+from tests import local_ranks
 
 TOLERANCE = 0.10
 HERE = Path(__file__).parent
@@ -73,8 +73,7 @@ def test_every_tiny_and_small_candidate_is_within_ten_percent_of_a_real_gloo_run
     assert len({(r["what"]) for r in runs}) == len(runs)
     out = tmp_path / "measured.json"
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-         "--standalone", str(HERE / "measure_rank.py"), json.dumps(runs), str(out)],
+        local_ranks.command(2, HERE / "measure_rank.py", json.dumps(runs), str(out)),
         capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]

@@ -1,4 +1,4 @@
-"""One gloo rank of tests/runtime/test_context_parallel.py (4 ranks, torchrun): every
+"""One gloo rank of tests/runtime/test_context_parallel.py (4 ranks, tests/local_ranks.py): every
 context-parallel layout of 2 and 4 ranks against one rank holding every token, on the
 same batch and weights, in fp32. Rank 0 writes one JSON object per case.
 

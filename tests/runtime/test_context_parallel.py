@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from stoker.runtime.models.ring_attention import (
     math_block_backward,
     math_block_forward,
 )
+from tests import local_ranks
 
 HERE = Path(__file__).parent
 LOSS_REL = 1e-6  # the issue's bounds; the gradients' are applied by cp_rank.compare
@@ -31,11 +31,11 @@ LOSS_REL = 1e-6  # the issue's bounds; the gradients' are applied by cp_rank.com
 
 @pytest.fixture(scope="module")
 def cp_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """Every layout of 2 and 4 ranks, every model, one torchrun of 4 gloo ranks."""
+    """Every layout of 2 and 4 ranks, every model: one launch of 4 gloo ranks
+    (tests/local_ranks.py)."""
     out = tmp_path_factory.mktemp("cp") / "results.json"
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4",
-         "--standalone", str(HERE / "cp_rank.py"), str(out)],
+        local_ranks.command(4, HERE / "cp_rank.py", str(out)),
         capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-6000:]

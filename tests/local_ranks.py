@@ -1,0 +1,106 @@
+"""N ranks of a script on this machine, started as `torchrun --standalone
+--nproc-per-node N` starts them, by a launcher that imports no torch:
+
+    python tests/local_ranks.py --nproc-per-node N [--master-port P] SCRIPT [ARGS...]
+
+torchrun's own interpreter costs 2.5 CPU-s of imports per launch on the 2-core VM, and
+the suite's multi-rank tests launch a dozen: what they test is the ranks, not torchrun.
+Each rank gets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+GROUP_RANK, GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), which stoker's ranks read
+(stoker/runtime/dist/dist_env.py; `stoker run` sets the same), and inherits stdout and
+stderr. As torchrun does, the first rank to exit non-zero (or by a signal) ends the
+others (SIGTERM, then SIGKILL after 10 s), and the launcher then exits 1; 0 when every
+rank did. A SIGTERM or SIGINT to the launcher is passed to the ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+LAUNCHER = Path(__file__).resolve()
+GRACE_S = 10.0
+
+
+def command(
+    nproc: int, script: Path | str, *args: str, master_port: int | None = None
+) -> list[str]:
+    """The argv that runs `script` on `nproc` local ranks (for subprocess)."""
+    port = ["--master-port", str(master_port)] if master_port is not None else []
+    return [sys.executable, str(LAUNCHER), "--nproc-per-node", str(nproc), *port, str(script),
+            *args]  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _end(ranks: list[subprocess.Popen[bytes]], how: int = signal.SIGTERM) -> None:
+    for rank in ranks:
+        if rank.poll() is None:
+            rank.send_signal(how)
+    deadline = time.monotonic() + GRACE_S
+    for rank in ranks:
+        try:
+            rank.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            rank.kill()
+            rank.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc-per-node", type=int, required=True)
+    parser.add_argument("--master-port", type=int)
+    parser.add_argument("script")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    options = parser.parse_args(argv)
+    nproc = options.nproc_per_node
+    shared = {
+        "WORLD_SIZE": str(nproc),
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "GROUP_RANK": "0",
+        "GROUP_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(options.master_port or _free_port()),
+    }
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-u", options.script, *options.args],
+            env={**os.environ, **shared, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+        )
+        for rank in range(nproc)
+    ]
+
+    def passed_on(signum: int, _frame: object) -> None:
+        _end(ranks, signum)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, passed_on)
+    signal.signal(signal.SIGINT, passed_on)
+    first_failure: tuple[int, int] | None = None  # (rank, exit code)
+    while first_failure is None and any(rank.returncode is None for rank in ranks):
+        pid, status = os.wait()  # whichever rank ends first
+        for index, rank in enumerate(ranks):
+            if rank.pid == pid:
+                rank.returncode = os.waitstatus_to_exitcode(status)
+                if rank.returncode != 0:
+                    first_failure = (index, rank.returncode)
+    if first_failure is not None:
+        _end(ranks)
+        index, code = first_failure
+        print(f"local_ranks: rank {index} exited {code}; the others were ended", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
