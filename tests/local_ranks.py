@@ -4,7 +4,7 @@
     python tests/local_ranks.py --nproc-per-node N [--master-port P] SCRIPT [ARGS...]
 
 torchrun's own interpreter costs 2.5 CPU-s of imports per launch on the 2-core VM, and
-the suite's multi-rank tests launch a dozen: what they test is the ranks, not torchrun.
+the suite's multi-rank tests launch eleven: what they test is the ranks, not torchrun.
 Each rank gets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 GROUP_RANK, GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), which stoker's ranks read
 (stoker/runtime/dist/dist_env.py; `stoker run` sets the same), and inherits stdout and
@@ -72,20 +72,19 @@ def main(argv: list[str] | None = None) -> int:
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(options.master_port or _free_port()),
     }
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-u", options.script, *options.args],
-            env={**os.environ, **shared, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-        )
-        for rank in range(nproc)
-    ]
+    ranks: list[subprocess.Popen[bytes]] = []
 
     def passed_on(signum: int, _frame: object) -> None:
         _end(ranks, signum)
         sys.exit(128 + signum)
 
+    # Before the first rank starts: a signal meanwhile reaches the ranks started so far.
     signal.signal(signal.SIGTERM, passed_on)
     signal.signal(signal.SIGINT, passed_on)
+    for number in range(nproc):
+        env = {**os.environ, **shared, "RANK": str(number), "LOCAL_RANK": str(number)}
+        ranks.append(subprocess.Popen([sys.executable, "-u", options.script, *options.args],
+                                      env=env))  # fmt: skip
     first_failure: tuple[int, int] | None = None  # (rank, exit code)
     while first_failure is None and any(rank.returncode is None for rank in ranks):
         pid, status = os.wait()  # whichever rank ends first
