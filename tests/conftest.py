@@ -33,7 +33,7 @@ def pytest_collection(session: pytest.Session) -> Any:
     """Collection writes the bytecode of what it imports (the test modules as pytest
     rewrote their asserts, and the helpers under tests/) even where PYTHONDONTWRITEBYTECODE
     is set, as on these VMs: there, each of the suite's pytest processes rewrote every test
-    module anew, 9 of its 15 CPU-s of collection, and each process a test starts compiled
+    module anew, 9 of its ~14 CPU-s of collection, and each process a test starts compiled
     the helpers it imports. Only during collection: a test's own imports (a plugin in its
     tmp_path) leave no __pycache__ behind."""
     saved = sys.dont_write_bytecode
