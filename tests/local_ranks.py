@@ -1,7 +1,7 @@
 """N ranks of a script on this machine, started as `torchrun --standalone
 --nproc-per-node N` starts them, by a launcher that imports no torch:
 
-    python tests/local_ranks.py --nproc-per-node N [--master-port P] SCRIPT [ARGS...]
+    python tests/local_ranks.py --nproc-per-node N --master-port P SCRIPT [ARGS...]
 
 torchrun's own interpreter costs 2.5 CPU-s of imports per launch on the 2-core VM, and
 the suite's multi-rank tests launch eleven: what they test is the ranks, not torchrun.
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,19 +27,13 @@ LAUNCHER = Path(__file__).resolve()
 GRACE_S = 10.0
 
 
-def command(
-    nproc: int, script: Path | str, *args: str, master_port: int | None = None
-) -> list[str]:
-    """The argv that runs `script` on `nproc` local ranks (for subprocess)."""
-    port = ["--master-port", str(master_port)] if master_port is not None else []
-    return [sys.executable, str(LAUNCHER), "--nproc-per-node", str(nproc), *port, str(script),
-            *args]  # fmt: skip
+def command(nproc: int, script: Path | str, *args: str) -> list[str]:
+    """The argv that runs `script` on `nproc` local ranks (for subprocess), on a free
+    port picked here, in the test's process (tests/mlflow_server.py's free_port)."""
+    from tests.mlflow_server import free_port
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return [sys.executable, str(LAUNCHER), "--nproc-per-node", str(nproc), "--master-port",
+            str(free_port()), str(script), *args]  # fmt: skip
 
 
 def _end(ranks: list[subprocess.Popen[bytes]], how: int = signal.SIGTERM) -> None:
@@ -59,7 +52,7 @@ def _end(ranks: list[subprocess.Popen[bytes]], how: int = signal.SIGTERM) -> Non
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc-per-node", type=int, required=True)
-    parser.add_argument("--master-port", type=int)
+    parser.add_argument("--master-port", type=int, required=True)
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     options = parser.parse_args(argv)
@@ -70,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         "GROUP_RANK": "0",
         "GROUP_WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(options.master_port or _free_port()),
+        "MASTER_PORT": str(options.master_port),
     }
     ranks: list[subprocess.Popen[bytes]] = []
 

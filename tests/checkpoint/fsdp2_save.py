@@ -2,7 +2,7 @@
 
 Run on CPU ranks (gloo) by torchrun or tests/local_ranks.py (torchrun's variables):
 
-    python tests/local_ranks.py --nproc-per-node 2 \\
+    python tests/local_ranks.py --nproc-per-node 2 --master-port P \\
         tests/checkpoint/fsdp2_save.py ROOT STEP REFERENCE
 
 Builds the tiny av_dit of stoker/runtime/tiny.yaml with random values in every

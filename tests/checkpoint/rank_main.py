@@ -1,7 +1,7 @@
 """One rank of a multi-rank checkpoint test, as torchrun (or tests/local_ranks.py, which
 sets the same variables) starts it:
 
-    python tests/local_ranks.py --nproc-per-node N tests/checkpoint/rank_main.py \\
+    python tests/local_ranks.py --nproc-per-node N --master-port P tests/checkpoint/rank_main.py \\
         --config exp.yaml --run-dir RUN --out OUT.json [--stop-at S] [--hold-step K]
 
 The real Trainer and Checkpointer over gloo, with a recording sink. Rank 0
