@@ -235,7 +235,7 @@ def test_broken_newest_checkpoint_falls_back_with_a_warning(
 
 
 def _ranks(nproc: int, *args: str, run_dir: Path, out: Path, timeout: float = 300,
-              wait: bool = True, torchrun: bool = False) -> subprocess.Popen[str]:  # fmt: skip
+           wait: bool = True, torchrun: bool = False) -> subprocess.Popen[str]:  # fmt: skip
     """rank_main.py on `nproc` ranks: started by tests/local_ranks.py, which gives them
     torchrun's variables without torchrun's 2.5 CPU-s of imports, or by torchrun itself
     (one run of the module: the ranks as docs/runtime.md says torchrun starts them)."""
@@ -280,7 +280,7 @@ def straight_two_ranks(tmp_path_factory: pytest.TempPathFactory, data_url: str) 
     tmp_path = tmp_path_factory.mktemp("straight-2-ranks")
     straight_exp = _four_ranks_experiment(tmp_path, data_url, str(tmp_path / "checkpoints"))
     ref = _ranks(2, "--config", str(straight_exp), run_dir=tmp_path / "straight",
-                    out=tmp_path / "c.json", torchrun=True)  # fmt: skip
+                 out=tmp_path / "c.json", torchrun=True)  # fmt: skip
     assert ref.returncode == 0, _log(tmp_path / "straight", "c")
     return _result(tmp_path / "c.json")
 
@@ -291,7 +291,7 @@ def test_four_ranks_save_two_ranks_resume(
     exp = _four_ranks_experiment(tmp_path, data_url, root)
     run = tmp_path / "run"
     four = _ranks(4, "--config", str(exp), "--stop-at", "5", run_dir=run,
-                     out=tmp_path / "a.json")  # fmt: skip
+                  out=tmp_path / "a.json")  # fmt: skip
     assert four.returncode == 0, _log(run, "a")
     saved = _result(tmp_path / "a.json")
     assert saved["exit_code"] == EXIT_REQUEUE and sorted(saved["losses"]) == list(range(1, 7))
@@ -334,7 +334,7 @@ def test_rank_killed_during_async_save_leaves_it_uncommitted(
     exp = _experiment(tmp_path, data_url, root, train={"steps": 14}, checkpoint={"keep_last": 5})
     run = tmp_path / "run"
     proc = _ranks(2, "--config", str(exp), "--hold-step", "10", run_dir=run,
-                     out=tmp_path / "a.json", wait=False)  # fmt: skip
+                  out=tmp_path / "a.json", wait=False)  # fmt: skip
     try:
         deadline = time.monotonic() + 240
         while not list(run.glob("held-*")):
