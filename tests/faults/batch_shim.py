@@ -47,17 +47,15 @@ class ShimRun:
 SCRIPT_TIMEOUT_S = 180
 
 
-def run_batch_script(
+def prepare_batch_script(
     text: str,
     folder: Path,
     env: dict[str, str] | None = None,
     shims: dict[str, str] | None = None,
-    log: Path | None = None,
-) -> ShimRun:
-    """Write `text` to `folder`/job.sh and run it with the shims first on PATH; the task
-    and the shims find their output folder in $SHIM_OUT. `shims` replaces or adds shims
-    (name -> script). With `log`, the script's output is appended there, as sbatch's
-    --output does (the result's stdout and stderr are then empty)."""
+) -> tuple[Path, dict[str, str]]:
+    """Write `text` to `folder`/job.sh and the shims to `folder`/shim-bin: (the script,
+    the environment to run it in, the shims first on PATH). The task and the shims find
+    their output folder in $SHIM_OUT. `shims` replaces or adds shims (name -> script)."""
     bin_dir = folder / "shim-bin"
     bin_dir.mkdir(exist_ok=True)
     bodies = {"srun": _SRUN, "scontrol": _SCONTROL, "apptainer": _APPTAINER, **(shims or {})}
@@ -68,7 +66,7 @@ def run_batch_script(
     out.mkdir(exist_ok=True)
     script = folder / "job.sh"
     script.write_text(text)
-    env = {
+    return script, {
         **os.environ,
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "SHIM_OUT": str(out),
@@ -77,11 +75,25 @@ def run_batch_script(
         "SLURM_NTASKS": "1",
         **(env or {}),
     }
+
+
+def run_batch_script(
+    text: str,
+    folder: Path,
+    env: dict[str, str] | None = None,
+    shims: dict[str, str] | None = None,
+    log: Path | None = None,
+) -> ShimRun:
+    """Run `text` under bash as prepare_batch_script sets it up. With `log`, the
+    script's output is appended there, as sbatch's --output does (the result's stdout
+    and stderr are then empty)."""
+    script, run_env = prepare_batch_script(text, folder, env, shims)
+    out = folder / "shim-out"
     if log is None:
         result = subprocess.run(["bash", str(script)], cwd=folder, capture_output=True,
-                                text=True, timeout=SCRIPT_TIMEOUT_S, env=env)  # fmt: skip
+                                text=True, timeout=SCRIPT_TIMEOUT_S, env=run_env)  # fmt: skip
         return ShimRun(result.returncode, result.stdout, result.stderr, out)
     with open(log, "ab") as output:
         code = subprocess.run(["bash", str(script)], cwd=folder, stdout=output, stderr=output,
-                              timeout=SCRIPT_TIMEOUT_S, env=env).returncode  # fmt: skip
+                              timeout=SCRIPT_TIMEOUT_S, env=run_env).returncode  # fmt: skip
     return ShimRun(code, "", "", out)

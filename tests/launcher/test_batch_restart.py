@@ -7,15 +7,18 @@ too small to leave a node out) are set up exactly."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from stoker.launcher.script.render import render_sbatch
-from tests.faults.batch_shim import run_batch_script
+from tests.faults.batch_shim import SCRIPT_TIMEOUT_S, prepare_batch_script, run_batch_script
 from tests.launcher.launch_specs import make_spec
 
 JOB_ID = "42"
@@ -375,3 +378,25 @@ def test_without_a_spare_a_step_that_does_not_end_is_given_up_after_kill_wait(
     assert calls == [FIRST, f"scontrol requeuehold {JOB_ID}",
                      f"scontrol update JobId={JOB_ID} ExcNodeList=n3",
                      f"scontrol release {JOB_ID}"]  # fmt: skip
+
+
+def test_nothing_holds_the_scripts_output_once_it_has_ended(tmp_path: Path) -> None:
+    """Whoever reads a batch script's output to its end (a pipe into tee, a test's
+    capture) is done when the script ends: the step's watcher, killed as the step ends,
+    leaves nothing holding that output, not even the sleep of its last second (which
+    made every script end a second late for such a reader)."""
+    spec = make_spec(command=["true"], run_dir=tmp_path / "run", workdir=tmp_path)
+    script, env = prepare_batch_script(render_sbatch(spec).text, tmp_path)
+    with subprocess.Popen(["bash", str(script)], cwd=tmp_path, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as ran:  # fmt: skip
+        assert ran.stdout is not None
+        pipe = f"pipe:[{os.fstat(ran.stdout.fileno()).st_ino}]"
+        assert ran.wait(timeout=SCRIPT_TIMEOUT_S) == 0, ran.stdout.read()
+        holders = []
+        for fd in Path("/proc").glob("[0-9]*/fd/[0-9]*"):
+            if fd.parts[2] == str(os.getpid()):  # the reading end, ours
+                continue
+            with contextlib.suppress(OSError):  # a process that ended while we looked
+                if os.readlink(fd) == pipe:
+                    holders.append((fd.parts[2], (fd.parents[1] / "cmdline").read_bytes()))
+        assert holders == []
