@@ -44,9 +44,12 @@ class Plan:
         if c is None:
             return {}
         gpu = self.target.gpu is not None
+        # A rank per GPU, or the CPU ranks planned: said either way, since an experiment
+        # that sets job.ntasks_per_node (two CPU ranks, say) would otherwise keep it.
         out: dict[str, Any] = {
             "job.nodes": self.target.nodes,
             "job.gpus_per_node": self.target.ranks_per_node if gpu else 0,
+            "job.ntasks_per_node": self.target.ranks_per_node,
             "train.activation_checkpointing": c.activation_checkpointing,
             "train.precision": c.precision,
             "train.grad_accum": c.grad_accum,
@@ -58,8 +61,6 @@ class Plan:
             out["job.spare_nodes"] = self.target.spare_nodes
         if self.target.nodes > 1:
             out["train.sharding"] = c.sharding
-        if not gpu:
-            out["job.ntasks_per_node"] = self.target.ranks_per_node
         return out
 
     def to_json(self) -> dict[str, Any]:

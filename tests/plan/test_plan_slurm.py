@@ -6,9 +6,11 @@ cluster in the cluster tests' process, one test at a time)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import yaml
 
 from tests.clirun import stoker_text
 from tests.plan.test_plan_cli import TINY
@@ -18,15 +20,27 @@ if TYPE_CHECKING:
 
 
 @pytest.mark.slurm
-def test_a_partitions_gpus_come_from_sinfo(slurm_cluster: ClusterSettings) -> None:
+def test_a_partitions_gpus_come_from_sinfo(slurm_cluster: ClusterSettings, tmp_path: Path) -> None:
     """The local cluster's partition: 3 nodes with GRES gpu:4 (no type: --gpu says it)."""
     partition = slurm_cluster.partition
     no_type = stoker_text("plan", TINY, "--partition", partition)
     assert no_type.returncode != 0
     assert f"partition {partition} (sinfo)" in no_type.stderr and "--gpu" in no_type.stderr
+    planned = tmp_path / "planned.yaml"  # the docs' `--partition gpu --write planned.yaml`
     result = stoker_text("plan", TINY, "data.batch_size=8", "job.spare_nodes=1", "--partition",
-                         partition, "--gpu", "H100", "--nodes", "2", "--json")  # fmt: skip
+                         partition, "--gpu", "H100", "--nodes", "2", "--write", str(planned),
+                         "--json")  # fmt: skip
     assert result.returncode == 0, result.stderr
+    written = yaml.safe_load(planned.read_text())["job"]
+    assert (written["gpus_per_node"], written["nodes"]) == (slurm_cluster.gpus_per_node, 2)
+    # The docs' next step, `stoker submit planned.yaml`, as the script it would queue: 4
+    # ranks a node are more than these 2-CPU nodes take, and a run on GPUs needs GPUs (the
+    # local CPUs' plan runs in test_plan_cli.py).
+    script = stoker_text("submit", str(planned), "--dry-run", cwd=tmp_path)
+    assert script.returncode == 0, script.stderr
+    # 2 nodes and the spare; a rank per GPU, though tiny.yaml asks for 2 CPU ranks a node.
+    assert "#SBATCH --nodes=3\n#SBATCH --ntasks-per-node=4\n#SBATCH --gpus-per-node=4\n" in (
+        script.stdout)  # fmt: skip
     plan = json.loads(result.stdout)
     target = plan["target"]
     assert (target["ranks_per_node"], target["world"], target["spare_nodes"]) == (4, 8, 1)
