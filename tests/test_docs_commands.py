@@ -32,7 +32,7 @@ import contextlib
 import io
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,8 @@ from stoker.config.schema import ExperimentConfig
 REPO = Path(__file__).resolve().parent.parent
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
-_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+# A fence may be indented (a block inside a list item): its lines lose that indent.
+_FENCE = re.compile(r"^(?P<indent>[ ]*)```(?P<lang>\w*)\n(?P<body>.*?)^(?P=indent)```", re.S | re.M)
 _SEPARATORS = {"|", "||", "&&", ";", "&"}
 _REDIRECTION = re.compile(r"^(\d?>>?|&>|<)(.*)$")  # `> out`, `>/dev/null`, `2>&1`
 _ENV_WORD = re.compile(r"^[A-Z_][A-Z0-9_]*=")
@@ -61,6 +62,7 @@ _PATH_ROOTS = ("examples/", "scripts/", "tests/")
 class DocCommand:
     where: str  # page:line
     line: str  # as the page writes it, continuations joined
+    block: int = field(default=0, compare=False)  # the line its block starts at
 
 
 def _command_lines(lang: str, body: str) -> list[tuple[int, str]]:
@@ -96,14 +98,46 @@ def doc_commands(pages: list[Path] = PAGES) -> list[DocCommand]:
     for page in pages:
         text = page.read_text()
         for fence in _FENCE.finditer(text):
-            lang = fence.group(1)
+            lang, indent = fence["lang"], len(fence["indent"])
             if lang not in ("", "text", "bash", "sh", "shell", "console"):
                 continue
-            first = text[: fence.start(2)].count("\n") + 1
-            for offset, line in _command_lines(lang, fence.group(2)):
+            first = text[: fence.start("body")].count("\n") + 1
+            body = "\n".join(line[indent:] for line in fence["body"].splitlines())
+            for offset, line in _command_lines(lang, body):
                 where = f"{page.relative_to(REPO)}:{first + offset}"
-                commands.append(DocCommand(where, line))
-    return commands
+                commands.append(DocCommand(where, line, first))
+        for first, body in _indented_blocks(_FENCE.sub(_blank_lines, text)):
+            for offset, line in _command_lines("", body):
+                where = f"{page.relative_to(REPO)}:{first + offset}"
+                commands.append(DocCommand(where, line, first))
+    return sorted(commands, key=_page_order)
+
+
+def _page_order(command: DocCommand) -> tuple[str, int]:
+    page, line = command.where.split(":")
+    return page, int(line)
+
+
+def _blank_lines(fence: re.Match[str]) -> str:
+    """A fenced block as as many empty lines: what is left is the page's own text."""
+    return "\n" * fence.group(0).count("\n")
+
+
+def _indented_blocks(text: str) -> list[tuple[int, str]]:
+    """(the line of its first line, its text) of each indented code block: lines indented
+    by four spaces or more after an empty line, as Markdown shows code."""
+    blocks: list[tuple[int, str]] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("    ") and lines[i].strip() and (i == 0 or not lines[i - 1]):
+            start = i
+            while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
+                i += 1
+            blocks.append((start + 1, "\n".join(line[4:] for line in lines[start:i])))
+        else:
+            i += 1
+    return blocks
 
 
 def shell_commands(line: str) -> list[list[str]]:

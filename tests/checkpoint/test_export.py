@@ -296,6 +296,13 @@ def test_cli(trained: Trained, tmp_path: Path) -> None:
 
     again = stoker_text("ckpt", "export", str(folder), str(out))
     assert again.returncode == 2 and "exists" in again.stderr and "--force" in again.stderr
+    # docs/runtime.md's synopsis, every option: over an export that is there.
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"an older export")
+    done = stoker_text("ckpt", "export", str(folder), str(weights), "--format", "safetensors",
+                       "--dtype", "bf16", "--full", "--force", "--json", check=True)  # fmt: skip
+    assert json.loads(done.stdout)["dtypes"] == ["bfloat16"]
+    assert {t.dtype for t in load_file(weights).values()} == {torch.bfloat16}
     _flip_byte(folder / "__0_0.distcp")
     bad = stoker_text("ckpt", "export", str(folder), str(out), "--force", "--full")
     assert bad.returncode == 2 and "__0_0.distcp: sha256" in bad.stderr

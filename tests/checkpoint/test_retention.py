@@ -88,19 +88,21 @@ def test_prune_command(root: str) -> None:
     fs.pipe_file(f"{base}/step-50/weights.bin", b"mine")
     fs.pipe_file(f"{base}/step-400/__0_0.distcp", b"cut")  # the newest is broken
 
-    dry = stoker("ckpt", "prune", root, "--keep-last", "1", "--dry-run", "--json")
+    # docs/checkpoints.md's synopsis: what would go, the same rules as the real prune below.
+    keep = ("--keep-last", "1", "--keep-every", "200")
+    dry = stoker("ckpt", "prune", root, *keep, "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
     decided = {d["step"]: (d["delete"], d["reason"]) for d in json.loads(dry.stdout)}
     assert decided == {
         400: (False, "newer than the newest verified (broken commit)"),
         300: (False, "newest verified"),
-        200: (True, "beyond keep_last=1"),
+        200: (False, "multiple of keep_every=200"),
         100: (True, "beyond keep_last=1"),
         50: (False, "not written by stoker"),
     }
     assert [r.step for r in ck.list_checkpoints(root)] == [400, 300, 200, 100, 50]
 
-    done = stoker("ckpt", "prune", root, "--keep-last", "1", "--keep-every", "200")
+    done = stoker("ckpt", "prune", root, *keep)
     assert done.returncode == 0, done.stderr
     assert "deleted 1 of 5 checkpoints" in done.stdout
     assert [r.step for r in ck.list_checkpoints(root)] == [400, 300, 200, 50]

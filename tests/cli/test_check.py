@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from stoker.data.synthetic.shapes import synth_dataset
 from tests.clirun import stoker_text
@@ -50,11 +51,14 @@ def sound(tmp_path_factory: pytest.TempPathFactory, module_home: dict[str, str])
     )
     data = tmp / "data"
     synth_dataset(str(data), clips=4, seconds=1.0, size=(64, 64), fps=8)
-    code, found = _findings(
-        "model.arch=own_model.denoiser:build", "model.args.width=8", f"data.url={data}",
-        f"checkpoint.root={tmp / 'ckpt'}", "data.transform=my_aug.crops:center_crop",
-        cwd=project, env=module_home,
-    )  # fmt: skip
+    # As docs/bring-your-own.md writes it: an experiment file and one override.
+    experiment = {
+        "model": {"arch": "own_model.denoiser:build", "args": {"width": 8}},
+        "data": {"url": str(data), "transform": "my_aug.crops:center_crop"},
+        "checkpoint": {"root": str(tmp / "ckpt")},
+    }
+    (project / "exp.yaml").write_text(yaml.safe_dump(experiment))
+    code, found = _findings("exp.yaml", "model.args.width=256", cwd=project, env=module_home)
     return Sound(tmp, project, code, found)
 
 

@@ -120,6 +120,8 @@ def test_latents_are_the_encoders_output_and_the_manifest_names_encoder_and_sour
     assert latents["lineage"][0] == f"file://{source} (stoker data synth)"
     assert latents["lineage"][1].startswith(f"{dst} (encoded by {TINY}")
     assert latents["buckets"]["(one shape)"]["samples"] == 8
+    plain = stoker_text("data", "inspect", str(dst), check=True).stdout  # as docs/data.md
+    assert "(encoded by" in plain and "(one shape)" in plain, plain
 
 
 def test_two_encodes_in_one_process_each_have_their_own_shapes(

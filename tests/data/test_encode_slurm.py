@@ -43,7 +43,10 @@ def test_an_encode_array_killed_in_one_task_is_finished_by_a_rerun(
     stoker_text(*encode, str(local), "-e", ENCODER, "--workers", "1", cwd=REPO, check=True)
 
     dst = tmp_path / "slurm"
-    slurm = ("-e", ENCODER, "--slurm", "--partition", slurm_cluster.partition, "--time", "10")
+    # As docs/data.md writes it: a GPU a task (the nodes' fake GRES; torch finds no CUDA,
+    # the encoder runs on the CPU), `--time 4:00:00 -p gpu`.
+    slurm = ("-e", ENCODER, "--slurm", "--gpus-per-node", "1", "--time", "4:00:00",
+             "-p", slurm_cluster.partition)  # fmt: skip
     # Shard 2 (clips 4 and 5) takes ten minutes in this first job only: it is killed then.
     submitted = stoker_text(*encode, str(dst), *slurm, "--json", cwd=REPO,
                             env={SLOW_KEYS: "clip-000004=600"})  # fmt: skip

@@ -450,7 +450,9 @@ def test_slurm_array_packs_like_local(slurm_cluster: ClusterSettings, tmp_path: 
     dst = tmp_path / "slurm"
     dst.mkdir()
     (dst / "pack-skipped").write_text("in the way")  # every array task fails
-    slurm_args = (*args, "--slurm", "--partition", slurm_cluster.partition, "--time", "5")
+    # As docs/data.md writes it: `--slurm --time 2:00:00 -p cpu` (its clips are 4 s and
+    # longer; these are 1 s, so no --clip-seconds 4: it would keep none).
+    slurm_args = (*args, "--slurm", "--time", "2:00:00", "-p", slurm_cluster.partition)
     submitted = stoker_text("data", "pack", "src", "slurm", *slurm_args, "--json", cwd=tmp_path)
     assert submitted.returncode == 0, submitted.stderr
     job = json.loads(submitted.stdout.strip().splitlines()[-1])["job_id"]
@@ -462,6 +464,8 @@ def test_slurm_array_packs_like_local(slurm_cluster: ClusterSettings, tmp_path: 
         wait_final(task, timeout=180)
     rows = json.loads(stoker_text("status", job, "--json", check=True).stdout)
     assert {row["state"] for row in rows} == {"FAILED"}
+    table = stoker_text("status", job, check=True).stdout  # the docs' plain `stoker status`
+    assert all(task in table for task in task_ids), table
     why = stoker_text("why", task_ids[0], check=True)
     assert "FileExistsError" in why.stdout and "slurm/pack-skipped" in why.stdout, why.stdout
     log = stoker_text("logs", task_ids[0], check=True).stdout

@@ -28,6 +28,8 @@ from tests.launcher_jobs import submit_json, wait_final, wait_local
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
 
+TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"
+
 
 def a_secret() -> str:
     return f"sk-{uuid.uuid4().hex}"
@@ -320,11 +322,13 @@ def test_a_passed_secret_reaches_a_slurm_job(
 ) -> None:
     """sbatch hands the job the submitting environment (--export=ALL); the script only
     names the variables, srun hands them to the task."""
-    values = {"HF_TOKEN": a_secret(), "AWS_SECRET_ACCESS_KEY": a_secret()}
+    values = {"HF_TOKEN": a_secret(), "WANDB_API_KEY": a_secret()}
     job_py = tmp_path / "digest_job.py"
     job_py.write_text(DIGEST_JOB)
+    # As docs/user-guide.md writes it: `stoker submit exp.yaml 'job.pass_env=[HF_TOKEN,
+    # WANDB_API_KEY]'` (exp.yaml: the tours' examples/tiny.yaml, two ranks).
     job = submit_json(
-        "--time", "5", "job.pass_env=[HF_TOKEN, AWS_SECRET_ACCESS_KEY]",
+        str(TINY), "job.pass_env=[HF_TOKEN, WANDB_API_KEY]", "--time", "5",
         "--", sys.executable, str(job_py), *values,
         cwd=tmp_path, env=values,
     )  # fmt: skip

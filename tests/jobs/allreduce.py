@@ -1,10 +1,12 @@
 """A job for launcher tests: every rank joins a gloo process group via the launcher's
 MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE and all-reduces its rank; all must agree. It
-prints its CPU seconds so far (`cpu=`), which its job's CPU account must include."""
+prints its CPU seconds so far (`cpu=`), which its job's CPU account must include, and
+its arguments (`argv=`), which must be the command's as the user typed them."""
 
 import os
 import resource
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -20,7 +22,7 @@ print(
     f"host={socket.gethostname()} node={os.environ.get('SLURMD_NODENAME', 'local')} "
     f"master={os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} sum={value.item():g} "
     f"ok={value.item() == expected} "
-    f"cpu={sum(resource.getrusage(resource.RUSAGE_SELF)[:2]):.3f}",
+    f"cpu={sum(resource.getrusage(resource.RUSAGE_SELF)[:2]):.3f} argv={sys.argv[1:]}",
     flush=True,
 )
 dist.destroy_process_group()

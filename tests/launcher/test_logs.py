@@ -269,6 +269,13 @@ def test_rank_grep_tail_and_restart_filters(talker: Talker) -> None:
         "[0] restart=1 rank=0 line=2",
         "[1] restart=1 rank=1 line=2",
     ]
+    # Both together, as the docs' `stoker logs 1234 --rank 3 --grep loss`: that rank's matches.
+    both = _logs(talker.job_id, "--rank", "1", "--grep", r"line=2$", env=env).stdout.splitlines()
+    assert both == [
+        "[1] restart=0 rank=1 line=2",
+        "--- restart 1 ---",
+        "[1] restart=1 rank=1 line=2",
+    ]
 
     tail = _logs(talker.job_id, "--tail", "1", "--restart", "1", "--no-batch", env=env)
     assert tail.stdout.splitlines() == [

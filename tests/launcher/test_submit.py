@@ -35,6 +35,8 @@ def test_two_nodes_four_ranks_all_reduce(slurm_cluster: ClusterSettings, tmp_pat
         "--",
         PYTHON,
         str(JOBS / "allreduce.py"),
+        "--lr",  # the docs' `-- python my_train.py --lr 3e-4`
+        "3e-4",
         cwd=tmp_path,
         in_process=True,
     )
@@ -45,6 +47,7 @@ def test_two_nodes_four_ranks_all_reduce(slurm_cluster: ClusterSettings, tmp_pat
     assert sorted(ranks) == [0, 1, 2, 3]
     for rank, text in ranks.items():
         assert f"rank={rank} " in text and "world=4" in text and "sum=6 ok=True" in text, text
+        assert "argv=['--lr', '3e-4']" in text, text  # reached the script as typed
     # Ranks 0-1 on the first node, 2-3 on the second; all meet at the first node's NodeAddr.
     nodes = {rank: text.split("node=")[1].split()[0] for rank, text in ranks.items()}
     assert nodes[0] == nodes[1] != nodes[2] == nodes[3]
@@ -75,18 +78,10 @@ def test_two_nodes_four_ranks_all_reduce(slurm_cluster: ClusterSettings, tmp_pat
 def test_dry_run_script_passes_sbatch_test_only(
     slurm_cluster: ClusterSettings, tmp_path: Path
 ) -> None:
-    result = stoker_text(
-        "submit",
-        "--nodes",
-        "2",
-        "--gpus-per-node",
-        "2",
-        "--dry-run",
-        "--",
-        "python",
-        "train.py",
-        cwd=tmp_path,
-    )
+    # docs/jobs.md's first submit, on the local nodes' 4 GPUs (it asks for 8, an H100 node's).
+    gpus = str(slurm_cluster.gpus_per_node)
+    result = stoker_text("submit", str(TINY), "train.steps=2000", "--nodes", "2", "--gpus-per-node",
+                         gpus, "--time", "04:00:00", "--dry-run", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("#!/bin/bash\n#SBATCH --job-name=")
     script = tmp_path / "job.sh"

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from stoker.checkpoint.checkpointer import Checkpointer
 from stoker.checkpoint.train_state import TrainState
@@ -78,10 +79,9 @@ def training_run(client: Any, tmp_path: Path) -> str:
     return run_id
 
 
-def export_and_register(ckpt: Path, out: Path, name: str, uri: str) -> Any:
-    return stoker_text(
-        "ckpt", "export", str(ckpt), str(out), "--register", name, "--tracking-uri", uri, "--json"
-    )
+def export_and_register(ckpt: Path, out: Path, name: str, uri: str, *options: str) -> Any:
+    return stoker_text("ckpt", "export", str(ckpt), str(out), *options, "--register", name,
+                       "--tracking-uri", uri, "--json")  # fmt: skip
 
 
 def test_a_version_carries_the_lineage_and_the_exported_bytes(
@@ -99,7 +99,8 @@ def test_a_version_carries_the_lineage_and_the_exported_bytes(
     ckpt = save_checkpoint(tmp_path / "checkpoints", run_id)
     out = tmp_path / "model.safetensors"
 
-    result = export_and_register(ckpt, out, "av-dit-small", mlflow_server.url)
+    # As docs/runtime.md writes it: the checkpoints folder, whose newest commit is exported.
+    result = export_and_register(ckpt.parent, out, "av-dit-small", mlflow_server.url)
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)["registered"]
     assert (printed["name"], printed["version"], printed["run_id"]) == ("av-dit-small", 1, run_id)
@@ -126,10 +127,12 @@ def test_a_version_carries_the_lineage_and_the_exported_bytes(
     outputs = client.get_run(run_id).outputs.model_outputs
     assert [(o.model_id, o.step) for o in outputs] == [(printed["model_id"], STEP)]
 
-    again = export_and_register(
-        ckpt, tmp_path / "again.safetensors", "av-dit-small", mlflow_server.url
-    )
+    # docs/checkpoints.md's synopsis, every option: over the first export, in bf16.
+    options = ("--format", "safetensors", "--dtype", "bf16", "--full", "--force")
+    again = export_and_register(ckpt, out, "av-dit-small", mlflow_server.url, *options)
     assert again.returncode == 0, again.stderr
+    floats = [t.dtype for t in load_file(out).values() if t.is_floating_point()]
+    assert floats and set(floats) == {torch.bfloat16}
     assert json.loads(again.stdout)["registered"]["version"] == 2
     assert client.get_model_version("av-dit-small", "2").tags[COMMIT_TAG] == commit_sha
 

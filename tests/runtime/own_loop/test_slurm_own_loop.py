@@ -44,7 +44,7 @@ def test_the_own_loop_resumes_bit_exact_after_a_requeue_under_hsdp(
         EXPERIMENT, f"data.url={data}", "data.num_workers=0", "data.clip_seconds=0.5",
         f"train.steps={STEPS}", "train.log_every=1", "checkpoint.every=4",
         "checkpoint.keep_last=100", "--nodes", "2", "--ntasks-per-node", "2", "--time", "10",
-        "--", sys.executable, "examples/own_loop/train.py", "--width", "16",
+        "--", sys.executable, "examples/own_loop/train.py", "--width", "256",
     ]  # fmt: skip
     # Each takes both CPUs of two of the three nodes: one runs at a time. The requeued job
     # first, so that the uninterrupted one runs while the requeue holds it (cred_expire).
