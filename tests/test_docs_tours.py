@@ -135,7 +135,8 @@ COVERED = {
     # docs/plan.md: traces of a 1B model, a partition's GPUs from sinfo.
     "stoker plan examples/plan-1b.yaml --gpus-per-node 8 --gpu H100": _PLAN_1B,
     "stoker plan EXP.yaml k=v --partition gpu": _PLAN_SLURM,
-    "stoker plan EXP.yaml --gpus-per-node 8 --gpu H200 --nodes 4": _PLAN_1B,
+    "stoker plan EXP.yaml --gpus-per-node 8 --gpu H200 --nodes 4": _PLAN
+    + "test_the_plan_says_what_peak_and_needs_are",
     "stoker plan EXP.yaml --partition gpu --write planned.yaml": _PLAN_SLURM,
     "stoker submit planned.yaml": _PLAN_SLURM,
     "stoker plan --calibrate RUN": _PLAN_RUN,
@@ -194,8 +195,6 @@ VARIANTS = {
     "--gpus-per-node 1 --time 4:00:00 -p gpu": "the suite's tiny encoder, on the CPU",
     "stoker plan EXP.yaml k=v --partition gpu": "the local GRES names no GPU model: the test "
     "sees it refused with the fix (--gpu), then runs it with --gpu H100",
-    "stoker plan EXP.yaml --gpus-per-node 8 --gpu H200 --nodes 4": "--gpu H100, no --nodes: "
-    "another plan of the 1B model is 2 more minutes of tracing",
     "stoker submit planned.yaml": "--dry-run for a partition's plan (a rank per GPU), "
     "`stoker run` for the local CPUs' plan",
     "stoker sample CHECKPOINT_OR_RUN --out DIR --seed S --steps N --method heun --prompt P "
@@ -210,7 +209,8 @@ VARIANTS = {
     "1024,2048,3072,4096 --vocab 8192,32768,65536 --modes fwd,bwd,fwd+bwd --baselines "
     "eager,compile,compile_max_autotune,liger --reps 30 --json": "on the CPU, at small sizes",
     "stoker sweep exp.yaml optim.lr=1e-4,3e-4,1e-3 train.seed=1,2 --max-parallel 2": (
-        "six tasks that print their settings, not six trainer jobs (a minute of CPU each)"
+        "with a command that prints each task's settings in the trainer's place (six "
+        "trainer jobs: a minute of CPU each)"
     ),
     "stoker submit exp.yaml job.pass_env=[HF_TOKEN, WANDB_API_KEY]": "with a command that "
     "digests what it got, not the trainer",

@@ -17,6 +17,8 @@ from tests.launcher_jobs import scontrol_job, wait_final
 if TYPE_CHECKING:
     from tests.cluster.localslurm import ClusterSettings
 
+TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"
+
 PRINT_TASK = (
     "import os, yaml; c = yaml.safe_load(open(os.environ['STOKER_CONFIG'])); "
     "print(os.environ['STOKER_JOB_ID'], c['optim']['lr'], c['train']['seed'], "
@@ -57,8 +59,11 @@ def test_six_task_sweep_is_one_array_with_six_child_runs(
 
     from mlflow.tracking import MlflowClient
 
+    # As docs/jobs.md writes it, with a command that prints each task's settings in the
+    # trainer's place (six trainer tasks would be minutes of CPU).
     result = stoker_text(
         "sweep",
+        str(TINY),
         "optim.lr=1e-4,3e-4,1e-3",
         "train.seed=1,2",
         "--max-parallel",

@@ -12,6 +12,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import yaml
+
 from stoker.config import resolve_config
 from tests.clirun import stoker, stoker_text
 
@@ -102,11 +104,20 @@ def test_the_1b_preset_on_eight_h100s_is_chosen_and_explained() -> None:
     assert settings["train.precision"] == "bf16" and settings["job.gpus_per_node"] == 8
 
 
-def test_the_plan_says_what_peak_and_needs_are() -> None:
+def test_the_plan_says_what_peak_and_needs_are(tmp_path: Path) -> None:
     """PEAK in the tables and `needs` in the verdict differ by the GPU's allowances; a
-    line under the tables says so, with the figures the fit is judged by."""
-    result = stoker_text("plan", TINY, "--gpus-per-node", "1", "--gpu", "H100")
+    line under the tables says so, with the figures the fit is judged by. The plan is
+    docs/plan.md's `--gpus-per-node 8 --gpu H200 --nodes 4`, for an experiment whose
+    batch splits over 32 ranks."""
+    experiment = yaml.safe_load(Path(TINY).read_text())
+    experiment["data"]["batch_size"] = 32
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(experiment))
+    result = stoker_text("plan", "exp.yaml", "--gpus-per-node", "8", "--gpu", "H200", "--nodes",
+                         "4", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr
+    assert "planning for the flags: 4 x 8 H200" in result.stderr
+    settings = result.stdout.splitlines()[-1]
+    assert settings.startswith("settings: job.nodes=4 job.gpus_per_node=8 job.ntasks_per_node=8 ")
     lines = result.stdout.splitlines()
     legend = next(i for i, line in enumerate(lines) if line.startswith("PEAK: "))
     assert lines[legend] == (
@@ -114,7 +125,7 @@ def test_the_plan_says_what_peak_and_needs_are() -> None:
         "(allocator slack) + 768 MiB (CUDA context) + 512 MiB per NCCL communicator, which "
         "must fit in the usable memory (less --margin, 5%)"
     )
-    assert ": needs " in lines[legend + 1] and " of 76.0 GiB" in lines[legend + 1]
+    assert ": needs " in lines[legend + 1] and " of 133.9 GiB" in lines[legend + 1]
 
 
 def test_errors_name_the_value_and_the_fix(tmp_path: Path) -> None:
