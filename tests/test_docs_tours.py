@@ -149,8 +149,8 @@ COVERED = {
     "stoker run --nproc 1 tracking.uri=none data.modalities=[latent]": "tests/runtime/"
     "test_run_without_mlflow.py::test_one_rank_trains_on_synthetic_latents_without_mlflow_or_pyav",
     "stoker sample CHECKPOINT_OR_RUN --out DIR --seed S --steps N --method heun --prompt P "
-    "--cfg W --weights auto --device cuda --log": _EXPORT
-    + "test_stoker_sample_draws_from_a_two_rank_checkpoint_in_one_process",
+    "--cfg W --weights auto --device cuda --log": "tests/runtime/test_conditioning.py::"
+    "test_stoker_sample_takes_prompts_and_guidance",
     "stoker bench step --arch av_dit --size 1b --batch-size N --variants "
     "stoker,reference,compile,stoker+compile --steps 20 --warmup 5 --resolution 256x256 --fps 8 "
     "--clip-seconds 2 --activation-checkpointing none --device auto --out benchmarks/results "
@@ -198,9 +198,8 @@ VARIANTS = {
     "stoker submit planned.yaml": "--dry-run for a partition's plan (a rank per GPU), "
     "`stoker run` for the local CPUs' plan",
     "stoker sample CHECKPOINT_OR_RUN --out DIR --seed S --steps N --method heun --prompt P "
-    "--cfg W --weights auto --device cuda --log": "on the CPU; --log in test_model_registry.py; "
-    "--prompt and --cfg need a conditioned model (tests/runtime/test_conditioning.py samples "
-    "one in-process)",
+    "--cfg W --weights auto --device cuda --log": "on the CPU; --weights in test_export.py's "
+    "sample test, --log in test_model_registry.py's",
     "stoker bench step --arch av_dit --size 1b --batch-size N --variants "
     "stoker,reference,compile,stoker+compile --steps 20 --warmup 5 --resolution 256x256 --fps 8 "
     "--clip-seconds 2 --activation-checkpointing none --device auto --out benchmarks/results "

@@ -5,6 +5,8 @@ ends, a text encoder of the user's own, and the errors a user meets."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -172,3 +174,51 @@ def test_training_brings_samples_to_the_data_and_guidance_closer() -> None:
                   f"guided {guided:.1f}")  # fmt: skip
         assert abs(plain - want) < abs(before - want) - 20, report
         assert abs(guided - want) < abs(plain - want) - 10, report
+
+
+# --- `stoker sample --prompt --cfg` ---------------------------------------------------
+
+
+def test_stoker_sample_takes_prompts_and_guidance(tmp_path: Path) -> None:
+    """docs/runtime.md's `stoker sample RUN --prompt P --cfg W`: from a class-conditioned
+    run's checkpoint, the command's clips are the ones sample_model draws for the same
+    prompts and guidance, and guidance changes them."""
+    from torch.distributed.checkpoint import state_dict_saver
+
+    from stoker.checkpoint import commit as ck
+    from stoker.config import resolve_config
+    from stoker.config.frozen import write_frozen
+    from stoker.runtime.sampling.files import write_samples
+    from tests.clirun import stoker_text
+
+    resolved = resolve_config(overrides=[
+        "model.args.condition=class", "model.args.class_field=colour",
+        "model.args.classes=[red, blue]", "data.modalities=[video, meta]",
+        "data.resolution=[16, 16]", "data.clip_seconds=0.5", "data.fps=8",
+        "train.precision=fp32",  # the command's and this process's numbers alike
+    ], use_profile=False)  # fmt: skip
+    cfg = resolved.config
+    torch.manual_seed(cfg.train.seed)
+    model = scrambled(build_model(cfg.model, cfg.data))  # a conditioner that does something
+    run = tmp_path / "run"
+    write_frozen(resolved, run / "config.yaml")
+    step = run / "checkpoints" / "step-5"
+    state_dict_saver.save({"model": model.state_dict()}, checkpoint_id=str(step), no_dist=True)
+    ck.write_commit(str(step), step=5, world_size=1)
+
+    args = ["sample", str(run), "--seed", "0", "--seed", "1", "--steps", "1", "--method",
+            "heun", "--device", "cpu", "--prompt", "red", "--prompt", "blue"]  # fmt: skip
+    stoker_text(*args, "--cfg", "4", "--out", str(tmp_path / "guided"), check=True)
+    stoker_text(*args, "--out", str(tmp_path / "plain"), check=True)
+    expected = sample_model(model, seeds=[0, 1], steps=1, method="heun",
+                            prompts=["red", "blue"], guidance=4.0)  # fmt: skip
+    write_samples(expected, [0, 1], tmp_path / "expected", fps=cfg.data.fps,
+                  sample_rate=cfg.data.sample_rate)  # fmt: skip
+    clips = sorted(p.name for p in (tmp_path / "expected").glob("seed-*"))
+    assert clips == ["seed-0.mp4", "seed-1.mp4"]
+    for name in clips:
+        guided = (tmp_path / "guided" / name).read_bytes()
+        assert guided == (tmp_path / "expected" / name).read_bytes(), name
+        assert guided != (tmp_path / "plain" / name).read_bytes(), name
+    refused = stoker_text(*args, "--prompt", "blue", "--out", str(tmp_path / "x"))
+    assert refused.returncode == 2 and "3 --prompt for 2 seeds" in refused.stderr
