@@ -60,6 +60,7 @@ _PLAN_RUN = _PLAN + "test_plan_write_run_and_calibrate_on_two_cpu_ranks"
 _PLAN_SLURM = "tests/plan/test_plan_slurm.py::test_a_partitions_gpus_come_from_sinfo"
 _LS_VERIFY = "tests/checkpoint/test_commit.py::test_cli_ls_and_verify"
 _EXPORT = "tests/checkpoint/test_export.py::"
+_BUILTIN_RUN = "tests/runtime/test_run_cli.py::test_stoker_run_trains_the_builtin_experiment"
 _PACK = "tests/data/test_pack.py::test_slurm_array_packs_like_local"
 COVERED = {
     # README: its own-code, SLURM and data tours, as written, in tests/test_docs.py.
@@ -85,6 +86,8 @@ COVERED = {
     # docs/bring-your-own.md: a package of the user's (mypkg), SLURM jobs.
     "stoker check exp.yaml model.args.width=256": "tests/cli/test_check.py::"
     "test_a_sound_experiment_passes_every_check",
+    "stoker run model.arch=own_model.denoiser:build model.args.width=32": "tests/runtime/"
+    "test_plugin_model.py::test_the_example_plugin_trains_on_two_ranks_from_its_folder",
     "stoker submit experiment.yaml": "tests/runtime/test_slurm_plugin.py::"
     "test_the_plugin_model_resumes_bit_exact_after_a_requeue_under_hsdp",
     "stoker submit examples/own_loop/experiment.yaml --nodes 2 --ntasks-per-node 8 -- python "
@@ -143,7 +146,9 @@ COVERED = {
     "stoker plan --calibrate s3://bucket/exp1/checkpoints": _PLAN_RUN,
     # docs/runtime.md: the built-in experiment's 1200 steps; a run without MLflow or PyAV
     # (blocked); the synopses of `sample` and `bench step` (GPU options, a CPU here).
-    "stoker run": "tests/runtime/test_run_cli.py::test_stoker_run_trains_the_builtin_experiment",
+    "stoker run": _BUILTIN_RUN,
+    "stoker run model.args.prediction=data model.args.loss=data model.args.time_shift=3 "
+    "model.args.pixel_patch=[2,16,16] optim.lr=0.003 train.steps=1000": _BUILTIN_RUN,
     "stoker run train.steps=50": "tests/tracking/test_outage.py::"
     "test_tracking_server_outage_mid_run_loses_and_repeats_no_step",
     "stoker run --nproc 1 tracking.uri=none data.modalities=[latent]": "tests/runtime/"
@@ -217,6 +222,9 @@ VARIANTS = {
     "stoker logs 1234 --rank 3 --grep loss": "rank 1 and its `line=N` lines: the test's job has "
     "2 ranks that print no loss",
     "stoker run train.steps=50": "with MLflow's server behind a proxy taken down mid-run",
+    "stoker run model.args.prediction=data model.args.loss=data model.args.time_shift=3 "
+    "model.args.pixel_patch=[2,16,16] optim.lr=0.003 train.steps=1000": "the built-in "
+    "experiment, whose settings these are, for its 1200 steps",
 }
 
 # Commands no test runs yet, and why: a known gap, kept in sight.

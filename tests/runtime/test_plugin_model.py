@@ -261,7 +261,7 @@ def test_the_example_plugin_trains_on_two_ranks_from_its_folder(
     data = synthetic_av_set(clips=16, size=(64, 64))  # 2 s at 8 fps
     result = stoker(
         "run", "--nproc", "2", "--json", "model.arch=own_model.denoiser:build",
-        "model.args.width=16", f"data.url={data}", "data.batch_size=4", "data.num_workers=0",
+        "model.args.width=32", f"data.url={data}", "data.batch_size=4", "data.num_workers=0",
         "data.prefetch_mb=1", "train.steps=30", "train.log_every=5", "optim.lr=1e-3",
         cwd=OWN_MODEL, timeout=900,
     )  # fmt: skip
@@ -278,7 +278,7 @@ def test_the_example_plugin_trains_on_two_ranks_from_its_folder(
     client = MlflowClient(f"sqlite:///{isolated_home / '.stoker' / 'mlflow' / 'mlflow.db'}")
     run = client.get_run(summary["run_id"])
     assert run.data.params["model.arch"] == "own_model.denoiser:build"
-    assert run.data.params["model.args.width"] == "16"
+    assert run.data.params["model.args.width"] == "32"
     losses = [m.value for m in client.get_metric_history(run.info.run_id, "loss")]
     assert len(losses) == 6 and losses[-1] < 0.8 * losses[0], losses
     # Its own metric, averaged over the window and the ranks, beside the loss.
@@ -294,7 +294,7 @@ def test_the_example_plugin_trains_on_two_ranks_from_its_folder(
     for name in [m for m in sys.modules if m.split(".")[0] == "own_model"]:
         del sys.modules[name]  # imported afresh, from the current folder
     planned = stoker_text(
-        "plan", "model.arch=own_model.denoiser:build", "model.args.width=16",
+        "plan", "model.arch=own_model.denoiser:build", "model.args.width=32",
         f"data.url={data}", "data.batch_size=4", "--json", cwd=OWN_MODEL,
     )  # fmt: skip
     assert planned.returncode == 0, planned.stderr[-2000:]
