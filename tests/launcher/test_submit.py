@@ -101,7 +101,9 @@ def test_dry_run_script_passes_sbatch_test_only(
 def test_refused_request_shows_slurm_reason_and_leaves_nothing(
     slurm_cluster: ClusterSettings, tmp_path: Path
 ) -> None:
-    result = stoker_text("submit", "--gpus-per-node", "64", "--", "true", cwd=tmp_path)
+    # One task, which the nodes' CPUs hold: SLURM itself refuses the 64 GPUs.
+    result = stoker_text("submit", "--gpus-per-node", "64", "--ntasks-per-node", "1", "--",
+                         "true", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 2
     assert "SLURM refused the job" in result.stderr and "Nothing was submitted" in result.stderr
     runs = Path(os.environ["STOKER_HOME"]) / "runs"
@@ -122,6 +124,16 @@ def test_more_nodes_than_the_partition_has_is_refused_naming_its_size(
     both = stoker_text("submit", str(TINY), "model.arch=no_such_pkg.models:build",
                        "--nodes", "5", cwd=tmp_path)  # fmt: skip
     assert both.returncode == 2 and said in both.stderr and "no_such_pkg" not in both.stderr
+    # A node's tasks must fit its CPUs (2 here): a task a GPU is more than that.
+    cpus = stoker_text("submit", "--gpus-per-node", "4", "--", "true", cwd=tmp_path)
+    assert cpus.returncode == 2, cpus.stderr
+    assert ("4 tasks a node (one per GPU: job.gpus_per_node, flag --gpus-per-node) x "
+            "job.cpus_per_task=1 = 4 CPUs a node, but partition debug (the cluster's default)'s "
+            "nodes have 2; nothing was submitted") in cpus.stderr  # fmt: skip
+    assert "fix: at most 2 CPUs a node (--ntasks-per-node, job.cpus_per_task)" in cpus.stderr
+    tasks = stoker_text("submit", "--ntasks-per-node", "3", "--", "true", cwd=tmp_path)
+    assert "job.ntasks_per_node=3 (flag --ntasks-per-node) x job.cpus_per_task=1" in tasks.stderr
+    assert Ledger().list() == []
 
 
 # The task reads its experiment's data set as the training runtime's loader opens it.

@@ -43,11 +43,13 @@ def test_gres_and_partitions_from_sinfo() -> None:
     assert parse_gpu_gres("gpu:4") == (None, 4)
     assert parse_gpu_gres("(null)") == (None, 0)
     assert parse_gpu_gres("shard:8,gpu:a100:4") == ("a100", 4)
-    text = "cpu*|10|(null)|256000\ngpu|6|gpu:h100:8(S:0-1)|1024000\ngpu|2|gpu:h100:4|512000+\n"
+    text = ("cpu*|10|(null)|256000|64\ngpu|6|gpu:h100:8(S:0-1)|1024000|96\n"
+            "gpu|2|gpu:h100:4|512000+|48+\n")  # fmt: skip
     gpu = parse_partition(text, "gpu")
     # Mixed nodes: the plan must fit the smaller ones.
     assert gpu is not None and (gpu.nodes, gpu.gpus_per_node, gpu.gpu_type) == (8, 4, "h100")
     assert gpu.node_memory_mb == 512000
+    assert gpu.node_cpus == 96  # a job may go to the larger nodes: SLURM places it
     default = parse_partition(text, None)
     assert default is not None and (default.name, default.gpus_per_node) == ("cpu", 0)
     assert parse_partition(text, "nope") is None

@@ -188,9 +188,9 @@ def check_context_parallel(resolved: ResolvedConfig) -> None:
 
 
 def check_partition_size(resolved: ResolvedConfig) -> None:
-    """job.nodes (and job.spare_nodes) fit in the partition, as one `sinfo` tells: SLURM's
-    own refusal ("Requested node configuration is not available") names neither. When
-    sinfo cannot say, sbatch decides."""
+    """job.nodes (and job.spare_nodes) fit in the partition, and a node's tasks in a node's
+    CPUs, as one `sinfo` tells: SLURM's own refusal ("Requested node configuration is not
+    available") names none of them. When sinfo cannot say, sbatch decides."""
     from stoker.launcher.slurm.partition_facts import partition_facts
 
     job = resolved.config.job
@@ -199,6 +199,16 @@ def check_partition_size(resolved: ResolvedConfig) -> None:
         facts = partition_facts(job.partition)
     except StokerError:
         return
+    partition = facts.name + ("" if job.partition else " (the cluster's default)")
+    cpus = job.tasks_per_node * job.cpus_per_task
+    if facts.node_cpus is not None and cpus > facts.node_cpus:
+        raise StokerError(
+            f"{_tasks_per_node_said(resolved)} x job.cpus_per_task={job.cpus_per_task} = {cpus} "
+            f"CPUs a node, but partition {partition}'s nodes have {facts.node_cpus}; nothing was "
+            "submitted",
+            fix=f"at most {facts.node_cpus} CPUs a node (--ntasks-per-node, job.cpus_per_task), "
+            "or a partition with larger nodes (`sinfo -s` lists them; --partition P)",
+        )
     if wanted <= facts.nodes:
         return
     asked = f"job.nodes={job.nodes} ({resolved.source_of(('job', 'nodes'))})"
@@ -207,7 +217,6 @@ def check_partition_size(resolved: ResolvedConfig) -> None:
             f" + job.spare_nodes={job.spare_nodes} "
             f"({resolved.source_of(('job', 'spare_nodes'))}) = {wanted} nodes"
         )
-    partition = facts.name + ("" if job.partition else " (the cluster's default)")
     fewer = facts.nodes - job.spare_nodes
     smaller = f"--nodes {fewer} or fewer" if fewer >= 1 else "fewer job.spare_nodes"
     if job.spare_nodes:
@@ -216,6 +225,16 @@ def check_partition_size(resolved: ResolvedConfig) -> None:
         f"{asked}, but partition {partition} has {facts.nodes} nodes; nothing was submitted",
         fix=f"{smaller}, or a partition with more nodes (`sinfo -s` lists them; --partition P)",
     )
+
+
+def _tasks_per_node_said(resolved: ResolvedConfig) -> str:
+    """The tasks a node runs, with where that came from."""
+    job = resolved.config.job
+    if job.ntasks_per_node is not None:
+        where = resolved.source_of(("job", "ntasks_per_node"))
+        return f"job.ntasks_per_node={job.ntasks_per_node} ({where})"
+    where = resolved.source_of(("job", "gpus_per_node"))
+    return f"{job.tasks_per_node} tasks a node (one per GPU: job.gpus_per_node, {where})"
 
 
 def check_same_job(configs: Sequence[ResolvedConfig]) -> None:

@@ -1,6 +1,7 @@
-"""What `stoker plan` needs to know of a partition, from one `sinfo` call: its nodes,
-the GPUs per node and their type (the GRES `gpu:h100:8`), the memory of a node. The
-GPU's own figures come from stoker/gpus.py's table by that type."""
+"""What `stoker plan` and `stoker submit` need to know of a partition, from one `sinfo`
+call: its nodes, the GPUs per node and their type (the GRES `gpu:h100:8`), the memory
+and the CPUs of a node. The GPU's own figures come from stoker/gpus.py's table by that
+type."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from stoker.errors import StokerError
 from stoker.launcher.slurm.cli import SlurmError, run_slurm
 
-SINFO_FORMAT = "%P|%D|%G|%m"
+SINFO_FORMAT = "%P|%D|%G|%m|%c"
 _GPU_GRES = re.compile(r"(?:^|,)gpu(?::(?P<type>[^:,(]+))?:(?P<count>\d+)")
 
 
@@ -22,6 +23,10 @@ class PartitionFacts:
     gpu_type: str | None
     """The GRES type (`h100`), None when the GRES names none (`gpu:8`)."""
     node_memory_mb: int | None
+    node_cpus: int | None = None
+    """The CPUs of its largest node: more CPUs a node than that, no node can hold the job
+    (where nodes differ, SLURM may place it on the larger ones); None when sinfo did not
+    say."""
 
 
 def parse_gpu_gres(gres: str) -> tuple[str | None, int]:
@@ -39,10 +44,11 @@ def parse_partition(text: str, name: str | None) -> PartitionFacts | None:
     found: str | None = None
     gpus: list[tuple[str | None, int]] = []
     memory: list[int] = []
+    cpus: list[int] = []
     for line in text.splitlines():
-        if line.count("|") != 3:
+        if line.count("|") != 4:
             continue
-        raw, count, gres, mem = line.split("|")
+        raw, count, gres, mem, cpu = line.split("|")
         part = raw.rstrip("*")
         if (name is None and not raw.endswith("*")) or (name is not None and part != name):
             continue
@@ -51,11 +57,14 @@ def parse_partition(text: str, name: str | None) -> PartitionFacts | None:
         gpus.append(parse_gpu_gres(gres))
         if mem.rstrip("+").isdigit():
             memory.append(int(mem.rstrip("+")))
+        if cpu.rstrip("+").isdigit():
+            cpus.append(int(cpu.rstrip("+")))
     if found is None:
         return None
     # Mixed node types in one partition: plan for the smallest (it must fit on any).
     gpu_type, per_node = min(gpus, key=lambda g: g[1]) if gpus else (None, 0)
-    return PartitionFacts(found, nodes, per_node, gpu_type, min(memory) if memory else None)
+    return PartitionFacts(found, nodes, per_node, gpu_type, min(memory) if memory else None,
+                          max(cpus) if cpus else None)  # fmt: skip
 
 
 def partition_facts(name: str | None) -> PartitionFacts:
