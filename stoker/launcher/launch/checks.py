@@ -187,7 +187,7 @@ def check_context_parallel(resolved: ResolvedConfig) -> None:
         raise StokerError(f"{exc.message} ({where})", fix=exc.fix) from exc
 
 
-def check_partition_size(resolved: ResolvedConfig) -> None:
+def check_partition_fits(resolved: ResolvedConfig) -> None:
     """job.nodes (and job.spare_nodes) fit in the partition, and a node's tasks in a node's
     CPUs, as one `sinfo` tells: SLURM's own refusal ("Requested node configuration is not
     available") names none of them. When sinfo cannot say, sbatch decides."""

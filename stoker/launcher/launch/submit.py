@@ -34,7 +34,7 @@ from stoker.launcher.jobs.rundir import RunDir, new_run_dir, runs_root
 from stoker.launcher.launch.checks import (
     check_command,
     check_launch,
-    check_partition_size,
+    check_partition_fits,
     check_run_root,
     check_same_job,
 )
@@ -252,7 +252,7 @@ def submit(
     if options.check and not options.dry_run:
         check_inputs(request)
     if not options.dry_run and not options.local:
-        check_partition_size(request.base)
+        check_partition_fits(request.base)
     if options.check and not options.dry_run:
         check_models(request)
     # Rendered before anything is created, for a dry run and as the last check of a
