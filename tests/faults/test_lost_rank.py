@@ -241,10 +241,10 @@ def test_frozen_node_fails_the_job_within_the_timeout_and_it_resumes_elsewhere(
 ) -> None:
     if slurm_cluster.external:
         pytest.skip("freezing a node needs the local cluster, whose nodes are processes here")
-    # The collective's timeout, not SLURM's, must fail the step: on a real cluster SLURM
-    # marks a silent node down after SlurmdTimeout (300 s by default), the local
-    # cluster's after 20 s, as soon as a collective of TIMEOUT_S. Measured: 1 run in 3
-    # fresh clones, SLURM's node failure killed rank 0 before its timeout said so.
+    # The collective's timeout, not SLURM's, must fail the step: a real cluster's SLURM
+    # marks a silent node down after SlurmdTimeout (300 s by default), the local one's
+    # after 20 s, as soon as a collective of TIMEOUT_S (20 s) would time out. Measured
+    # at TIMEOUT_S: in 1 of 3 fresh clones SLURM killed rank 0 before its timeout said so.
     timeout = FROZEN_TIMEOUT_S
     job, run_dir = _submit(tmp_path_factory, tmp_path, "job.spare_nodes=1",
                            f"train.collective_timeout_s={timeout}")  # fmt: skip
