@@ -12,6 +12,14 @@ from typing import Any
 
 import pytest
 
+from stoker.process.gc_pause import pause_collector, resume_collector
+
+# The garbage collector paused while the plugins below and the test modules import
+# torch, mlflow and the rest, until collection ends (pytest_collection): collection went
+# from 5.6 to 2.8 CPU-s on the 2-core VM, and the tests' collections never walk what
+# those imports made (stoker/process/gc_pause.py).
+pause_collector()
+
 REPO = Path(__file__).resolve().parent.parent
 CHECK_CACHE_ENV = "STOKER_MODEL_CHECK_CACHE"
 
@@ -35,13 +43,17 @@ def pytest_collection(session: pytest.Session) -> Any:
     is set, as on these VMs: there, each of the suite's pytest processes rewrote every test
     module anew, 9 of its ~14 CPU-s of collection, and each process a test starts compiled
     the helpers it imports. Only during collection: a test's own imports (a plugin in its
-    tmp_path) leave no __pycache__ behind."""
+    tmp_path) leave no __pycache__ behind.
+
+    The garbage collector, paused since this file's import, is resumed with what the
+    plugins and the test modules made frozen (stoker/process/gc_pause.py)."""
     saved = sys.dont_write_bytecode
     sys.dont_write_bytecode = False
     try:
         return (yield)
     finally:
         sys.dont_write_bytecode = saved
+        resume_collector()
 
 
 def _uses_cluster(item: pytest.Item) -> bool:

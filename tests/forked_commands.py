@@ -52,13 +52,20 @@ def _child(index: int, argv: list[str], out: Path) -> int:
 
 def run_all(commands: list[list[str]], out: Path) -> list[int]:
     """Fork one process per command, all before the first is waited for; their codes."""
-    # What a `stoker submit` or `sweep` imports: the CLI and the MLflow store.
+    # What a `stoker submit` or `sweep` imports: the CLI and the MLflow store; the
+    # garbage collector paused meanwhile, then what they made frozen, so that no
+    # child's collections walk it (stoker/process/gc_pause.py).
+    from stoker.process.gc_pause import pause_collector, resume_collector
+
+    pause_collector()
     from mlflow.store.tracking import sqlalchemy_store  # noqa: F401
     from mlflow.tracking import MlflowClient  # noqa: F401
 
     import stoker.cli.app
     import stoker.launcher.launch.submit
     import stoker.tracking.runs  # noqa: F401
+
+    resume_collector()
 
     # A thread would not be in the children (only the forking one is): none may run yet.
     assert threading.active_count() == 1, threading.enumerate()

@@ -112,8 +112,13 @@ def plan(
         inter_node_gbps=inter_node_gbps,
     )
     note(f"planning for {target.source}: tracing candidates on fake tensors...")
-    from stoker.planning.plan import make_plan
+    from stoker.process.gc_pause import pause_collector, resume_collector
 
+    pause_collector()  # while torch and the runtime import (stoker/process/gc_pause.py)
+    try:
+        from stoker.planning.plan import make_plan
+    finally:
+        resume_collector()
     result = make_plan(cfg, target, trace_all=trace_all)
     if write is not None and result.chosen is not None:
         write_planned(write, experiment, overrides, result.settings())

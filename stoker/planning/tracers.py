@@ -13,23 +13,28 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
-from stoker.cores import usable_cores
 from stoker.errors import StokerError
 from stoker.planning import trace
 from stoker.planning.trace import Traced, TraceSpec
+from stoker.process.cores import usable_cores
+from stoker.process.gc_pause import pause_collector, resume_collector
 
 MAX_WORKERS = 4
 _WORKER_CFG: list[Any] = []
 
 
 def _start_worker(cfg_json: dict[str, Any]) -> None:
-    from stoker.config import ExperimentConfig
+    pause_collector()  # while the worker imports (stoker/process/gc_pause.py)
+    try:
+        from stoker.config import ExperimentConfig
 
-    _WORKER_CFG[:] = [ExperimentConfig.model_validate(cfg_json)]
-    # What every trace imports, imported while the parent traces the model's facts.
-    import torch.distributed._tools.fsdp2_mem_tracker  # noqa: F401
+        _WORKER_CFG[:] = [ExperimentConfig.model_validate(cfg_json)]
+        # What every trace imports, imported while the parent traces the model's facts.
+        import torch.distributed._tools.fsdp2_mem_tracker  # noqa: F401
 
-    import stoker.runtime.models  # noqa: F401
+        import stoker.runtime.models  # noqa: F401
+    finally:
+        resume_collector()
 
 
 def _trace_in_worker(spec: TraceSpec) -> Traced | tuple[str, str]:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stoker.process.gc_pause import pause_collector, resume_collector
 from stoker.protocol import PREFLIGHT_REFUSED
 
 if TYPE_CHECKING:
@@ -47,16 +48,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.imported is not None:
         sys.addaudithook(_recording_opens(opened))
 
-    from stoker.config import load_frozen
-    from stoker.runtime.models.build import ModelSetupError
+    # The collector paused for the whole check, a short process: it imports torch and the
+    # model's code, builds and runs it on the meta device (for real on the CPU only where
+    # meta tensors cannot) and ends (stoker/process/gc_pause.py).
+    pause_collector()
+    try:
+        from stoker.config import load_frozen
+        from stoker.runtime.models.build import ModelSetupError
 
-    for index, path in enumerate(args.config):
-        try:
-            check_model(load_frozen(path))
-        except ModelSetupError as exc:
-            refusal = {"key": exc.key, "message": exc.message, "fix": exc.fix, "index": index}
-            print(json.dumps(refusal))
-            return PREFLIGHT_REFUSED
+        for index, path in enumerate(args.config):
+            try:
+                check_model(load_frozen(path))
+            except ModelSetupError as exc:
+                refusal = {"key": exc.key, "message": exc.message, "fix": exc.fix, "index": index}
+                print(json.dumps(refusal))
+                return PREFLIGHT_REFUSED
+    finally:
+        resume_collector()
     if args.imported is not None:
         ours = {str(path.resolve().parent) for path in args.config}
         args.imported.write_text(json.dumps(files_read(opened, ours)))

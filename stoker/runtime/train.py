@@ -24,35 +24,42 @@ from pathlib import Path
 from typing import NoReturn
 
 from stoker.errors import StokerError
+from stoker.process.gc_pause import pause_collector, resume_collector
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stoker.runtime.train")
     parser.add_argument("--config", required=True, type=Path, help="the frozen experiment YAML")
     args = parser.parse_args(argv)
-
-    from stoker.runtime.stop_request import StopRequest
-
-    # First: a stop asked for while torch imports must not kill the task (it saves at
-    # the first step boundary instead).
-    stop = StopRequest()
-    stop.install(term=False)
-
-    from stoker.model import set_context_parallel
-    from stoker.runtime.dist.context_mesh import training_mesh
-    from stoker.runtime.observe.data_lineage import record_lineage
-    from stoker.runtime.observe.time_account import log_job_time
-    from stoker.runtime.session import JobSession
-    from stoker.runtime.trainer import Trainer
-
-    session = JobSession.start(args.config, stop)
-    cfg, env = session.config, session.env
+    # The collector paused while torch, the runtime and mlflow import, the process group
+    # joins and the tracking store opens; resumed before the model is built
+    # (stoker/process/gc_pause.py).
+    pause_collector()
     try:
-        session.join()
-    except StokerError as exc:
-        print(f"stoker: rank {env.rank}: {exc}", file=sys.stderr, flush=True)
-        return session.announce(1)
-    tracking = session.open_tracking()
+        from stoker.runtime.stop_request import StopRequest
+
+        # First: a stop asked for while torch imports must not kill the task (it saves
+        # at the first step boundary instead).
+        stop = StopRequest()
+        stop.install(term=False)
+
+        from stoker.model import set_context_parallel
+        from stoker.runtime.dist.context_mesh import training_mesh
+        from stoker.runtime.observe.data_lineage import record_lineage
+        from stoker.runtime.observe.time_account import log_job_time
+        from stoker.runtime.session import JobSession
+        from stoker.runtime.trainer import Trainer
+
+        session = JobSession.start(args.config, stop)
+        cfg, env = session.config, session.env
+        try:
+            session.join()
+        except StokerError as exc:
+            print(f"stoker: rank {env.rank}: {exc}", file=sys.stderr, flush=True)
+            return session.announce(1)
+        tracking = session.open_tracking()
+    finally:
+        resume_collector()
     status = "FAILED"
     try:
         train = cfg.train

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import yaml
 
-# `python -m stoker.runtime.train ARGS`, then what SIGUSR2 does while Python exits.
+# `python -m stoker.runtime.train ARGS`, then the garbage collector's state and what
+# SIGUSR2 does while Python exits.
 AS_MAIN_THEN_DISPOSITION = """
-import signal, sys
+import gc, signal, sys
 from stoker.runtime.train import main
 code = main(sys.argv[1:])
+print("collector on, start-up frozen:", gc.isenabled(), gc.get_freeze_count() > 100_000)
 print("SIGUSR2 ignored after main:", signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN, flush=True)
 sys.exit(code)
 """
@@ -47,6 +49,9 @@ def test_entry_point_creates_its_run_and_finishes(
     # Python's exit would restore SIGUSR2's default action: a stop that came while a
     # finished rank exits would kill it and fail the job.
     assert result.stdout.splitlines()[-1] == "SIGUSR2 ignored after main: True"
+    # Paused while torch, the runtime and mlflow imported; on again, with what they made
+    # frozen, for the steps (stoker/process/gc_pause.py).
+    assert result.stdout.splitlines()[-2] == "collector on, start-up frozen: True True"
     assert (config.parent / "checkpoints" / "step-2" / "COMMIT.json").is_file()
     assert not (config.parent / "checkpoints" / "step-1").exists()  # keep_last 1
     assert not (config.parent / "progress.json").exists()  # written only with STOKER_PROGRESS_FILE

@@ -26,7 +26,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from stoker.cores import usable_cores
 from stoker.data.format.shard_format import (
     MANIFEST_NAME,
     SHARDS_DIR,
@@ -65,6 +64,7 @@ from stoker.data.write.shard_set import finished_shards, write_manifest
 from stoker.data.write.shard_writer import write_json_atomic
 from stoker.errors import StokerError
 from stoker.plural import plural
+from stoker.process.cores import usable_cores
 
 CREATED_BY = "stoker data pack"
 WORK_DIR = "pack-work"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 
 from stoker.data.stream.parent_death import STOP_SIGNALS, die_with_parent
+from stoker.process.gc_pause import pause_collector
 
 die_with_parent()
 # The workers forked from here start with the stop signals blocked (a fork keeps the
@@ -17,3 +18,6 @@ die_with_parent()
 # ignores them, and a SIGTERM delivered in between would kill the worker. Blocked, it
 # waits and is discarded when the worker ignores it (stoker/data/stream/loader.py).
 signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+# The collector paused while the other preload modules import; the last of them,
+# fork_server_ready.py, resumes it (stoker/process/gc_pause.py).
+pause_collector()

@@ -48,7 +48,7 @@ from stoker.data.stream.worker import (
 )
 from stoker.errors import StokerError
 from stoker.modes import Mixing
-from stoker.process_environment import adopt_environment, environment_now
+from stoker.process.environment import adopt_environment, environment_now
 
 START_METHODS = ("forkserver", "spawn")
 
@@ -431,7 +431,7 @@ def _init_worker(worker_id: int, environment: dict[str, str]) -> None:
     waits, and is discarded here.
     Then: the worker ends with its parent even when that is SIGKILLed
     (stoker/data/stream/parent_death.py), and has the environment the loader was
-    started in, not the one the fork server began with (stoker/process_environment.py)."""
+    started in, not the one the fork server began with (stoker/process/environment.py)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
@@ -466,7 +466,8 @@ def _context(method: str) -> Any:
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
         # Workers fork from a server that has imported these once, not each worker. The
-        # guard first: the server ends with the rank, even while it imports the others.
+        # guard first: the server ends with the rank, even while it imports the others;
+        # `ready` last: the garbage collector the guard paused is resumed.
         ctx.set_forkserver_preload(
             [
                 "stoker.data.stream.fork_server_guard",
@@ -474,6 +475,7 @@ def _context(method: str) -> Any:
                 "numpy",
                 "av",
                 "stoker.data.stream.worker",
+                "stoker.data.stream.fork_server_ready",
             ]
         )
         _start_fork_server_deaf()

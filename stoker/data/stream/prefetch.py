@@ -17,7 +17,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
 
-from stoker.cores import rank_cores
+from stoker.process.cores import rank_cores
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -138,7 +138,7 @@ def map_ahead(
 
 def auto_decode_threads(workers: int, environ: Mapping[str, str] | None = None) -> int:
     """Decode threads per loader worker when none are asked for (data.decode_threads 0):
-    the rank's cores (stoker/cores.py: SLURM's cpus per task, or the cores this process
+    the rank's cores (stoker/process/cores.py: SLURM's cpus per task, or the cores this process
     may run on shared by the ranks on its machine) over its workers, at most
     MAX_DECODE_THREADS. 1 without workers: the training process then decodes, and its
     cores are the step's."""

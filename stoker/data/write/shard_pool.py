@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from stoker.plural import plural
-from stoker.process_environment import adopt_environment, environment_now
+from stoker.process.environment import adopt_environment, environment_now
 
 R = TypeVar("R")
 

@@ -30,7 +30,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from stoker.modes import Sharding
-from stoker.cores import rank_cores
+from stoker.process.cores import rank_cores
 from stoker.errors import StokerError
 
 Source = Literal["torchrun", "slurm", "single"]

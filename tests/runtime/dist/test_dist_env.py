@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stoker.cores import ranks_here
+from stoker.process.cores import ranks_here
 from stoker.errors import StokerError
 from stoker.runtime.dist.dist_env import DistEnv, detect, lost_peer
 
@@ -133,6 +133,6 @@ def test_train_sharding_chooses_hsdp_or_fsdp_over_every_node() -> None:
 def test_the_ranks_sharing_a_machine_are_counted_as_the_runtime_counts_them(
     environ: dict[str, str],
 ) -> None:
-    """stoker/cores.py counts them for the layers below the runtime (the loader's decode
+    """stoker/process/cores.py counts them for the layers below the runtime (the loader's decode
     threads); it must agree with the runtime's own count."""
     assert ranks_here(environ) == detect(environ).local_world_size
