@@ -43,6 +43,12 @@ a resumed loop run that step twice.)
 
 from __future__ import annotations
 
-from stoker.runtime.own_loop import Checkpoint, JobLoader, Run, init
+from stoker.process.gc_pause import pause_collector, resume_collector
+
+pause_collector()  # while the runtime imports (stoker/process/gc_pause.py)
+try:
+    from stoker.runtime.own_loop import Checkpoint, JobLoader, Run, init
+finally:
+    resume_collector(freeze=False)
 
 __all__ = ["Checkpoint", "JobLoader", "Run", "init"]

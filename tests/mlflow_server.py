@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,9 +19,12 @@ MLFLOW = str(Path(sys.executable).with_name("mlflow"))
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port that binds now, below the kernel's ephemeral range, as `stoker run` draws
+    its ranks' (a port from that range can be any process's outgoing connection by the
+    time a server listens on it)."""
+    from stoker.launcher.local.backend import rendezvous_port
+
+    return rendezvous_port()
 
 
 def stop_process_group(proc: subprocess.Popen[bytes]) -> None:

@@ -76,3 +76,23 @@ def test_the_suites_collection_ran_with_the_collector_paused_and_left_it_on() ->
     assert not gc.isenabled()
     resume_collector()
     assert gc.isenabled()
+
+
+def test_a_pause_gives_back_the_collector_as_it_found_it() -> None:
+    """Pauses nest, and a caller that had turned the collector off keeps it off (a loop
+    of one's own imports stoker.job, which pauses while the runtime imports)."""
+    import gc
+
+    pause_collector()
+    pause_collector()
+    resume_collector(freeze=False)
+    assert not gc.isenabled()  # the outer pause still holds
+    resume_collector(freeze=False)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        pause_collector()
+        resume_collector(freeze=False)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

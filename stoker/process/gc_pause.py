@@ -26,19 +26,25 @@ import atexit
 import gc
 
 _unfreeze_at_exit: list[bool] = []
+_enabled_at_pause: list[bool] = []
 
 
 def pause_collector() -> None:
     """No cyclic collection until `resume_collector()` (reference counting still frees
-    everything outside a cycle)."""
+    everything outside a cycle). Pauses nest."""
+    _enabled_at_pause.append(gc.isenabled())
     gc.disable()
 
 
-def resume_collector() -> None:
-    """Freeze every object alive now (never collected, never walked again) and turn the
-    collector on."""
-    gc.freeze()
-    gc.enable()
-    if not _unfreeze_at_exit:
-        atexit.register(gc.unfreeze)
-        _unfreeze_at_exit.append(True)
+def resume_collector(*, freeze: bool = True) -> None:
+    """The collector as it was at the matching pause (on, unless its caller had turned it
+    off); with `freeze`, first freeze every object alive now (never collected, never
+    walked again). Without it where those objects are not only ours (a loop of one's own
+    imports `stoker.job` and calls `init()` holding its own)."""
+    if freeze:
+        gc.freeze()
+        if not _unfreeze_at_exit:
+            atexit.register(gc.unfreeze)
+            _unfreeze_at_exit.append(True)
+    if not _enabled_at_pause or _enabled_at_pause.pop():
+        gc.enable()

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from stoker.launcher.jobs.ledger import Ledger
 from tests.clirun import stoker_text
 from tests.launcher_jobs import JOBS, mlflow_status, submit_json, wait_for, wait_local
@@ -172,3 +174,25 @@ def test_cancel_never_signals_a_process_that_took_a_dead_supervisors_pid(tmp_pat
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_the_rendezvous_port_is_free_and_below_the_kernels_ephemeral_range(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not a port the kernel may hand to any process's outgoing connection before rank 0
+    listens on it (rank 0's EADDRINUSE failed a job), nor one taken now."""
+    import socket
+
+    from stoker.launcher.local import backend
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {backend.rendezvous_port() for _ in range(20)}
+    assert all(backend.FIRST_RENDEZVOUS_PORT <= port < low for port in ports), ports
+    assert len(ports) > 1  # drawn, not one port for every job
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0 if low <= 20001 else 20001))
+        taken.listen()
+        held = taken.getsockname()[1] - backend.FIRST_RENDEZVOUS_PORT
+        draws = iter([held, 2])
+        monkeypatch.setattr(backend.random, "randrange", lambda span: next(draws))
+        assert backend.rendezvous_port() == backend.FIRST_RENDEZVOUS_PORT + 2

@@ -151,6 +151,11 @@ def test_what_the_key_holds() -> None:
 
     same = key()
     assert key("data.url=/a", "train.steps=7", "optim.lr=0.1") == same  # not read by the check
+    # Nor how the loader reads the samples: a run with loader workers and one without
+    # share a pass.
+    assert key("data.num_workers=0", "data.start_method=spawn", "data.decode_threads=2",
+               "data.prefetch_mb=1", "data.shuffle_shards=1", "data.clip_offset=start",
+               "data.allow_changed_data=true") == same  # fmt: skip
     for other in ("data.resolution=[32,32]", "model.size=small", "train.seed=3",
                   "train.context_parallel=2", "job.env={A: b}"):  # fmt: skip
         assert key(other) != same, other

@@ -7,9 +7,9 @@ depends only on the settings it reads and the code it imports, so a pass is kept
 reused while both are the same:
 
 - the key: the settings the check reads (`model.*`; `data.*` but where its data sets
-  are, which change no shape; `train.context_parallel`, `train.context_parallel_ulysses`
-  and `train.seed`), the child's environment (`job.env`, `PYTHONPATH`) and the Python
-  that runs it;
+  are and how the loader reads them (LOADER_ONLY), which change no shape;
+  `train.context_parallel`, `train.context_parallel_ulysses` and `train.seed`), the
+  child's environment (`job.env`, `PYTHONPATH`) and the Python that runs it;
 - the files: every module file the check imported (the model's package, stoker, torch
   and the rest) and every other file it opened (one a factory reads as it builds), each
   with its size and modification time in nanoseconds as the check saw them. Any of them
@@ -43,6 +43,17 @@ from stoker.config import ResolvedConfig
 from stoker.home import stoker_home
 
 CACHE_ENV = "STOKER_MODEL_CHECK_CACHE"
+# The loader's own settings: how it reads and orders the samples, never their shapes,
+# which is all the check takes from `data.*`.
+LOADER_ONLY = (
+    "num_workers",
+    "start_method",
+    "decode_threads",
+    "prefetch_mb",
+    "shuffle_shards",
+    "clip_offset",
+    "allow_changed_data",
+)
 MAX_ENTRIES = 64
 FileStamps = dict[str, list[int]]
 """A file the check imported or read -> [size, modification time in ns]."""
@@ -68,7 +79,7 @@ def check_key(configs: Sequence[ResolvedConfig], python: str, env: Mapping[str, 
         if "latent" in cfg.data.modalities:
             return None
         data = cfg.data.model_dump(mode="json")
-        for where in ("url", "eval_url"):
+        for where in ("url", "eval_url", *LOADER_ONLY):
             data.pop(where, None)
         for source in data.get("sources", []):
             source.pop("url", None)

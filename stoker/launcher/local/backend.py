@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -37,10 +38,37 @@ from stoker.protocol import (
 LAUNCH_FILE = "local-launch.json"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
+# The rendezvous ports, as the batch script chooses them (base.sbatch.j2): from here up
+# to the kernel's ephemeral range.
+FIRST_RENDEZVOUS_PORT = 20000
+
+
+def rendezvous_port() -> int:
+    """A port for the ranks' rendezvous that binds now, drawn below the kernel's
+    ephemeral range: a port from that range (what binding port 0 gives) can be taken by
+    any process's outgoing connection between now and rank 0's listen, seconds later
+    (seen in the suite: rank 0's EADDRINUSE, the job failed)."""
+    span = _ephemeral_low() - FIRST_RENDEZVOUS_PORT
+    if span < 1000:  # no room below the range (a tuned kernel): as the batch script
+        span = 20000
+    for _ in range(64):
+        port = FIRST_RENDEZVOUS_PORT + random.randrange(span)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    with socket.socket() as sock:  # every draw taken: the kernel's choice
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def launch_plan(spec: LaunchSpec, job_id: str) -> dict[str, Any]:
@@ -65,7 +93,7 @@ def launch_plan(spec: LaunchSpec, job_id: str) -> dict[str, Any]:
             ENV_PROGRESS_FILE: str(run_dir.progress),
             ENV_CONFIG: str(run_dir.config),
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(_free_port()),
+            "MASTER_PORT": str(rendezvous_port()),
             "WORLD_SIZE": str(world),
             # "" without MLflow (tracking.uri none): no run for the supervisor to end.
             "MLFLOW_RUN_ID": spec.mlflow_run_ids[0],
@@ -183,7 +211,7 @@ def requeue_local(run_dir: Path) -> int:
             time.sleep(0.1)
     restart = run.restarts() + 1
     plan["restart"] = restart
-    port = str(_free_port())
+    port = str(rendezvous_port())
     for rank in plan["ranks"]:
         rank["env"].update({ENV_RESTART: str(restart), "MASTER_PORT": port})
         rank["log"] = str(run.rank_log(restart, rank["rank"]))

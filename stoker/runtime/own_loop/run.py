@@ -21,6 +21,7 @@ from stoker import metric_names as names
 from stoker.config import ExperimentConfig
 from stoker.errors import StokerError
 from stoker.model import set_context_parallel
+from stoker.process.gc_pause import pause_collector, resume_collector
 from stoker.protocol import ENV_CONFIG, EXIT_REQUEUE, EXIT_TERMINATED
 from stoker.runtime.dist import dist_env
 from stoker.runtime.dist.context_mesh import data_share, training_mesh
@@ -298,25 +299,32 @@ def init(config: str | Path | None = None) -> Run:
             fix="call it once and pass the Run it returns along",
         )
     sys.excepthook = _user_errors_plainly  # until there is a Run to end
-    stop = StopRequest()
-    stop.install()
-    session = JobSession.start(Path(config) if config is not None else _config_path(), stop)
-    run = Run(session)
-    _current = run
-    sys.excepthook = run._on_uncaught
-    atexit.register(run._at_exit)
-    session.join()
-    # Again: init_process_group wraps the hook in one that buffers stderr until the hook
-    # returns, and this one ends the process (its exit code) before that.
-    sys.excepthook = run._on_uncaught
-    train = session.config.train
-    # The loop's mesh as before CP ("node": HSDP across nodes), CP groups within it.
-    layout = training_mesh(
-        session.env, session.device, "node", train.context_parallel, train.ulysses_degree()
-    )
-    run.mesh, run.cp = layout.fsdp, layout.cp
-    set_context_parallel(layout.cp)
-    tracking = session.open_tracking()
+    # The collector paused while the config, the process group and the tracking store
+    # (mlflow) come up; nothing frozen: the objects alive now are the loop's as well
+    # (stoker/process/gc_pause.py).
+    pause_collector()
+    try:
+        stop = StopRequest()
+        stop.install()
+        session = JobSession.start(Path(config) if config is not None else _config_path(), stop)
+        run = Run(session)
+        _current = run
+        sys.excepthook = run._on_uncaught
+        atexit.register(run._at_exit)
+        session.join()
+        # Again: init_process_group wraps the hook in one that buffers stderr until the
+        # hook returns, and this one ends the process (its exit code) before that.
+        sys.excepthook = run._on_uncaught
+        train = session.config.train
+        # The loop's mesh as before CP ("node": HSDP across nodes), CP groups within it.
+        layout = training_mesh(
+            session.env, session.device, "node", train.context_parallel, train.ulysses_degree()
+        )
+        run.mesh, run.cp = layout.fsdp, layout.cp
+        set_context_parallel(layout.cp)
+        tracking = session.open_tracking()
+    finally:
+        resume_collector(freeze=False)
     if session.env.is_main:  # the data sets the config names (the synthetic one: run.loader())
         record_data_sets(tracking, session.config.data, evaluates=True, synthetic=False)
     # The same seed on every rank: the same initial weights before sharding.
