@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slurm
 TIMEOUT_S = 20  # train.collective_timeout_s in these tests (the default is 120)
+FROZEN_AFTER_STEP = 50  # the frozen-node test's one save before the end (STEPS)
 FROZEN_TIMEOUT_S = 10  # the frozen-node test's: under the local cluster's SlurmdTimeout (20 s)
 # Two faults, each after a checkpoint of the attempt it hits, with steps to spare: under
 # scripts/cpu-burner a 60-step job ran 42 steps between the test seeing its first commit
@@ -245,10 +246,18 @@ def test_frozen_node_fails_the_job_within_the_timeout_and_it_resumes_elsewhere(
     # marks a silent node down after SlurmdTimeout (300 s by default), the local one's
     # after 20 s, as soon as a collective of TIMEOUT_S (20 s) would time out. Measured
     # at TIMEOUT_S: in 1 of 3 fresh clones SLURM killed rank 0 before its timeout said so.
+    # One save, at step 50, and the node frozen once it has committed: no save is in
+    # flight then. A node frozen while its part of an async save is (seen under
+    # scripts/cpu-burner: step 10's, still hashing at step 14) stops rank 0 in its next
+    # save, which waits for that one on the checkpoint group (30-minute timeout), not in
+    # a collective of train.collective_timeout_s: the hang watchdog's case, not this
+    # test's.
     timeout = FROZEN_TIMEOUT_S
     job, run_dir = _submit(tmp_path_factory, tmp_path, "job.spare_nodes=1",
-                           f"train.collective_timeout_s={timeout}")  # fmt: skip
-    wait_for(lambda: _newest_commit(run_dir) >= 5, 240, "a first checkpoint committed")
+                           f"train.collective_timeout_s={timeout}",
+                           f"checkpoint.every={FROZEN_AFTER_STEP}")  # fmt: skip
+    wait_for(lambda: _newest_commit(run_dir) >= FROZEN_AFTER_STEP, 240,
+             "the first checkpoint committed")  # fmt: skip
     _, node = rank_pid(run_dir, 0, 1)  # not the batch script's node: the script lives on
     at_loss = _newest_commit(run_dir)
     frozen_at = time.time()
