@@ -4,7 +4,7 @@ resumed with what the set-up made frozen.
 Importing torch, its distributed stack, mlflow and the runtime makes about a million
 objects that live as long as the process. Each burst of allocations runs the
 collector, and its oldest generation walks all of them, again and again: on the 2-core
-VM a training rank's start, from its first import to its model build, cost 30% less
+VM a training rank's start, from its first import to its tracking store, cost 30% less
 CPU with the collector paused (rank 0 of a 2-step `stoker run` 6.9-8.1 -> 4.7-5.7
 CPU-s, rank 1 4.5-5.6 -> 3.2-3.6; 2026-12-03). `gc.freeze()` then moves what the
 set-up made to the permanent generation: the collections while training walk only what
