@@ -4,7 +4,6 @@ missing ranks and their nodes: real processes, a real TCPStore and gloo."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import pytest
 from stoker.protocol import expand_nodelist
 from stoker.runtime.dist.dist_env import DistEnv
 from stoker.runtime.dist.rendezvous import describe_missing
+from tests.mlflow_server import free_port
 
 JOIN_SCRIPT = """
 import sys, time, torch, torch.distributed as dist
@@ -35,16 +35,10 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _ranks(tmp_path: Path, ranks: list[int], world: int, timeout_s: float) -> list[str]:
     script = tmp_path / "join.py"
     script.write_text(JOIN_SCRIPT)
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in ranks:
         env = {
