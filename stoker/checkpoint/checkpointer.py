@@ -19,6 +19,12 @@ reason one save is in flight at a time: two background jobs on one group
 would interleave theirs. A save that finds the previous one still running
 waits for it, and that wait counts as blocking time.
 
+That group keeps a long timeout (CHECKPOINT_GROUP_TIMEOUT): a rank that finished
+writing waits in the last gather for one still uploading its shards, which may
+take minutes. A peer that froze or died instead is told apart by its heartbeat
+(`peers_gone`): the wait for a save in flight ends with PeerGone once a peer has
+been silent for the collective timeout, as a training collective would.
+
 Saves run in a thread, not DCP's process-based saver: with torch 2.13 on gloo
 the checkpoint process failed to set up its group ("trying to initialize the
 default process group twice"); the thread only waits on I/O and gloo, and
@@ -27,6 +33,8 @@ staging is done before it starts, so it does not hold the GIL for long.
 
 from __future__ import annotations
 
+import concurrent.futures
+import datetime
 import json
 import sys
 import threading
@@ -52,6 +60,15 @@ from stoker.checkpoint.train_state import (
 )
 from stoker.errors import StokerError
 from stoker.metric_names import checkpoint_metrics
+
+CHECKPOINT_GROUP_TIMEOUT = datetime.timedelta(minutes=30)
+"""The checkpoint group's collectives' timeout: a save's slowest rank (module doc)."""
+
+
+class PeerGone(torch.distributed.DistError):
+    """A peer went silent (killed, frozen, its node lost) while this rank waited for
+    its part of a save: a lost peer, as a collective that timed out on it would say
+    (exit 76, restartable: runtime/session.py)."""
 
 
 @dataclass(frozen=True)
@@ -116,8 +133,13 @@ class Checkpointer:
         described_by: str | None = None,
         facts: dict[str, Any] | None = None,
         carried: Callable[[], dict[str, str]] | None = None,
+        peers_gone: Callable[[], list[int]] | None = None,
+        peers_poll_s: float = 5.0,
     ) -> None:
         self.root = root_url.rstrip("/")
+        # `peers_gone()`: the ranks silent past the collective timeout (their heartbeats),
+        # asked every `peers_poll_s` while a save in flight is waited for.
+        self.peers_gone, self.peers_poll_s = peers_gone, peers_poll_s
         # What makes each commit usable alone (no run folder): the frozen experiment
         # (ck.CONFIG_NAME) and COMMIT.json's `extra` facts (the data's shapes, the store).
         # `carried()`: small files read at each commit, as they are then (the steps the
@@ -134,7 +156,11 @@ class Checkpointer:
         self.start_fresh_if_none_verifies = start_fresh_if_none_verifies
         self.on_commit = on_commit
         self.distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        self.group: Any = torch.distributed.new_group(backend="gloo") if self.distributed else None
+        self.group: Any = (
+            torch.distributed.new_group(backend="gloo", timeout=CHECKPOINT_GROUP_TIMEOUT)
+            if self.distributed
+            else None
+        )
         if not self.distributed:
             _quiet_single_process()
         self._jobs = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stoker-checkpoint")
@@ -350,8 +376,24 @@ class Checkpointer:
 
     def _wait_in_flight(self) -> None:
         in_flight, self._in_flight = self._in_flight, None
-        if in_flight is not None:
+        if in_flight is None:
+            return
+        if self.peers_gone is None:
             in_flight.job.result()
+            return
+        while True:
+            try:
+                in_flight.job.result(timeout=self.peers_poll_s)
+                return
+            except concurrent.futures.TimeoutError:
+                gone = self.peers_gone()
+            if gone:
+                names = ", ".join(str(rank) for rank in gone)
+                raise PeerGone(
+                    f"rank {names} went silent (no heartbeat: killed, frozen, or its node "
+                    f"lost) while rank {self.rank} waited for checkpoint "
+                    f"step-{in_flight.step} to finish"
+                )
 
     def wait(self) -> None:
         """Until the save in flight has committed (or failed) on every rank."""

@@ -3,6 +3,7 @@ built-in trainer and `stoker.job`'s `run.checkpointer()` (own_loop/checkpoint.py
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -10,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 from stoker.checkpoint.checkpointer import Checkpointer, SaveRecord
 from stoker.config import ExperimentConfig, state_hash
 from stoker.config.frozen import frozen_text
+from stoker.protocol import ENV_RESTART
+from stoker.runtime.observe.heartbeat import interval_for, silent_ranks
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -63,7 +66,8 @@ def checkpointer_for(
     collective). `sink`, on global rank 0: each committed save's metrics and logged
     model (`log_checkpoint`), from the checkpoint thread; `on_commit(step)` too, on
     every rank that has a sink. `run_dir`: each commit carries what the run's steps
-    measured so far (`stoker plan --calibrate CKPT`)."""
+    measured so far (`stoker plan --calibrate CKPT`), and rank 0's wait for a save in
+    flight ends (PeerGone) once a peer's heartbeat went silent (peers_gone_for)."""
     ckpt = cfg.checkpoint
     layout: dict[str, Any] | None = None
     if mesh is not None:
@@ -99,4 +103,25 @@ def checkpointer_for(
         full_verify_on_load=ckpt.verify == "full",
         on_commit=report if sink is not None else None,
         start_fresh_if_none_verifies=ckpt.if_none_verifies == "start_fresh",
+        peers_gone=peers_gone_for(cfg, run_dir, world_size) if rank == 0 else None,
+        peers_poll_s=interval_for(cfg.train.hang_timeout_s),
     )
+
+
+def peers_gone_for(
+    cfg: ExperimentConfig, run_dir: Path | None, world_size: int
+) -> Callable[[], list[int]] | None:
+    """The ranks whose heartbeat has been silent for the collective timeout (at least
+    three heartbeats), for rank 0's wait on a save in flight. Rank 0 alone reads the
+    world's heartbeat files (one per rank); its exit 76 ends the step for the others.
+    None without heartbeats (train.hang_timeout_s 0) or a run folder."""
+    train = cfg.train
+    if run_dir is None or not train.hang_timeout_s or world_size < 2:
+        return None
+    restart = int(os.environ.get(ENV_RESTART) or 0)
+    silent_s = max(train.collective_timeout_s, 3 * interval_for(train.hang_timeout_s))
+
+    def gone() -> list[int]:
+        return [r for r in silent_ranks(run_dir, restart, world_size, silent_s) if r != 0]
+
+    return gone

@@ -122,9 +122,13 @@ def join(
             )
     store = _connect(env, rendezvous_timeout_s)
     if env.rank == 0:
-        print(f"stoker: rendezvous at {environ['MASTER_ADDR']}:{environ['MASTER_PORT']}: "
-              f"waiting for {env.world_size} ranks (train.rendezvous_timeout_s="
-              f"{rendezvous_timeout_s:g})", file=sys.stderr, flush=True)
+        print(
+            f"stoker: rendezvous at {environ['MASTER_ADDR']}:{environ['MASTER_PORT']}: "
+            f"waiting for {env.world_size} ranks (train.rendezvous_timeout_s="
+            f"{rendezvous_timeout_s:g})",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         _sign_in_and_wait(store, env, environ, rendezvous_timeout_s)
     except (RuntimeError, torch.distributed.DistError) as exc:
@@ -143,6 +147,32 @@ def join(
         timeout=datetime.timedelta(seconds=collective_timeout_s),
         device_id=device if device.type == "cuda" else None,
     )
+    groups_made_later_time_out_alike(datetime.timedelta(seconds=collective_timeout_s))
+
+
+def groups_made_later_time_out_alike(timeout: datetime.timedelta) -> None:
+    """Every process group made from here on (device meshes' dimensions, context
+    parallelism's groups, the checkpointer's gloo group, a plugin's own) times out as
+    the world's does. torch gives each new group its backend's default instead (30
+    minutes for gloo, 10 for NCCL), not init_process_group's timeout: a rank waiting on
+    a frozen peer in such a group (e.g. to finish an async checkpoint) would hang for
+    that long, past train.collective_timeout_s and the hang watchdog's word on it."""
+    from torch.distributed import distributed_c10d
+
+    # Module globals that torch reads each time a group is made without a timeout
+    # (_get_default_timeout); torch offers no public setter for them.
+    for name in ("default_pg_timeout", "default_pg_nccl_timeout"):
+        if not hasattr(distributed_c10d, name):  # a torch that moved them: say so, train on
+            print(
+                f"stoker: warning: this torch ({torch.__version__}) has no "
+                f"distributed_c10d.{name}: process groups made after the join keep "
+                "torch's own timeout (30 minutes for gloo), not "
+                "train.collective_timeout_s",
+                file=sys.stderr,
+                flush=True,
+            )
+            continue
+        setattr(distributed_c10d, name, timeout)
 
 
 def _sign_in_and_wait(

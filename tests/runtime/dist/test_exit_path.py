@@ -1,10 +1,12 @@
 """How a rank's process ends after a lost peer (issue [4/8], clean exits): two real
 runtime ranks over gloo; rank 1 freezes inside the write of a checkpoint while rank
-0's async save of it waits for rank 1 in the checkpoint group's collective (torch's
-30-minute timeout). Rank 0's next training collective times out (exit 76, a lost
-peer): its process must end then, not when the save's collective gives up, or the
-job's step never ends and its restart waits half an hour. The checkpoint stays
-uncommitted."""
+0's async save of it waits for rank 1 in the checkpoint group's collective (30-minute
+timeout: a legitimately slow peer's upload). Either rank 0's next training collective
+times out, or (the save at the last step) rank 0 waits for the save itself and its
+wait ends once rank 1's heartbeat has been silent for the collective timeout: exit
+76, a lost peer, either way. Its process must end then, not when the save's
+collective gives up, or the job's step never ends and its restart waits half an
+hour. The checkpoint stays uncommitted."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import yaml
 
 from stoker.protocol import EXIT_PEER_LOST
@@ -27,8 +30,22 @@ STOP_IN_SAVE = REPO / "tests" / "faults" / "stop_in_save_rank.py"
 TIMEOUT_S = 5  # train.collective_timeout_s: its least
 
 
+@pytest.mark.parametrize(
+    ("steps", "hang_timeout_s", "said"),
+    [
+        (40, 0, "Timed out waiting"),  # rank 0 trains on: a step's collective
+        # The last save: rank 0 waits for it, until rank 1 has been silent for three
+        # heartbeats (5 s apart), well before its own hang watchdog (60 s) would fire.
+        (4, 60, "went silent (no heartbeat"),
+    ],
+    ids=["in-a-step", "waiting-for-the-save"],
+)
 def test_a_rank_whose_peer_froze_in_a_save_exits_at_its_lost_peer(
-    tmp_path: Path, synthetic_av_set: Callable[..., Path]
+    tmp_path: Path,
+    synthetic_av_set: Callable[..., Path],
+    steps: int,
+    hang_timeout_s: float,
+    said: str,
 ) -> None:
     data = synthetic_av_set(clips=8, size=(32, 32))
     run_dir = tmp_path / "run"
@@ -36,8 +53,8 @@ def test_a_rank_whose_peer_froze_in_a_save_exits_at_its_lost_peer(
     config = run_dir / "config.yaml"
     config.write_text(yaml.safe_dump({
         "data": {"url": str(data), "batch_size": 2, "num_workers": 0, "prefetch_mb": 1},
-        "train": {"steps": 40, "log_every": 1, "collective_timeout_s": TIMEOUT_S,
-                  "hang_timeout_s": 0, "precision": "fp32"},
+        "train": {"steps": steps, "log_every": 1, "collective_timeout_s": TIMEOUT_S,
+                  "hang_timeout_s": hang_timeout_s, "precision": "fp32"},
         "checkpoint": {"every": 2, "keep_last": 5},
         "tracking": {"uri": "none"},  # metrics.jsonl: no MLflow import in the ranks
     }))  # fmt: skip
@@ -61,6 +78,7 @@ def test_a_rank_whose_peer_froze_in_a_save_exits_at_its_lost_peer(
         # It said so; now its process ends (its save of step-4 still waits for rank 1).
         code = ranks[0].wait(timeout=60)
         assert code == EXIT_PEER_LOST, rank0.read_text()[-3000:]
+        assert said in rank0.read_text(), rank0.read_text()[-3000:]
         announced = json.loads((run_dir / "heartbeat" / "r0" / "rank-0.exit.json").read_text())
         assert announced["exit_code"] == EXIT_PEER_LOST
         assert ranks[1].poll() is None  # still frozen in the write

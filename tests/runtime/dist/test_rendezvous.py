@@ -4,6 +4,7 @@ missing ranks and their nodes: real processes, a real TCPStore and gloo."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -16,22 +17,40 @@ from stoker.runtime.dist.dist_env import DistEnv
 from stoker.runtime.dist.rendezvous import describe_missing
 from tests.mlflow_server import free_port
 
-JOIN_SCRIPT = """
-import sys, time, torch, torch.distributed as dist
+COLLECTIVE_TIMEOUT_S = 10
+JOIN_SCRIPT = f"""
+import os, sys, time, torch, torch.distributed as dist
 from stoker.errors import StokerError
 from stoker.runtime.dist import dist_env, rendezvous
 env = dist_env.detect()
 started = time.monotonic()
 try:
     rendezvous.join(env, torch.device("cpu"), rendezvous_timeout_s=float(sys.argv[1]),
-                    collective_timeout_s=60)
+                    collective_timeout_s={COLLECTIVE_TIMEOUT_S})
 except StokerError as exc:
-    print(f"refused after {time.monotonic() - started:.1f} s: {exc}", flush=True)
+    print(f"refused after {{time.monotonic() - started:.1f}} s: {{exc}}", flush=True)
     sys.exit(1)
 t = torch.ones(1)
 dist.all_reduce(t)
-print(f"joined: sum {t.item():g}", flush=True)
-dist.destroy_process_group()
+print(f"joined: sum {{t.item():g}}", flush=True)
+# A group made after the join (as device meshes' dimensions are), with the
+# last rank silent in it, as if frozen: the others' collective ends within the
+# collective timeout, not torch's 30 minutes for a new gloo group.
+later = dist.new_group(backend="gloo")
+done = [f"{{sys.argv[0]}}.done-{{rank}}" for rank in range(env.world_size - 1)]
+if env.rank == env.world_size - 1:  # silent until the others are done (or long past)
+    until = time.monotonic() + 10 * {COLLECTIVE_TIMEOUT_S}
+    while time.monotonic() < until and not all(os.path.exists(d) for d in done):
+        time.sleep(0.2)
+    os._exit(0)
+waited = time.monotonic()
+try:
+    dist.all_reduce(t, group=later)
+    print("the later group's reduce ended without its silent peer", flush=True)
+except RuntimeError:
+    print(f"the later group timed out after {{time.monotonic() - waited:.1f}} s", flush=True)
+open(done[env.rank], "w").close()
+os._exit(0)
 """
 
 
@@ -68,6 +87,13 @@ def _ranks(tmp_path: Path, ranks: list[int], world: int, timeout_s: float) -> li
 def test_all_ranks_join_and_reduce(tmp_path: Path) -> None:
     outputs = _ranks(tmp_path, [0, 1, 2, 3], world=4, timeout_s=240)
     assert all("joined: sum 4" in out for out in outputs), outputs
+    waits = [re.search(r"the later group timed out after ([\d.]+) s", out) for out in outputs[:3]]
+    assert all(waits), outputs
+    # Bounded by the collective timeout (gloo may end a little sooner or later), not
+    # by the silent rank's exit (10x).
+    assert all(
+        0.5 * COLLECTIVE_TIMEOUT_S < float(w[1]) < 3 * COLLECTIVE_TIMEOUT_S for w in waits if w
+    )
 
 
 def test_a_rank_that_never_joins_is_named_with_its_node_within_the_timeout(
