@@ -8,9 +8,10 @@ the suite's multi-rank tests launch eleven: what they test is the ranks, not tor
 Each rank gets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 GROUP_RANK, GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), which stoker's ranks read
 (stoker/runtime/dist/dist_env.py; `stoker run` sets the same), and inherits stdout and
-stderr. As torchrun does, the first rank to exit non-zero (or by a signal) ends the
-others (SIGTERM, then SIGKILL after 10 s), and the launcher then exits 1; 0 when every
-rank did. A SIGTERM or SIGINT to the launcher is passed to the ranks.
+stderr; its imports are made with the collector paused (tests/paused_imports.py), as
+stoker's own ranks make theirs. As torchrun does, the first rank to exit non-zero (or
+by a signal) ends the others (SIGTERM, then SIGKILL after 10 s), and the launcher then
+exits 1; 0 when every rank did. A SIGTERM or SIGINT to the launcher is passed to the ranks.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import time
 from pathlib import Path
 
 LAUNCHER = Path(__file__).resolve()
+# Each rank's imports with the collector paused, as stoker's ranks import.
+PAUSED_IMPORTS = LAUNCHER.parent / "paused_imports.py"
 GRACE_S = 10.0
 
 
@@ -76,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, passed_on)
     for number in range(nproc):
         env = {**os.environ, **shared, "RANK": str(number), "LOCAL_RANK": str(number)}
-        ranks.append(subprocess.Popen([sys.executable, "-u", options.script, *options.args],
-                                      env=env))  # fmt: skip
+        ranks.append(subprocess.Popen([sys.executable, "-u", str(PAUSED_IMPORTS), options.script,
+                                       *options.args], env=env))  # fmt: skip
     first_failure: tuple[int, int] | None = None  # (rank, exit code)
     while first_failure is None and any(rank.returncode is None for rank in ranks):
         pid, status = os.wait()  # whichever rank ends first
