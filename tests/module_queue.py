@@ -8,9 +8,9 @@ server) are built once, as in a single process. The modules known to take longes
 start first (LONGEST_FIRST), so that none of them is left to run alone at the end;
 the rest follow in collection order.
 
-scripts/test-suite starts one such process for the modules off the cluster, beside the
-cluster tests, and a second once the cluster tests are done: it takes the modules the
-first has not started, so the suite's tail runs on both cores.
+scripts/test-suite starts two such processes for the modules off the cluster, beside
+the cluster tests: they fill the time those spend waiting on SLURM, and the suite's
+tail runs on both cores.
 Each process reports its own tests; a test runs in exactly one of them. Every process
 ends only when no module is left unclaimed, so the run as a whole is complete when
 each process has exited 0 (or 5: it was left no module).
