@@ -151,12 +151,12 @@ def join(
 
 
 def groups_made_later_time_out_alike(timeout: datetime.timedelta) -> None:
-    """Every process group made from here on (device meshes' dimensions, context
-    parallelism's groups, the checkpointer's gloo group, a plugin's own) times out as
-    the world's does. torch gives each new group its backend's default instead (30
-    minutes for gloo, 10 for NCCL), not init_process_group's timeout: a rank waiting on
-    a frozen peer in such a group (e.g. to finish an async checkpoint) would hang for
-    that long, past train.collective_timeout_s and the hang watchdog's word on it."""
+    """Every process group made from here on without a timeout of its own (device
+    meshes' dimensions, context parallelism's groups, a plugin's) times out as the
+    world's does. torch gives each new group its backend's default instead (30 minutes
+    for gloo, 10 for NCCL), not init_process_group's timeout: a rank waiting on a frozen
+    peer in such a group would hang for that long, past train.collective_timeout_s.
+    The checkpointer's group asks for its own, longer one (checkpointer.py)."""
     from torch.distributed import distributed_c10d
 
     # Module globals that torch reads each time a group is made without a timeout
