@@ -66,8 +66,8 @@ def checkpointer_for(
     collective). `sink`, on global rank 0: each committed save's metrics and logged
     model (`log_checkpoint`), from the checkpoint thread; `on_commit(step)` too, on
     every rank that has a sink. `run_dir`: each commit carries what the run's steps
-    measured so far (`stoker plan --calibrate CKPT`), and rank 0's wait for a save in
-    flight ends (PeerGone) once a peer's heartbeat went silent (peers_gone_for)."""
+    measured so far (`stoker plan --calibrate CKPT`), and a rank's wait for a save in
+    flight ends (PeerGone) once a watched peer's heartbeat went silent (peers_gone_for)."""
     ckpt = cfg.checkpoint
     layout: dict[str, Any] | None = None
     if mesh is not None:
@@ -103,25 +103,27 @@ def checkpointer_for(
         full_verify_on_load=ckpt.verify == "full",
         on_commit=report if sink is not None else None,
         start_fresh_if_none_verifies=ckpt.if_none_verifies == "start_fresh",
-        peers_gone=peers_gone_for(cfg, run_dir, world_size) if rank == 0 else None,
+        peers_gone=peers_gone_for(cfg, run_dir, rank, world_size),
         peers_poll_s=interval_for(cfg.train.hang_timeout_s),
     )
 
 
 def peers_gone_for(
-    cfg: ExperimentConfig, run_dir: Path | None, world_size: int
+    cfg: ExperimentConfig, run_dir: Path | None, rank: int, world_size: int
 ) -> Callable[[], list[int]] | None:
-    """The ranks whose heartbeat has been silent for the collective timeout (at least
-    three heartbeats), for rank 0's wait on a save in flight. Rank 0 alone reads the
-    world's heartbeat files (one per rank); its exit 76 ends the step for the others.
-    None without heartbeats (train.hang_timeout_s 0) or a run folder."""
+    """The peers whose heartbeat has been silent for the collective timeout (at least
+    three heartbeats), for `rank`'s wait on a save in flight: rank 0 watches every
+    other rank, the others watch rank 0 alone (one file each, not the world's on every
+    rank); whichever exits 76 first ends the step for the rest. None without heartbeats
+    (train.hang_timeout_s 0) or a run folder."""
     train = cfg.train
     if run_dir is None or not train.hang_timeout_s or world_size < 2:
         return None
     restart = int(os.environ.get(ENV_RESTART) or 0)
     silent_s = max(train.collective_timeout_s, 3 * interval_for(train.hang_timeout_s))
+    watched = list(range(1, world_size)) if rank == 0 else [0]
 
     def gone() -> list[int]:
-        return [r for r in silent_ranks(run_dir, restart, world_size, silent_s) if r != 0]
+        return silent_ranks(run_dir, restart, world_size, silent_s, among=watched)
 
     return gone

@@ -95,14 +95,21 @@ def interval_for(timeout_s: float) -> float:
 
 
 def silent_ranks(
-    run_dir: Path, restart: int, world_size: int, silent_s: float, now: float | None = None
+    run_dir: Path,
+    restart: int,
+    world_size: int,
+    silent_s: float,
+    now: float | None = None,
+    *,
+    among: Sequence[int] | None = None,
 ) -> list[int]:
-    """The ranks whose heartbeat thread has written nothing for `silent_s`: the whole
-    process froze (stopped, stuck in the kernel) or died. Read by a rank whose collective
-    timed out, to name the peer it waited on."""
+    """The ranks (of `among`, default all) whose heartbeat thread has written nothing
+    for `silent_s`: the whole process froze (stopped, stuck in the kernel) or died. Read
+    by a rank whose collective timed out, to name the peer it waited on."""
     now = time.time() if now is None else now
     folder = folder_for(run_dir, restart)
-    beats = (Beat.read(folder / f"rank-{rank}.json") for rank in range(world_size))
+    ranks = range(world_size) if among is None else among
+    beats = (Beat.read(folder / f"rank-{rank}.json") for rank in ranks)
     return [b.rank for b in beats if b is not None and now - b.written_at > silent_s]
 
 

@@ -31,22 +31,26 @@ TIMEOUT_S = 5  # train.collective_timeout_s: its least
 
 
 @pytest.mark.parametrize(
-    ("steps", "hang_timeout_s", "said"),
+    ("steps", "hang_timeout_s", "frozen", "said"),
     [
-        (40, 0, "Timed out waiting"),  # rank 0 trains on: a step's collective
-        # The last save: rank 0 waits for it, until rank 1 has been silent for three
-        # heartbeats (5 s apart), well before its own hang watchdog (60 s) would fire.
-        (4, 60, "went silent (no heartbeat"),
+        (40, 0, 1, "Timed out waiting"),  # rank 0 trains on: a step's collective
+        # The last save: the other rank waits for it, until the frozen one has been
+        # silent for three heartbeats (5 s apart), well before its own hang watchdog
+        # (60 s) would fire. Rank 0 watches every rank; the others watch rank 0.
+        (4, 60, 1, "rank 1 went silent (no heartbeat"),
+        (4, 60, 0, "rank 0 went silent (no heartbeat"),
     ],
-    ids=["in-a-step", "waiting-for-the-save"],
+    ids=["in-a-step", "waiting-for-the-save", "rank-0-frozen-waiting-for-the-save"],
 )
 def test_a_rank_whose_peer_froze_in_a_save_exits_at_its_lost_peer(
     tmp_path: Path,
     synthetic_av_set: Callable[..., Path],
     steps: int,
     hang_timeout_s: float,
+    frozen: int,
     said: str,
 ) -> None:
+    survivor = 1 - frozen
     data = synthetic_av_set(clips=8, size=(32, 32))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -66,22 +70,23 @@ def test_a_rank_whose_peer_froze_in_a_save_exits_at_its_lost_peer(
     for rank in (0, 1):
         env = {**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}
         log = (run_dir / f"rank-{rank}.log").open("w")
-        ranks.append(subprocess.Popen([sys.executable, str(STOP_IN_SAVE), "1", "4"], env=env,
+        ranks.append(subprocess.Popen([sys.executable, str(STOP_IN_SAVE), str(frozen), "4"], env=env,
                                       stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path))  # fmt: skip
     try:
-        rank0 = run_dir / "rank-0.log"
+        log = run_dir / f"rank-{survivor}.log"
         deadline = time.monotonic() + 240
-        while "a collective lost a peer" not in rank0.read_text():
-            assert ranks[0].poll() is None, rank0.read_text()[-3000:]
-            assert time.monotonic() < deadline, rank0.read_text()[-3000:]
+        while "a collective lost a peer" not in log.read_text():
+            assert ranks[survivor].poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
-        # It said so; now its process ends (its save of step-4 still waits for rank 1).
-        code = ranks[0].wait(timeout=60)
-        assert code == EXIT_PEER_LOST, rank0.read_text()[-3000:]
-        assert said in rank0.read_text(), rank0.read_text()[-3000:]
-        announced = json.loads((run_dir / "heartbeat" / "r0" / "rank-0.exit.json").read_text())
+        # It said so; now its process ends (its save of step-4 still waits for the other).
+        code = ranks[survivor].wait(timeout=60)
+        assert code == EXIT_PEER_LOST, log.read_text()[-3000:]
+        assert said in log.read_text(), log.read_text()[-3000:]
+        exit_file = run_dir / "heartbeat" / "r0" / f"rank-{survivor}.exit.json"
+        announced = json.loads(exit_file.read_text())
         assert announced["exit_code"] == EXIT_PEER_LOST
-        assert ranks[1].poll() is None  # still frozen in the write
+        assert ranks[frozen].poll() is None  # still frozen in the write
         assert not (run_dir / "checkpoints" / "step-4" / "COMMIT.json").exists()
     finally:
         for proc in ranks:
