@@ -246,9 +246,9 @@ def test_frozen_node_fails_the_job_within_the_timeout_and_it_resumes_elsewhere(
     # after 20 s, as soon as a collective of TIMEOUT_S (20 s) would time out. Measured
     # at TIMEOUT_S: in 1 of 3 fresh clones SLURM killed rank 0 before its timeout said so.
     # Frozen just after a commit: often (under load) while its part of the next async
-    # save is in flight, so rank 0 waits on it in the checkpoint's own process group,
-    # which must time out as the world's does (rendezvous.groups_made_later_time_out_alike;
-    # torch's default for a new gloo group is 30 minutes).
+    # save is in flight, so rank 0 may wait on it in the checkpoint's own process group
+    # (30 minutes: a slow upload is no fault), a wait that ends once the frozen rank's
+    # heartbeat has been silent for the collective timeout (job_checkpointer.peers_gone_for).
     timeout = FROZEN_TIMEOUT_S
     job, run_dir = _submit(tmp_path_factory, tmp_path, "job.spare_nodes=1",
                            f"train.collective_timeout_s={timeout}")  # fmt: skip

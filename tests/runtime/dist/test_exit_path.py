@@ -1,10 +1,10 @@
 """How a rank's process ends after a lost peer (issue [4/8], clean exits): two real
-runtime ranks over gloo; rank 1 freezes inside the write of a checkpoint while rank
-0's async save of it waits for rank 1 in the checkpoint group's collective (30-minute
-timeout: a legitimately slow peer's upload). Either rank 0's next training collective
-times out, or (the save at the last step) rank 0 waits for the save itself and its
-wait ends once rank 1's heartbeat has been silent for the collective timeout: exit
-76, a lost peer, either way. Its process must end then, not when the save's
+runtime ranks over gloo; one freezes inside the write of a checkpoint while the
+other's async save of it waits for it in the checkpoint group's collective (30-minute
+timeout: a legitimately slow peer's upload). Either the survivor's next training
+collective times out, or (the save at the last step) it waits for the save itself and
+its wait ends once the frozen rank's heartbeat has been silent for the collective
+timeout (rank 0 watches rank 1, rank 1 watches rank 0): exit 76, a lost peer, either way. Its process must end then, not when the save's
 collective gives up, or the job's step never ends and its restart waits half an
 hour. The checkpoint stays uncommitted."""
 
