@@ -4,9 +4,10 @@ other's async save of it waits for it in the checkpoint group's collective (30-m
 timeout: a legitimately slow peer's upload). Either the survivor's next training
 collective times out, or (the save at the last step) it waits for the save itself and
 its wait ends once the frozen rank's heartbeat has been silent for the collective
-timeout (rank 0 watches rank 1, rank 1 watches rank 0): exit 76, a lost peer, either way. Its process must end then, not when the save's
-collective gives up, or the job's step never ends and its restart waits half an
-hour. The checkpoint stays uncommitted."""
+timeout (rank 0 watches rank 1, rank 1 watches rank 0): exit 76, a lost peer, either
+way. Its process must end then, not when the save's collective gives up, or the job's
+step never ends and its restart waits half an hour. The checkpoint stays
+uncommitted."""
 
 from __future__ import annotations
 
