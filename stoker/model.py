@@ -315,14 +315,34 @@ def attention(
 ) -> torch.Tensor:
     """Attention of this rank's queries over every rank's keys and values, q, k, v
     [B, heads, tokens, head_dim] with the tokens of `token_slice`; without context
-    parallelism, torch's scaled_dot_product_attention. Causal attention takes Ulysses
-    only (train.context_parallel_ulysses equal to train.context_parallel)."""
+    parallelism, torch's scaled_dot_product_attention (in fp32 for bf16 inputs on a CPU
+    up to CPU_FP32_ATTENTION_TOKENS, where that is the faster). Causal attention takes
+    Ulysses only (train.context_parallel_ulysses equal to train.context_parallel)."""
     if _active is not None:
         return _active.attention(q, k, v, causal=causal, scale=scale)
+    import torch
     import torch.nn.functional as F
 
+    if (
+        q.dtype == torch.bfloat16
+        and q.device.type == "cpu"
+        and max(q.shape[-2], k.shape[-2]) <= CPU_FP32_ATTENTION_TOKENS
+    ):
+        # torch's bf16 flash attention on CPU costs 2-3x its fp32 below ~256 tokens, most
+        # of it in backward (docs/runtime.md); above, bf16 is the faster. Autocast would
+        # cast the fp32 inputs back to bf16, hence off around the call.
+        with torch.autocast("cpu", enabled=False):
+            wide = F.scaled_dot_product_attention(
+                q.float(), k.float(), v.float(), is_causal=causal, scale=scale
+            )
+        return wide.to(q.dtype)
     out: torch.Tensor = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
     return out
+
+
+CPU_FP32_ATTENTION_TOKENS = 256
+"""The longest sequence whose bf16 attention on a CPU is computed in fp32 (and its output
+cast back to bf16): there it is the faster of the two."""
 
 
 def cp_sum(tensor: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from stoker.config import DataConfig, ModelConfig
 from stoker.kernels import rope_table_3d
 from stoker.kernels.rope import default_sections
+from stoker.model import CPU_FP32_ATTENTION_TOKENS, attention
 from stoker.runtime.models import (
     AUDIO_AR_SIZES,
     AV_DIT_SIZES,
@@ -290,6 +291,41 @@ def test_audio_ar_is_causal() -> None:
     torch.testing.assert_close(after[:, :k], before[:, :k], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(after[:, k], before[:, k])
     assert not torch.allclose(after[:, -1], before[:, -1])
+
+
+@pytest.mark.parametrize(
+    ("tokens", "computed_in"),
+    [(CPU_FP32_ATTENTION_TOKENS, torch.float32), (2 * CPU_FP32_ATTENTION_TOKENS, torch.bfloat16)],
+    ids=["short-in-fp32", "long-in-bf16"],
+)
+def test_bf16_attention_on_cpu_computes_short_sequences_in_fp32(
+    tokens: int, computed_in: torch.dtype
+) -> None:
+    """Up to CPU_FP32_ATTENTION_TOKENS torch's bf16 flash attention on CPU costs 2-3x its
+    fp32, so attention runs the kernel (forward and backward) in fp32 there, bf16 above;
+    either way under autocast it gives bf16 back, to the output and the gradients."""
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    kernel_dtypes: list[torch.dtype] = []
+
+    class KernelDtypes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if "scaled_dot_product" in str(func):
+                kernel_dtypes.append(args[0].dtype)
+            return func(*args, **(kwargs or {}))
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(2, 4, tokens, 32, generator=gen).bfloat16().requires_grad_() for _ in range(3)
+    )
+    with KernelDtypes(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attention(q, k, v)
+        out.float().square().sum().backward()
+    assert len(kernel_dtypes) == 2 and set(kernel_dtypes) == {computed_in}, kernel_dtypes
+    assert out.dtype == torch.bfloat16 and q.grad is not None and q.grad.dtype == torch.bfloat16
+    exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    torch.testing.assert_close(out.double(), exact, rtol=2e-2, atol=2e-2)
 
 
 def test_audio_tokens_share_the_t_angle_of_video_at_the_same_moment() -> None:
