@@ -26,7 +26,9 @@ from tests.clirun import STOKER
 from tests.mlflow_server import RestartableServer
 from tests.tcp_proxy import TcpProxy
 
-STEPS = 40
+# At ~9 steps a second (fp32, fused AdamW) 40 steps were over before the outage was seen
+# beside the other tests' load (2026-12-04): 80 leave ~8 s from the stop to the return.
+STEPS = 80
 # The store goes down once rank 0 reports this step, and comes back once training
 # went at least DOWN_STEPS steps further (and RunLogger said it spools).
 STOP_AT_STEP = 5
