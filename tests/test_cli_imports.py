@@ -4,6 +4,7 @@ interpreter with `-X importtime`, which lists every module the process imported.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from typing import Any
@@ -61,9 +62,22 @@ def imported_modules(*args: str) -> set[str]:
 
 
 def run_with_importtime(*args: str) -> tuple[set[str], str]:
-    """`python -X importtime -m stoker ARGS`: the modules it imported, and its stdout."""
+    """`python -X importtime -m stoker ARGS`: the modules it imported beyond what a bare
+    interpreter imports here (`interpreter_imports`), and its stdout."""
+    modules, stdout = _importtime("-m", "stoker", *args)
+    return modules - interpreter_imports(), stdout
+
+
+@functools.cache
+def interpreter_imports() -> frozenset[str]:
+    """What `python -c pass` imports in this environment: its site's, and under
+    scripts/coverage-suite coverage's own (json among them), which start before stoker."""
+    return frozenset(_importtime("-c", "pass")[0])
+
+
+def _importtime(*args: str) -> tuple[set[str], str]:
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "stoker", *args],
+        [sys.executable, "-X", "importtime", *args],
         capture_output=True,
         text=True,
         timeout=60,
