@@ -105,7 +105,8 @@ def silent_ranks(
 ) -> list[int]:
     """The ranks (of `among`, default all) whose heartbeat thread has written nothing
     for `silent_s`: the whole process froze (stopped, stuck in the kernel) or died. Read
-    by a rank whose collective timed out, to name the peer it waited on."""
+    by a rank whose collective timed out, to name the peer it waited on, and by one
+    waiting for a save in flight (job_checkpointer.peers_gone_for)."""
     now = time.time() if now is None else now
     folder = folder_for(run_dir, restart)
     ranks = range(world_size) if among is None else among
