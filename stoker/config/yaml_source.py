@@ -88,6 +88,16 @@ def read_yaml_mapping(path: Path, *, what: str) -> YamlDocument:
             f"{where}: {what} is not valid YAML: {exc.problem or exc}",
             fix="fix the YAML syntax at that line (indentation, a missing ':' or quote)",
         ) from None
+    except yaml.reader.ReaderError as exc:
+        # Not a MarkedYAMLError: the reader refuses a character YAML does not allow (a
+        # control character, a NUL) at a position in the text, not at a line.
+        line = text.count("\n", 0, exc.position) + 1
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise StokerError(
+            f"{path}:{line}: {what} is not valid YAML: it holds the character {chr(code)!r} "
+            f"(U+{code:04X}), which YAML does not allow",
+            fix='delete it, or write it as an escape in a double-quoted string ("\\x01")',
+        ) from None
     except yaml.YAMLError as exc:
         raise StokerError(f"{path}: {what} is not valid YAML: {exc}") from None
     if data is None:

@@ -292,6 +292,12 @@ def test_yaml_syntax_error_and_duplicate_keys_report_the_line(tmp_path: Path) ->
     twice = write(tmp_path / "twice.yaml", "train:\n  steps: 1\n  steps: 2\n")
     with pytest.raises(StokerError, match=r"twice.yaml:3: .* sets train.steps twice"):
         resolve_config(twice)
+    # A character YAML refuses: the reader names no line; the error does.
+    control = write(tmp_path / "control.yaml", "train:\n  steps: 2\njob:\n  name: a\x01b\n")
+    with pytest.raises(StokerError) as refused:
+        resolve_config(control)
+    assert f"{control}:4: experiment file is not valid YAML" in refused.value.message
+    assert "'\\x01'" in refused.value.message and "escape" in (refused.value.fix or "")
     listed = write(tmp_path / "list.yaml", "- a\n- b\n")
     with pytest.raises(StokerError, match="must be a mapping"):
         resolve_config(listed)
