@@ -93,10 +93,17 @@ def read_yaml_mapping(path: Path, *, what: str) -> YamlDocument:
         # control character, a NUL) at a position in the text, not at a line.
         line = text.count("\n", 0, exc.position) + 1
         code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        escape = (
+            f"\\x{code:02x}"
+            if code < 0x100
+            else f"\\u{code:04x}"
+            if code < 0x10000
+            else f"\\U{code:08x}"
+        )
         raise StokerError(
             f"{path}:{line}: {what} is not valid YAML: it holds the character {chr(code)!r} "
             f"(U+{code:04X}), which YAML does not allow",
-            fix='delete it, or write it as an escape in a double-quoted string ("\\x01")',
+            fix=f'delete it, or write it as the escape "{escape}" inside a double-quoted string',
         ) from None
     except yaml.YAMLError as exc:
         raise StokerError(f"{path}: {what} is not valid YAML: {exc}") from None

@@ -297,7 +297,8 @@ def test_yaml_syntax_error_and_duplicate_keys_report_the_line(tmp_path: Path) ->
     with pytest.raises(StokerError) as refused:
         resolve_config(control)
     assert f"{control}:4: experiment file is not valid YAML" in refused.value.message
-    assert "'\\x01'" in refused.value.message and "escape" in (refused.value.fix or "")
+    assert "'\\x01' (U+0001)" in refused.value.message
+    assert 'the escape "\\x01" inside a double-quoted string' in (refused.value.fix or "")
     listed = write(tmp_path / "list.yaml", "- a\n- b\n")
     with pytest.raises(StokerError, match="must be a mapping"):
         resolve_config(listed)
